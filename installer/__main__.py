@@ -1,0 +1,5 @@
+"""`python -m installer` entry point."""
+
+from installer.cli import main
+
+main()

@@ -1,0 +1,394 @@
+"""The frozen run configuration and the environment-variable contract (GKE's names first)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Callable
+
+from installer.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its Config field, environment variable, CLI flag, default and meaning."""
+
+    name: str
+    env: str
+    default: str
+    help: str
+    flag_is_switch: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("root", "ROOT_MOUNT_DIR", "/", "Where the host's / is mounted (GKE: /root)."),
+    Setting(
+        "version",
+        "NVIDIA_DRIVER_VERSION",
+        "auto",
+        "Exact version (550.54.15), branch (550, R550) or alias (auto, latest, production, lts).",
+    ),
+    Setting(
+        "branch_path",
+        "NVIDIA_DRIVER_BRANCH",
+        "tesla",
+        "Path element of the default download URL (GKE's meaning).",
+    ),
+    Setting(
+        "download_url",
+        "NVIDIA_DRIVER_DOWNLOAD_URL",
+        "",
+        "Full URL of the .run (http, https or file://); overrides the default URL.",
+    ),
+    Setting(
+        "sha256",
+        "NVIDIA_DRIVER_SHA256",
+        "",
+        "Expected SHA-256 of the .run; otherwise the published .sha256sum is used when present.",
+    ),
+    Setting(
+        "mirrors",
+        "NVIDIA_DRIVER_MIRRORS",
+        "",
+        "Comma-separated base URLs tried before the default; each holds <version>/<runfile>.",
+    ),
+    Setting(
+        "install_dir_host",
+        "NVIDIA_INSTALL_DIR_HOST",
+        "/var/lib/nvidia",
+        "Install dir as the host sees it (GKE DaemonSets: /home/kubernetes/bin/nvidia).",
+    ),
+    Setting(
+        "install_dir_container",
+        "NVIDIA_INSTALL_DIR_CONTAINER",
+        "/usr/local/nvidia",
+        "The same dir as mounted in the installer container.",
+    ),
+    Setting("source", "NVIDIA_DRIVER_SOURCE", "auto", "auto, runfile or dnf."),
+    Setting(
+        "module_type",
+        "NVIDIA_KERNEL_MODULE_TYPE",
+        "auto",
+        "Kernel module flavour: auto, open or proprietary.",
+    ),
+    Setting(
+        "track",
+        "NVIDIA_DRIVER_TRACK",
+        "lts",
+        "Branch type `auto` picks from: lts or production.",
+    ),
+    Setting(
+        "kernel_release",
+        "NVIDIA_KERNEL_RELEASE",
+        "",
+        "Build for this kernel instead of the running one (building ahead; nothing is loaded).",
+    ),
+    Setting(
+        "module_args",
+        "NVIDIA_MODULE_ARGS",
+        "",
+        "Extra module parameters, space-separated module.param=value "
+        "(e.g. nvidia.NVreg_EnableGpuFirmware=0).",
+    ),
+    Setting(
+        "signing_key",
+        "NVIDIA_MODULE_SIGNING_KEY",
+        "",
+        "Private key (host path) to sign modules for Secure Boot; needs the certificate too.",
+    ),
+    Setting(
+        "signing_cert",
+        "NVIDIA_MODULE_SIGNING_CERT",
+        "",
+        "Public certificate (host path, DER or PEM) matching the signing key.",
+    ),
+    Setting(
+        "cache_dir",
+        "NVIDIA_INSTALLER_CACHE_DIR",
+        "",
+        "Host path for downloads and compiled modules (default: <install dir>/cache).",
+    ),
+    Setting(
+        "catalog",
+        "NVIDIA_DRIVER_CATALOG",
+        "",
+        "Version catalog in NVIDIA's releases.json shape: a path or URL (default: shipped).",
+    ),
+    Setting(
+        "dnf_repo_url",
+        "NVIDIA_DNF_REPO_URL",
+        "",
+        "dnf repo file URL for the RHEL family (default: NVIDIA's cuda-rhel<N>.repo).",
+    ),
+    Setting(
+        "fetch_headers",
+        "NVIDIA_INSTALLER_FETCH_HEADERS",
+        "auto",
+        "Install missing kernel headers in the image: auto (only in a container), true, false.",
+    ),
+    Setting("retries", "NVIDIA_INSTALLER_RETRIES", "5", "Download attempts per mirror."),
+    Setting(
+        "connect_timeout",
+        "NVIDIA_INSTALLER_CONNECT_TIMEOUT",
+        "10",
+        "Seconds to wait for a download connection.",
+    ),
+    Setting(
+        "read_timeout",
+        "NVIDIA_INSTALLER_READ_TIMEOUT",
+        "60",
+        "Seconds a download may stall before it is retried.",
+    ),
+    Setting(
+        "lock_timeout",
+        "NVIDIA_INSTALLER_LOCK_TIMEOUT",
+        "600",
+        "Seconds to wait for another installer's host lock before failing.",
+    ),
+    Setting(
+        "allow_no_gpu",
+        "NVIDIA_INSTALLER_ALLOW_NO_GPU",
+        "false",
+        "Install even when no NVIDIA GPU is found (modules are built, not loaded).",
+        flag_is_switch=True,
+    ),
+    Setting("log_format", "NVIDIA_INSTALLER_LOG_FORMAT", "text", "text or json."),
+    Setting(
+        "termination_log",
+        "NVIDIA_INSTALLER_TERMINATION_LOG",
+        "/dev/termination-log",
+        "Where a failure's reference and hint are written for `kubectl describe pod` "
+        "(only if the file exists, as Kubernetes creates it).",
+    ),
+)
+
+SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+_MODULE_ARG = re.compile(r"^[a-z0-9_-]+\.[A-Za-z0-9_]+=[A-Za-z0-9_.,:/+-]*$")
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+def known_env_vars() -> frozenset[str]:
+    """Every environment variable the installer reads."""
+    return frozenset(s.env for s in SETTINGS)
+
+
+@dataclass(frozen=True)
+class Config:
+    root: Path = Path("/")
+    version: str = "auto"
+    branch_path: str = "tesla"
+    download_url: str | None = None
+    sha256: str | None = None
+    mirrors: tuple[str, ...] = ()
+    install_dir_host: PurePosixPath = PurePosixPath("/var/lib/nvidia")
+    install_dir_container: Path = Path("/usr/local/nvidia")
+    source: str = "auto"
+    module_type: str = "auto"
+    track: str = "lts"
+    kernel_release: str | None = None
+    module_args: tuple[tuple[str, str], ...] = ()
+    signing_key: PurePosixPath | None = None
+    signing_cert: PurePosixPath | None = None
+    cache_dir: PurePosixPath | None = None
+    catalog: str | None = None
+    dnf_repo_url: str | None = None
+    fetch_headers: str = "auto"
+    retries: int = 5
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+    lock_timeout: float = 600.0
+    allow_no_gpu: bool = False
+    log_format: str = "text"
+    termination_log: str = "/dev/termination-log"
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def module_args_for(self, module: str) -> list[str]:
+        """`param=value` strings for one module (names compare with - and _ alike)."""
+        wanted = module.replace("-", "_")
+        return [arg for mod, arg in self.module_args if mod.replace("-", "_") == wanted]
+
+
+def _choice(*allowed: str) -> Callable[[str, Setting], str]:
+    def parse(value: str, setting: Setting) -> str:
+        if value not in allowed:
+            raise ConfigError(
+                f"{setting.env}={value!r} is not one of {', '.join(allowed)}",
+            )
+        return value
+
+    return parse
+
+
+def _number(value: str, setting: Setting) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if number <= 0:
+        raise ConfigError(f"{setting.env}={value!r} must be a positive number")
+    return number
+
+
+def _count(value: str, setting: Setting) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"{setting.env}={value!r} must be a whole number >= 1")
+    return int(value)
+
+
+def _switch(value: str, setting: Setting) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigError(f"{setting.env}={value!r} must be true or false")
+
+
+def _host_abs_path(value: str, setting: Setting) -> PurePosixPath | None:
+    if not value:
+        return None
+    path = PurePosixPath(value)
+    if not path.is_absolute() or ".." in path.parts:
+        raise ConfigError(f"{setting.env}={value!r} must be an absolute path without '..'")
+    return path
+
+
+def _required_host_path(value: str, setting: Setting) -> PurePosixPath:
+    path = _host_abs_path(value, setting)
+    if path is None or path == PurePosixPath("/"):
+        raise ConfigError(f"{setting.env} must be an absolute directory other than /")
+    return path
+
+
+def _url(value: str, setting: Setting) -> str | None:
+    if not value:
+        return None
+    if not re.match(r"^(https?|file)://\S+$", value):
+        raise ConfigError(f"{setting.env}={_redact(value)!r} must be an http(s):// or file:// URL")
+    return value
+
+
+def _mirrors(value: str, setting: Setting) -> tuple[str, ...]:
+    items = [v.strip() for v in re.split(r"[,\s]+", value) if v.strip()]
+    return tuple(_url(item, setting) or "" for item in items)
+
+
+def _module_args(value: str, setting: Setting) -> tuple[tuple[str, str], ...]:
+    parsed = []
+    for item in value.split():
+        if not _MODULE_ARG.match(item):
+            raise ConfigError(
+                f"{setting.env}: {item!r} is not module.param=value",
+                hint="Example: NVIDIA_MODULE_ARGS='nvidia.NVreg_EnableGpuFirmware=0'",
+            )
+        module, arg = item.split(".", 1)
+        parsed.append((module, arg))
+    return tuple(parsed)
+
+
+def _sha256(value: str, setting: Setting) -> str | None:
+    if not value:
+        return None
+    if not _SHA256.match(value):
+        raise ConfigError(f"{setting.env} must be 64 hexadecimal characters")
+    return value.lower()
+
+
+def _kernel_release(value: str, setting: Setting) -> str | None:
+    if not value:
+        return None
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._+~-]*$", value):
+        raise ConfigError(f"{setting.env}={value!r} is not a kernel release")
+    return value
+
+
+def _version(value: str, setting: Setting) -> str:
+    # Full validation (exact, branch or alias) happens in versions.parse_request.
+    return value.strip() or "auto"
+
+
+def _text(value: str, setting: Setting) -> str:
+    return value
+
+
+def _optional_text(value: str, setting: Setting) -> str | None:
+    return value or None
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"//[^/@]*@", "//***@", url)
+
+
+_PARSERS: dict[str, Callable[[str, Setting], object]] = {
+    "root": lambda v, s: Path(v or "/"),
+    "version": _version,
+    "branch_path": lambda v, s: _branch_path(v, s),
+    "download_url": _url,
+    "sha256": _sha256,
+    "mirrors": _mirrors,
+    "install_dir_host": _required_host_path,
+    "install_dir_container": lambda v, s: Path(str(_required_host_path(v, s))),
+    "source": _choice("auto", "runfile", "dnf"),
+    "module_type": _choice("auto", "open", "proprietary"),
+    "track": _choice("lts", "production"),
+    "kernel_release": _kernel_release,
+    "module_args": _module_args,
+    "signing_key": _host_abs_path,
+    "signing_cert": _host_abs_path,
+    "cache_dir": _host_abs_path,
+    "catalog": _optional_text,
+    "dnf_repo_url": _url,
+    "fetch_headers": _choice("auto", "true", "false"),
+    "retries": _count,
+    "connect_timeout": _number,
+    "read_timeout": _number,
+    "lock_timeout": _number,
+    "allow_no_gpu": _switch,
+    "log_format": _choice("text", "json"),
+    "termination_log": _text,
+}
+
+
+def _branch_path(value: str, setting: Setting) -> str:
+    if not re.match(r"^[A-Za-z0-9._-]+$", value):
+        raise ConfigError(f"{setting.env}={value!r} may hold letters, digits, '.', '_', '-' only")
+    return value
+
+
+def build_config(env: Mapping[str, str], overrides: Mapping[str, str | bool | None]) -> Config:
+    """Merge defaults < environment < explicit flags into a validated Config.
+
+    Raises ConfigError naming the offending variable.
+    """
+    values: dict[str, object] = {}
+    for setting in SETTINGS:
+        override = overrides.get(setting.name)
+        if isinstance(override, bool):
+            override = "true" if override else "false"
+        raw = override if override is not None else env.get(setting.env, setting.default)
+        values[setting.name] = _PARSERS[setting.name](raw, setting)
+    config = Config(**values)  # type: ignore[arg-type]
+    _check_consistency(config)
+    return config
+
+
+def from_env(env: Mapping[str, str]) -> Config:
+    """A Config from environment variables alone (what a DaemonSet sets)."""
+    return build_config(env, {})
+
+
+def _check_consistency(config: Config) -> None:
+    if (config.signing_key is None) != (config.signing_cert is None):
+        raise ConfigError(
+            "NVIDIA_MODULE_SIGNING_KEY and NVIDIA_MODULE_SIGNING_CERT must be set together",
+        )
+    if not config.root.is_absolute():
+        raise ConfigError(f"ROOT_MOUNT_DIR={config.root} must be an absolute path")

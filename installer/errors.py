@@ -1,0 +1,280 @@
+"""The error hierarchy: every known failure has a stable reference, a hint and an exit code."""
+
+from __future__ import annotations
+
+
+class InstallerError(Exception):
+    """A failure the operator can act on.
+
+    `reference` is a stable kebab-case name (logs, termination message, README);
+    `exit_code` is distinct per reference; `hint` says what to do about it.
+    """
+
+    reference = "installer-error"
+    exit_code = 1
+    default_hint = ""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+
+
+class ConfigError(InstallerError):
+    reference = "invalid-config"
+    exit_code = 10
+    default_hint = "Fix the setting named above (flag or environment variable; see the README)."
+
+
+class InvalidVersion(ConfigError):
+    reference = "invalid-version"
+    exit_code = 11
+    default_hint = (
+        "Use an exact version (550.54.15), a branch (550 or R550), or an alias "
+        "(auto, latest, production, lts); `installer versions` lists the catalog."
+    )
+
+
+class UnknownVersion(InstallerError):
+    reference = "unknown-version"
+    exit_code = 12
+    default_hint = (
+        "Pick a version listed by `installer versions`, refresh the catalog with --catalog, "
+        "or pin an exact version together with NVIDIA_DRIVER_DOWNLOAD_URL."
+    )
+
+
+class CatalogUnavailable(InstallerError):
+    reference = "catalog-unavailable"
+    exit_code = 13
+    default_hint = (
+        "Check the --catalog path or URL, or drop it to use the catalog shipped with the "
+        "installer."
+    )
+
+
+class UnsupportedDistro(InstallerError):
+    reference = "unsupported-distro"
+    exit_code = 14
+    default_hint = (
+        "Supported: Ubuntu 20.04/22.04/24.04, Debian 11/12, Rocky/RHEL/AlmaLinux 8/9/10. "
+        "Check that ROOT_MOUNT_DIR points at the host's root."
+    )
+
+
+class UnsupportedArch(InstallerError):
+    reference = "unsupported-arch"
+    exit_code = 15
+    default_hint = "Only x86_64 and aarch64 hosts are supported."
+
+
+class NoNvidiaGpu(InstallerError):
+    reference = "no-nvidia-gpu"
+    exit_code = 16
+    default_hint = (
+        "Run on a node with an NVIDIA GPU, or set NVIDIA_INSTALLER_ALLOW_NO_GPU=true "
+        "(--allow-no-gpu) to build and install ahead of attaching GPUs."
+    )
+
+
+class IncompatibleGpus(InstallerError):
+    reference = "incompatible-gpus"
+    exit_code = 17
+    default_hint = (
+        "One driver cannot serve these GPUs together: split them across nodes or pin a version."
+    )
+
+
+class UnsupportedGpu(InstallerError):
+    reference = "unsupported-gpu"
+    exit_code = 18
+    default_hint = (
+        "Pick a version whose branch supports the GPU (see `installer plan`), or use "
+        "NVIDIA_DRIVER_VERSION=auto."
+    )
+
+
+class DownloadFailed(InstallerError):
+    reference = "download-failed"
+    exit_code = 20
+    default_hint = (
+        "Check the node's network or proxy, add a mirror (NVIDIA_DRIVER_MIRRORS), or provide a "
+        "file:// URL (NVIDIA_DRIVER_DOWNLOAD_URL) for air-gapped nodes."
+    )
+
+
+class DownloadNotFound(DownloadFailed):
+    reference = "download-not-found"
+    exit_code = 21
+    default_hint = (
+        "The server has no such file: check the version, NVIDIA_DRIVER_BRANCH and the URL."
+    )
+
+
+class DownloadForbidden(DownloadFailed):
+    reference = "download-forbidden"
+    exit_code = 22
+    default_hint = (
+        "The server refused access (401/403): check credentials, the bucket's policy, or use a "
+        "mirror."
+    )
+
+
+class ChecksumMismatch(InstallerError):
+    reference = "checksum-mismatch"
+    exit_code = 23
+    default_hint = (
+        "The downloaded file was deleted. Check NVIDIA_DRIVER_SHA256 and the mirror's content; "
+        "a proxy may be serving a stale or altered file."
+    )
+
+
+class InsufficientSpace(InstallerError):
+    reference = "insufficient-space"
+    exit_code = 24
+    default_hint = (
+        "Free space on the filesystem that holds the install dir, or move "
+        "NVIDIA_INSTALL_DIR_HOST."
+    )
+
+
+class KernelHeadersMissing(InstallerError):
+    reference = "kernel-headers-missing"
+    exit_code = 30
+    default_hint = (
+        "Install the headers package named above on the host, or let the image install it."
+    )
+
+
+class ModuleBuildFailed(InstallerError):
+    reference = "module-build-failed"
+    exit_code = 31
+    default_hint = "See the compiler output above and the nvidia-installer log in the install dir."
+
+
+class SecureBootKeysMissing(InstallerError):
+    reference = "secure-boot-unsigned"
+    exit_code = 32
+    default_hint = (
+        "Secure Boot rejects unsigned modules: set NVIDIA_MODULE_SIGNING_KEY and "
+        "NVIDIA_MODULE_SIGNING_CERT to a key enrolled in the node's MOK list, "
+        "or disable Secure Boot."
+    )
+
+
+class NouveauActive(InstallerError):
+    reference = "nouveau-active"
+    exit_code = 33
+    default_hint = (
+        "nouveau is blacklisted on the host now; reboot the node and the installer will finish."
+    )
+
+
+class DriverInUse(InstallerError):
+    reference = "driver-in-use"
+    exit_code = 34
+    default_hint = (
+        "Stop the processes listed above (or drain the node), then restart the installer pod."
+    )
+
+
+class ModuleLoadFailed(InstallerError):
+    reference = "module-load-failed"
+    exit_code = 35
+    default_hint = "See the kernel log (dmesg) on the node for the reason the module was rejected."
+
+
+class InstallFailed(InstallerError):
+    reference = "install-failed"
+    exit_code = 36
+    default_hint = "See the nvidia-installer log in the install dir."
+
+
+class DeviceNodesFailed(InstallerError):
+    reference = "device-nodes-failed"
+    exit_code = 37
+    default_hint = (
+        "Check that /dev is the host's /dev (a hostPath volume) and the container is privileged."
+    )
+
+
+class VerificationFailed(InstallerError):
+    reference = "verification-failed"
+    exit_code = 40
+    default_hint = (
+        "The driver did not answer as planned; see the report above and dmesg on the node."
+    )
+
+
+class LockTimeout(InstallerError):
+    reference = "lock-timeout"
+    exit_code = 41
+    default_hint = (
+        "Another installer holds the host lock; wait for it or raise "
+        "NVIDIA_INSTALLER_LOCK_TIMEOUT."
+    )
+
+
+class HostLayoutError(InstallerError):
+    reference = "host-layout"
+    exit_code = 42
+    default_hint = (
+        "Check the mounts: ROOT_MOUNT_DIR must hold the host's root and the install dir must be "
+        "writable."
+    )
+
+
+class PackageManagerFailed(InstallerError):
+    reference = "package-transaction-failed"
+    exit_code = 50
+    default_hint = (
+        "See the package manager output above; the host's packages were left as they were."
+    )
+
+
+class RepoUnavailable(InstallerError):
+    reference = "repo-unavailable"
+    exit_code = 51
+    default_hint = "Check NVIDIA_DNF_REPO_URL, the node's network, or use the runfile source."
+
+
+class CommandFailed(InstallerError):
+    reference = "command-failed"
+    exit_code = 60
+    default_hint = "See the command output above."
+
+    def __init__(
+        self,
+        argv: list[str],
+        returncode: int,
+        output_tail: str,
+        *,
+        message: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.output_tail = output_tail
+        text = message or f"`{' '.join(argv)}` exited with status {returncode}"
+        if output_tail:
+            text += "\n" + output_tail
+        super().__init__(text, hint=hint)
+
+
+class CommandNotFound(InstallerError):
+    reference = "command-not-found"
+    exit_code = 61
+    default_hint = (
+        "The image lacks a tool the installer needs; use the published image or install it."
+    )
+
+
+def all_error_types() -> list[type[InstallerError]]:
+    """Every error class, for the README table and the uniqueness test."""
+    found: list[type[InstallerError]] = []
+    pending: list[type[InstallerError]] = [InstallerError]
+    while pending:
+        cls = pending.pop()
+        found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return sorted(found, key=lambda c: c.exit_code)

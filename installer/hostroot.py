@@ -1,0 +1,109 @@
+"""HostRoot: maps paths as the host sees them to local paths under the mounted host root."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Union
+
+from installer.errors import HostLayoutError
+
+HostPath = Union[str, PurePosixPath]
+
+_MAX_SYMLINK_HOPS = 40
+
+
+@dataclass(frozen=True)
+class HostRoot:
+    """The host's `/` as this process sees it (`/` on a bare host, `/root` in the DaemonSet).
+
+    Host paths are absolute POSIX paths as the host sees them; local paths are what this
+    process opens. Only this class joins the two.
+    """
+
+    root: Path
+
+    @property
+    def is_bare(self) -> bool:
+        return str(self.root) == "/"
+
+    def local(self, host_path: HostPath) -> Path:
+        """The local path of `host_path`, without resolving symlinks."""
+        path = PurePosixPath(host_path)
+        if not path.is_absolute():
+            raise ValueError(f"host path must be absolute: {host_path}")
+        parts = [p for p in path.parts[1:] if p not in ("", ".")]
+        if ".." in parts:
+            raise ValueError(f"host path must not contain '..': {host_path}")
+        return self.root.joinpath(*parts)
+
+    def host_path(self, local_path: Path) -> PurePosixPath:
+        """The host's view of a local path that lies under the root."""
+        try:
+            rel = Path(os.path.abspath(local_path)).relative_to(os.path.abspath(self.root))
+        except ValueError as exc:
+            raise HostLayoutError(f"{local_path} is not under the host root {self.root}") from exc
+        return PurePosixPath("/") / PurePosixPath(rel.as_posix())
+
+    def resolve(self, host_path: HostPath) -> PurePosixPath:
+        """Resolve symlinks as the host would: absolute link targets stay inside the root."""
+        pending = list(PurePosixPath(host_path).parts[1:])
+        pending.reverse()
+        resolved = PurePosixPath("/")
+        hops = 0
+        while pending:
+            part = pending.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                resolved = resolved.parent
+                continue
+            candidate = resolved / part
+            local = self.local(candidate)
+            if local.is_symlink():
+                hops += 1
+                if hops > _MAX_SYMLINK_HOPS:
+                    raise HostLayoutError(f"too many levels of symbolic links in {host_path}")
+                target = PurePosixPath(os.readlink(local))
+                if target.is_absolute():
+                    resolved = PurePosixPath("/")
+                pending.extend(reversed(target.parts[1:] if target.is_absolute() else target.parts))
+                continue
+            resolved = candidate
+        return resolved
+
+    def local_resolved(self, host_path: HostPath) -> Path:
+        return self.local(self.resolve(host_path))
+
+    def exists(self, host_path: HostPath) -> bool:
+        return self.local_resolved(host_path).exists()
+
+    def read_text(self, host_path: HostPath, default: str | None = None) -> str | None:
+        try:
+            return self.local_resolved(host_path).read_text(errors="replace")
+        except (FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError):
+            return default
+
+    def write_atomic(self, host_path: HostPath, data: str | bytes, mode: int = 0o644) -> Path:
+        """Write a host file so readers see the old or the new content, never a mix."""
+        return write_atomic(self.local_resolved(host_path), data, mode)
+
+
+def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> Path:
+    """Write `path` through a temp file in the same dir, fsync, then rename over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

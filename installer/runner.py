@@ -1,0 +1,128 @@
+"""The only place that starts processes: argv lists, LC_ALL=C, timeouts, streamed output."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Protocol
+
+from installer.errors import CommandFailed, CommandNotFound
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 40
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: tuple[str, ...]
+    returncode: int
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def tail(self, lines: int = TAIL_LINES) -> str:
+        return "\n".join(self.output.splitlines()[-lines:])
+
+
+class Runner(Protocol):
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        check: bool = True,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stream: bool = False,
+        input_text: str | None = None,
+    ) -> Result: ...
+
+
+class SubprocessRunner:
+    """Runs commands for real. `stream=True` logs each output line as it arrives."""
+
+    def __init__(self, base_env: Mapping[str, str] | None = None) -> None:
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._base_env["LC_ALL"] = "C"
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        check: bool = True,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stream: bool = False,
+        input_text: str | None = None,
+    ) -> Result:
+        args = [str(a) for a in argv]
+        full_env = {**self._base_env, **(env or {})}
+        if shutil.which(args[0], path=full_env.get("PATH")) is None and not os.path.isfile(args[0]):
+            raise CommandNotFound(f"command not found: {args[0]}")
+        log.debug("run: %s", " ".join(args))
+        try:
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                cwd=cwd,
+                text=True,
+                errors="replace",
+            )
+        except FileNotFoundError as exc:
+            raise CommandNotFound(f"command not found: {args[0]}") from exc
+        lines = _collect(proc, args[0], stream, input_text, timeout)
+        result = Result(tuple(args), proc.returncode, "".join(lines))
+        if check and not result.ok:
+            raise CommandFailed(args, result.returncode, result.tail())
+        return result
+
+
+def _collect(
+    proc: subprocess.Popen[str],
+    name: str,
+    stream: bool,
+    input_text: str | None,
+    timeout: float | None,
+) -> list[str]:
+    lines: list[str] = []
+    keep: collections.deque[str] = collections.deque(maxlen=10_000)
+    label = os.path.basename(name)
+
+    def pump(out: IO[str]) -> None:
+        for line in out:
+            keep.append(line)
+            if stream:
+                log.info("%s: %s", label, line.rstrip())
+
+    assert proc.stdout is not None
+    reader = threading.Thread(target=pump, args=(proc.stdout,), daemon=True)
+    reader.start()
+    if input_text is not None and proc.stdin is not None:
+        proc.stdin.write(input_text)
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        reader.join(timeout=5)
+        raise CommandFailed(
+            [name], -9, "".join(list(keep)[-TAIL_LINES:]),
+            message=f"`{name}` did not finish within {timeout:.0f} s and was killed",
+        ) from None
+    reader.join(timeout=30)
+    lines.extend(keep)
+    return lines
