@@ -1,0 +1,31 @@
+"""`python3 -m kit build VERSION OUT_DIR [--compile-error] [--kernel-source DIR]` from tests/."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kit.builder import build_runfile
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python3 -m kit")
+    commands = parser.add_subparsers(dest="command", required=True)
+    build = commands.add_parser("build", help="build NVIDIA-Linux-x86_64-VERSION.run")
+    build.add_argument("version")
+    build.add_argument("out_dir", type=Path)
+    build.add_argument("--compile-error", action="store_true")
+    build.add_argument("--kernel-source", type=Path)
+    args = parser.parse_args()
+    print(
+        build_runfile(
+            args.version,
+            args.out_dir,
+            compile_error=args.compile_error,
+            kernel_source=args.kernel_source,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

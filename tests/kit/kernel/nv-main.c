@@ -1,0 +1,78 @@
+/* Fake nvidia.ko: stands in for NVIDIA's driver at the hardware boundary of tests. */
+#include <linux/init.h>
+#include <linux/module.h>
+#include <linux/moduleparam.h>
+
+#include "nv-internal.h"
+
+#define NV_PCI_DEVICES_DIR "/sys/bus/pci/devices"
+
+struct nv_gpu nv_gpus[NV_MAX_GPUS];
+int nv_gpu_count;
+
+static int NVreg_DeviceFileMode = 0666;
+static int NVreg_RestrictProfilingToAdminUsers = 1;
+static int NVreg_EnableGpuFirmware = 18;
+static int NVreg_OpenRmEnableUnsupportedGpus;
+module_param(NVreg_DeviceFileMode, int, 0444);
+module_param(NVreg_RestrictProfilingToAdminUsers, int, 0444);
+module_param(NVreg_EnableGpuFirmware, int, 0444);
+module_param(NVreg_OpenRmEnableUnsupportedGpus, int, 0444);
+
+/* Used by nvidia-uvm and nvidia-modeset so depmod and modprobe see real dependencies. */
+int nvfake_gpu_count(void)
+{
+	return nv_gpu_count;
+}
+EXPORT_SYMBOL(nvfake_gpu_count);
+
+static int __init nv_init(void)
+{
+	int i, ret;
+
+	ret = nv_pci_scan(NV_PCI_DEVICES_DIR);
+	if (ret) {
+		pr_err("NVRM: cannot read %s: %d\n", NV_PCI_DEVICES_DIR, ret);
+		return ret;
+	}
+	if (nv_gpu_count == 0) {
+		pr_err("NVRM: No NVIDIA GPU found.\n");
+		return -ENODEV;
+	}
+	for (i = 0; i < nv_gpu_count; i++) {
+		ret = nv_gpu_check_supported(&nv_gpus[i]);
+		if (ret)
+			return ret;
+	}
+
+	ret = nv_chrdev_init();
+	if (ret) {
+		pr_err("NVRM: failed to register char major %d: %d\n", NV_MAJOR_DEVICE_NUMBER, ret);
+		return ret;
+	}
+	ret = nv_procfs_init();
+	if (ret) {
+		nv_chrdev_exit();
+		return ret;
+	}
+	pr_info("NVRM: loading NVIDIA UNIX x86_64 Kernel Module  %s  (%d GPUs)\n",
+		NV_VERSION_STRING, nv_gpu_count);
+	return 0;
+}
+
+static void __exit nv_exit(void)
+{
+	nv_procfs_exit();
+	nv_chrdev_exit();
+}
+
+module_init(nv_init);
+module_exit(nv_exit);
+
+MODULE_VERSION(NV_VERSION_STRING);
+MODULE_DESCRIPTION("Fake NVIDIA driver for tests");
+#if NV_FLAVOUR_OPEN
+MODULE_LICENSE("Dual MIT/GPL");
+#else
+MODULE_LICENSE("NVIDIA");
+#endif

@@ -1,0 +1,34 @@
+/* What the loaded kernel module exposes, read the way NVIDIA's user-space libraries read it. */
+#ifndef NVFAKE_KSTATE_H
+#define NVFAKE_KSTATE_H
+
+#include <stddef.h>
+
+#define KSTATE_MAX_GPUS 32
+#define KSTATE_TEXT_LEN 96
+
+enum kstate_status {
+	KSTATE_OK = 0,
+	KSTATE_NO_DRIVER,      /* no /proc/driver/nvidia/version or /dev/nvidiactl unusable */
+	KSTATE_NO_PERMISSION,  /* /dev/nvidiactl exists but open() gave EACCES */
+};
+
+struct kstate_gpu {
+	char address[KSTATE_TEXT_LEN];  /* Bus Location, as the kernel prints it */
+	char model[KSTATE_TEXT_LEN];
+	char uuid[KSTATE_TEXT_LEN];
+	unsigned int minor;
+	unsigned int domain, bus, device, function;
+	unsigned int vendor_id, device_id, subsys_vendor_id, subsys_device_id;
+};
+
+/* Host path with the test-only root prefix (NVFAKE_TEST_ROOT) applied. */
+void kstate_path(char *out, size_t len, const char *host_path);
+
+/* The loaded module's version from /proc/driver/nvidia/version, and /dev/nvidiactl usable. */
+enum kstate_status kstate_probe_driver(char *version, size_t len);
+
+/* GPUs listed under /proc/driver/nvidia/gpus, sorted by PCI address. */
+int kstate_list_gpus(struct kstate_gpu *gpus, int max);
+
+#endif

@@ -1,0 +1,77 @@
+"""Assembling the payload directory that makeself archives: NVIDIA's .run layout."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from . import native
+
+PAYLOAD = Path(__file__).with_name("payload")
+DESCRIPTION = "NVIDIA Accelerated Graphics Driver for Linux-x86_64"
+SCRIPTED_TOOLS = ("nvidia-smi", "nvidia-modprobe")
+STUB_TOOLS = (
+    "nvidia-persistenced",
+    "nvidia-debugdump",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+)
+FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+COMPILE_ERROR = "\nint nvfake_injected_compile_error = ;\n"
+
+STUB_TOOL_SCRIPT = """#!/bin/sh
+# Test kit stand-in for NVIDIA's {name}: it only reports its version.
+case "$1" in
+-v | --version) echo "{name}: version {version}"; exit 0 ;;
+esac
+echo "{name}: the test kit does not implement this tool" >&2
+exit 1
+"""
+
+
+def stage(version: str, dest: Path, kernel_source: Path, compile_error: bool) -> None:
+    """Fill dest with the payload; dest's name becomes the default extraction directory."""
+    shutil.copy2(PAYLOAD / "nvidia-installer", dest / "nvidia-installer")
+    shutil.copytree(
+        PAYLOAD / "nvidia_installer",
+        dest / "nvidia_installer",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    for directory in ("kernel", "kernel-open"):
+        copy_kernel_sources(kernel_source, dest / directory, compile_error)
+    manifest = [DESCRIPTION, version]
+    for tool in SCRIPTED_TOOLS:
+        shutil.copy2(PAYLOAD / tool, dest / tool)
+    for tool in STUB_TOOLS:
+        (dest / tool).write_text(STUB_TOOL_SCRIPT.format(name=tool, version=version))
+        (dest / tool).chmod(0o755)
+    for tool in (*SCRIPTED_TOOLS, *STUB_TOOLS):
+        mode = "4755" if tool == "nvidia-modprobe" else "0755"
+        manifest.append(f"{tool} {mode} UTILITY_BINARY")
+    for library in native.LIBRARIES:
+        built = native.compile_library(library, version, dest)
+        manifest.append(f"{built.name} 0755 {library.file_type}")
+    (dest / "firmware").mkdir()
+    for name in FIRMWARE:
+        (dest / "firmware" / name).write_bytes(f"NVFAKE GSP firmware {name} {version}\n".encode())
+        manifest.append(f"firmware/{name} 0644 FIRMWARE")
+    (dest / "supported-gpus").mkdir()
+    shutil.copy2(PAYLOAD / "supported-gpus.json", dest / "supported-gpus" / "supported-gpus.json")
+    manifest.append("supported-gpus/supported-gpus.json 0644 DOCUMENTATION supported-gpus")
+    shutil.copy2(PAYLOAD / "LICENSE", dest / "LICENSE")
+    manifest.append("LICENSE 0644 DOCUMENTATION")
+    (dest / ".manifest").write_text("\n".join(manifest) + "\n")
+
+
+def copy_kernel_sources(source: Path, dest: Path, compile_error: bool) -> None:
+    shutil.copytree(
+        source,
+        dest,
+        ignore=shutil.ignore_patterns(
+            "*.o", "*.ko", "*.mod", "*.mod.c", "*.cmd", "modules.order", "Module.symvers"
+        ),
+    )
+    if compile_error:
+        for c_file in sorted(dest.rglob("*.c")):
+            with c_file.open("a") as handle:
+                handle.write(COMPILE_ERROR)
