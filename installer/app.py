@@ -1,0 +1,211 @@
+"""The commands behind the CLI, independent of click: run, plan, verify, status, uninstall,
+versions, download."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from installer import catalog, host, pipeline, planner, state
+from installer.config import Config
+from installer.hostroot import HostRoot
+from installer.layout import LD_DROP_IN, READY_FILE, Layout
+from installer.plan import Plan
+from installer.runner import Runner, SubprocessRunner
+
+log = logging.getLogger(__name__)
+
+
+def _download_settings(config: Config) -> Any:
+    from installer import download
+
+    return download.DownloadSettings(
+        retries=config.retries,
+        connect_timeout=config.connect_timeout,
+        read_timeout=config.read_timeout,
+    )
+
+
+def fetch_bytes_for(config: Config) -> planner.FetchBytes:
+    def fetch(url: str) -> bytes:
+        from installer import download
+
+        return download.fetch_bytes(url, _download_settings(config), max_bytes=64 << 20)
+
+    return fetch
+
+
+def fetch_runfile_for(config: Config) -> planner.FetchRunfile:
+    def fetch(urls: list[str], dest_dir: Path, filename: str) -> Path:
+        from installer import download
+
+        fetched = download.fetch_file(urls, dest_dir, filename, sha256=config.sha256,
+                                      checksum_urls=None, settings=_download_settings(config))
+        return Path(fetched.path)
+
+    return fetch
+
+
+def build_plan(config: Config, runner: Runner | None = None) -> Plan:
+    return planner.make_plan(
+        config,
+        runner or SubprocessRunner(),
+        fetch_bytes=fetch_bytes_for(config),
+        fetch_runfile=fetch_runfile_for(config),
+    )
+
+
+def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutcome]:
+    """Install (or confirm) the planned driver under the host lock."""
+    started = time.monotonic()
+    root = HostRoot(config.root)
+    layout = Layout.from_config(config, root)
+    layout.install_local.mkdir(parents=True, exist_ok=True)
+    with state.HostLock(layout.lock_file, config.lock_timeout):
+        plan = build_plan(config, runner)
+        planner.require_gpus(plan)
+        for decision in plan.decisions:
+            log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
+        outcomes = pipeline.execute(plan)
+    applied = [o.name for o in outcomes if o.status == "applied"]
+    log.info("done in %.2f s: %s", time.monotonic() - started,
+             f"applied {', '.join(applied)}" if applied else "every step was already satisfied")
+    return outcomes
+
+
+def describe_plan(plan: Plan) -> list[str]:
+    """Human-readable plan: host facts, decisions with reasons, steps and their state."""
+    ctx = plan.context
+    facts = ctx.facts
+    lines = ["host:"]
+    lines.append(f"  distro: {facts.distro} (family {facts.distro.family})")
+    lines.append(f"  kernel: {facts.kernel_release}   arch: {facts.arch}")
+    if facts.gpus:
+        for gpu in facts.gpus:
+            lines.append(f"  gpu: {gpu.address} {gpu.pci_id}")
+    else:
+        lines.append("  gpu: none found in /sys/bus/pci/devices")
+    loaded = facts.loaded_driver
+    lines.append(f"  loaded driver: {loaded.version} ({loaded.flavour})" if loaded
+                 else "  loaded driver: none")
+    lines.append(f"  nouveau loaded: {'yes' if facts.nouveau_loaded else 'no'}")
+    lines.append(f"  secure boot: {facts.secure_boot.detail}")
+    lines.append(f"  free space at install dir: {facts.free_bytes / 2**30:.1f} GiB")
+    lines.append("decisions:")
+    for decision in plan.decisions:
+        lines.append(f"  {decision.topic}: {decision.value}")
+        lines.append(f"      because {decision.reason}")
+    if plan.blockers:
+        lines.append("blocked:")
+        lines += [f"  {b} (run fails with no-nvidia-gpu unless --allow-no-gpu)"
+                  for b in plan.blockers]
+    lines.append("steps:")
+    for step in plan.steps:
+        status = "satisfied" if step.is_satisfied() else "would run"
+        lines.append(f"  {step.name:<22} {status:<10} {step.summary}")
+    return lines
+
+
+def verify_installed(config: Config, runner: Runner | None = None) -> Any:
+    """Verify the driver that is loaded now against the record (or the requested version)."""
+    from installer import verify
+
+    root = HostRoot(config.root)
+    layout = Layout.from_config(config, root)
+    gpus = host.nvidia_gpus(root)
+    record = state.read_record(layout.state_file)
+    expected = record.version if record else None
+    if config.version not in ("auto",) and record is None:
+        expected = config.version
+    return verify.verify(
+        install_dir=layout.install_local,
+        expected_version=expected,
+        expected_gpus=[g.address for g in gpus],
+        runner=runner or SubprocessRunner(),
+    )
+
+
+def status(config: Config) -> dict[str, Any]:
+    root = HostRoot(config.root)
+    layout = Layout.from_config(config, root)
+    record = state.read_record(layout.state_file)
+    driver = host.loaded_driver(root)
+    ready = root.read_text(READY_FILE)
+    return {
+        "install_dir": str(layout.install_host),
+        "record": json.loads(record.to_json()) if record else None,
+        "loaded_driver": {"version": driver.version, "flavour": driver.flavour} if driver
+        else None,
+        "ready": ready is not None,
+        "ready_file": str(READY_FILE),
+    }
+
+
+def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
+    """Unload the driver and remove what the installer put on the host. Returns what it
+    removed. Raises DriverInUse when the driver is held."""
+    from installer import ldcache, modules
+    from installer.sources.runfile import remove_tree
+
+    runner = runner or SubprocessRunner()
+    root = HostRoot(config.root)
+    layout = Layout.from_config(config, root)
+    removed: list[str] = []
+    with state.HostLock(layout.lock_file, config.lock_timeout):
+        record = state.read_record(layout.state_file)
+        holders = [f"pid {h.pid} ({h.command}) holds {h.path}"
+                   for h in host.holders_of(root, "/dev/nvidia")]
+        modules.unload(root, runner, holders)
+        ready = root.local(READY_FILE)
+        if ready.exists():
+            ready.unlink()
+            removed.append(str(READY_FILE))
+        kernels = set(record.kernels if record else ()) | {host.kernel_release(root)}
+        for kernel in sorted(kernels):
+            target = root.local(layout.host_modules_dir(kernel))
+            if target.exists():
+                remove_tree(target)
+                removed.append(str(layout.host_modules_dir(kernel)))
+                runner.run(modules.depmod_argv(root, kernel), check=False, timeout=300)
+        if record:
+            fw = root.local(layout.host_firmware_dir(record.version))
+            if fw.exists():
+                remove_tree(fw)
+                removed.append(str(layout.host_firmware_dir(record.version)))
+        if root.local(LD_DROP_IN).exists():
+            ldcache.remove(root, runner)
+            removed.append(str(LD_DROP_IN))
+        for name in ("bin", "lib64", "drivers", "current", "versions", "cache", "state.json",
+                     ".cache", "nvidia-installer.log", "nvidia-installer-build.log"):
+            path = layout.install_local / name
+            if path.exists() or path.is_symlink():
+                remove_tree(path)
+                removed.append(str(layout.install_host / name))
+    return removed
+
+
+def list_versions(config: Config) -> list[str]:
+    loaded = catalog.load(config.catalog, fetch_bytes_for(config))
+    lines = []
+    for branch in loaded.branches:
+        releases = ", ".join(r.version for r in branch.releases)
+        lines.append(f"R{branch.major:<4} {branch.type:<20} {releases}")
+    return lines
+
+
+def download_runfile(config: Config, dest: Path, arch: str) -> Path:
+    """Prefetch the planned .run into `dest` for air-gapped nodes (no host facts needed)."""
+    from installer import versions
+    from installer.sources import runfile
+
+    loaded = catalog.load(config.catalog, fetch_bytes_for(config))
+    resolution = versions.resolve(config.version, loaded, (), track=config.track)
+    default_url = versions.runfile_url(resolution.version, arch, config.branch_path,
+                                       catalog=loaded)
+    urls = runfile.download_urls(config, resolution.version, arch, default_url)
+    name = runfile.runfile_name(resolution.version, arch)
+    log.info("downloading %s (%s)", name, "; ".join(resolution.reasons))
+    return fetch_runfile_for(config)(urls, dest, name)

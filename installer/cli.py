@@ -1,0 +1,168 @@
+"""Click commands: flags and environment become a Config; the only place errors become exit
+codes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from installer import __version__, logs
+from installer.config import SETTINGS, Config, build_config
+from installer.errors import InstallerError, VerificationFailed
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+TERMINATION_LOG_ENV = "NVIDIA_INSTALLER_TERMINATION_LOG"
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+
+
+def settings_options(func: F) -> F:
+    """Add one flag per setting; the environment variable is the fallback (shown in --help)."""
+    for setting in reversed(SETTINGS):
+        if setting.flag_is_switch:
+            option = click.option(setting.flag, setting.name, is_flag=True, default=None,
+                                  help=f"{setting.help} [env {setting.env}]")
+        else:
+            option = click.option(setting.flag, setting.name, default=None, metavar="VALUE",
+                                  help=f"{setting.help} [env {setting.env}; default "
+                                  f"{setting.default or 'unset'}]")
+        func = option(func)
+    verbose = click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+    return verbose(func)  # type: ignore[no-any-return]
+
+
+def make_config(options: dict[str, Any]) -> Config:
+    verbose = bool(options.pop("verbose", False))
+    config = build_config(os.environ, options)
+    logs.setup(config.log_format, verbose)
+    return config
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="installer")
+def cli() -> None:
+    """Install a verified NVIDIA driver onto this node (or the host mounted at ROOT_MOUNT_DIR)."""
+
+
+@cli.command()
+@settings_options
+def run(**options: Any) -> None:
+    """Install the planned driver, load it, create device nodes, verify (idempotent)."""
+    from installer import app
+
+    config = make_config(options)
+    app.run(config)
+
+
+@cli.command()
+@settings_options
+def plan(**options: Any) -> None:
+    """Print host facts, every decision with its reason, and the steps `run` would take."""
+    from installer import app
+
+    config = make_config(options)
+    for line in app.describe_plan(app.build_plan(config)):
+        click.echo(line)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@settings_options
+def verify(as_json: bool, **options: Any) -> None:
+    """Check the loaded driver with nvidia-smi and NVML against the install record."""
+    from installer import app
+
+    config = make_config(options)
+    report = app.verify_installed(config)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
+    else:
+        for line in report.summary_lines():
+            click.echo(line)
+    if not report.ok:
+        raise VerificationFailed("verification failed: " + "; ".join(report.problems))
+
+
+@cli.command()
+@settings_options
+def status(**options: Any) -> None:
+    """Print the install record, the loaded driver and readiness as JSON."""
+    from installer import app
+
+    config = make_config(options)
+    click.echo(json.dumps(app.status(config), indent=2, sort_keys=True))
+
+
+@cli.command()
+@settings_options
+def versions(**options: Any) -> None:
+    """List the version catalog (branches, types, releases)."""
+    from installer import app
+
+    config = make_config(options)
+    for line in app.list_versions(config):
+        click.echo(line)
+
+
+@cli.command()
+@click.option("--dest", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory to download into (e.g. a mirror's <version>/ dir).")
+@click.option("--arch", type=click.Choice(["x86_64", "aarch64"]), default="x86_64",
+              show_default=True)
+@settings_options
+def download(dest: Path, arch: str, **options: Any) -> None:
+    """Prefetch the .run for a version (air-gapped nodes, mirrors)."""
+    from installer import app
+
+    config = make_config(options)
+    path = app.download_runfile(config, dest, arch)
+    click.echo(str(path))
+
+
+@cli.command()
+@settings_options
+def uninstall(**options: Any) -> None:
+    """Unload the driver and remove everything the installer put on the host."""
+    from installer import app
+
+    config = make_config(options)
+    for item in app.uninstall(config):
+        click.echo(f"removed {item}")
+
+
+def report_error(error: InstallerError) -> None:
+    """`error[<reference>]: message` + `hint:` on stderr and in Kubernetes' termination log."""
+    text = f"error[{error.reference}]: {error.message}"
+    if error.hint:
+        text += f"\nhint: {error.hint}"
+    click.echo(text, err=True)
+    path = Path(os.environ.get(TERMINATION_LOG_ENV, DEFAULT_TERMINATION_LOG))
+    if path.is_file():
+        with contextlib.suppress(OSError):
+            path.write_text(text[-4000:] + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="installer", standalone_mode=False)
+    except InstallerError as error:
+        report_error(error)
+        sys.exit(error.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as error:
+        error.show()
+        sys.exit(error.exit_code)
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)
+    sys.exit(0)

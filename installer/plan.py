@@ -1,0 +1,69 @@
+"""A pure plan: host facts, each decision with its reason, and the named steps `run` takes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from installer.config import Config
+from installer.host import HostFacts
+from installer.hostroot import HostRoot
+from installer.kernel import Headers
+from installer.layout import Layout
+from installer.runner import Runner
+
+
+@dataclass(frozen=True)
+class Decision:
+    topic: str
+    value: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Step:
+    """One named step: `is_satisfied` only reads the host; `apply` changes it."""
+
+    name: str
+    summary: str
+    is_satisfied: Callable[[], bool]
+    apply: Callable[[], None]
+
+
+@dataclass
+class Target:
+    """What this run installs, decided once by the planner."""
+
+    version: str
+    branch: int
+    flavour: str
+    kernel: str
+    source: str
+    urls: list[str]
+    headers: Headers | None
+    load: bool
+    gpu_addresses: tuple[str, ...]
+
+
+@dataclass
+class Context:
+    """Everything a step needs; steps keep no other state."""
+
+    config: Config
+    root: HostRoot
+    layout: Layout
+    runner: Runner
+    facts: HostFacts
+    target: Target
+    fetch_runfile: Callable[[list[str], Path, str], Path]
+    runfile: Path | None = None
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    context: Context
+    decisions: list[Decision]
+    steps: list[Step]
+    blockers: list[str] = field(default_factory=list)

@@ -1,0 +1,143 @@
+"""Builds the plan: reads host facts, decides version, flavour, source and paths, lists steps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from installer import catalog, host, kernel, steps, versions
+from installer.config import Config
+from installer.errors import NoNvidiaGpu
+from installer.hostroot import HostRoot
+from installer.layout import Layout
+from installer.plan import Context, Decision, Plan, Step, Target
+from installer.runner import Runner
+from installer.sources import runfile
+
+FetchBytes = Callable[[str], bytes]
+FetchRunfile = Callable[[list[str], Path, str], Path]
+
+
+def make_plan(
+    config: Config,
+    runner: Runner,
+    *,
+    fetch_bytes: FetchBytes,
+    fetch_runfile: FetchRunfile,
+) -> Plan:
+    """Decide everything `run` will do. Reads the host, changes nothing.
+
+    Raises the errors of host detection and version resolution (unsupported-distro,
+    invalid-version, unsupported-gpu, incompatible-gpus, catalog-unavailable, ...).
+    """
+    root = HostRoot(config.root)
+    layout = Layout.from_config(config, root)
+    facts = host.gather(root, kernel_override=config.kernel_release,
+                        free_space_path=layout.install_local)
+    running = host.kernel_release(root)
+    decisions: list[Decision] = []
+    blockers: list[str] = []
+
+    shipped_or_custom = catalog.load(config.catalog, fetch_bytes)
+    resolution = versions.resolve(config.version, shipped_or_custom, facts.gpus,
+                                  module_type=config.module_type, track=config.track)
+    decisions.append(Decision("version", resolution.version, "; ".join(resolution.reasons)))
+    decisions.append(Decision("kernel-module-type", resolution.flavour,
+                              _flavour_reason(config.module_type, resolution.flavour)))
+
+    build_ahead = facts.kernel_release != running
+    load = bool(facts.gpus) and not build_ahead
+    if build_ahead:
+        decisions.append(Decision("kernel", facts.kernel_release,
+                                  f"building ahead for {facts.kernel_release} (running: {running})"
+                                  "; modules are built and installed, not loaded"))
+    else:
+        decisions.append(Decision("kernel", facts.kernel_release, "the running kernel"))
+    if not facts.gpus:
+        if config.allow_no_gpu:
+            decisions.append(Decision("gpus", "none", "no NVIDIA GPU found; installing ahead "
+                                      "of attaching GPUs (allow-no-gpu): nothing is loaded"))
+        else:
+            blockers.append("no NVIDIA GPU found in /sys/bus/pci/devices")
+
+    source = _choose_source(config, facts)
+    decisions.append(Decision("source", source, _source_reason(config, facts, source)))
+    default_url = versions.runfile_url(resolution.version, facts.arch, config.branch_path,
+                                       catalog=shipped_or_custom)
+    urls = runfile.download_urls(config, resolution.version, facts.arch, default_url)
+    decisions.append(Decision("download", urls[0], _url_reason(config, urls)))
+
+    headers = kernel.find_headers(root, facts.kernel_release) or kernel.find_container_headers(
+        facts.kernel_release)
+    decisions.append(_headers_decision(headers, facts.kernel_release, facts.distro.family))
+    decisions.append(Decision("install-dir", str(layout.install_host),
+                              f"NVIDIA_INSTALL_DIR_HOST, reached here at {layout.install_local}"))
+
+    target = Target(
+        version=resolution.version,
+        branch=resolution.branch,
+        flavour=resolution.flavour,
+        kernel=facts.kernel_release,
+        source=source,
+        urls=urls,
+        headers=headers,
+        load=load,
+        gpu_addresses=tuple(g.address for g in facts.gpus),
+    )
+    ctx = Context(config, root, layout, runner, facts, target, fetch_runfile)
+    return Plan(ctx, decisions, _steps(ctx), blockers)
+
+
+def _steps(ctx: Context) -> list[Step]:
+    load = ctx.target.load
+    plan = [steps.secure_boot_step(ctx)]
+    if load:
+        plan.append(steps.nouveau_step(ctx))
+    plan += runfile.runfile_steps(ctx)
+    if load:
+        plan.append(steps.unload_old_step(ctx))
+    plan += [steps.activate_step(ctx), steps.module_files_step(ctx), steps.ld_cache_step(ctx)]
+    if load:
+        plan += [steps.load_step(ctx), steps.device_nodes_step(ctx), steps.verify_step(ctx)]
+    plan.append(steps.record_step(ctx))
+    return plan
+
+
+def require_gpus(plan: Plan) -> None:
+    if plan.blockers:
+        raise NoNvidiaGpu("; ".join(plan.blockers))
+
+
+def _flavour_reason(setting: str, flavour: str) -> str:
+    if setting != "auto":
+        return f"NVIDIA_KERNEL_MODULE_TYPE={setting}"
+    return f"{flavour}: chosen by NVIDIA's rules for the GPUs found (see version reasons)"
+
+
+def _choose_source(config: Config, facts: host.HostFacts) -> str:
+    # The dnf source lands with the RHEL-family work; until then every host uses the .run.
+    return "runfile"
+
+
+def _source_reason(config: Config, facts: host.HostFacts, source: str) -> str:
+    if config.source == "runfile":
+        return "NVIDIA_DRIVER_SOURCE=runfile"
+    return f"NVIDIA's .run for {facts.distro} (NVIDIA_DRIVER_SOURCE={config.source})"
+
+
+def _url_reason(config: Config, urls: list[str]) -> str:
+    if config.download_url:
+        return "NVIDIA_DRIVER_DOWNLOAD_URL"
+    tried = ", ".join(urls)
+    return f"tried in order: {tried}" if len(urls) > 1 else "default location"
+
+
+def _headers_decision(headers: kernel.Headers | None, release: str, family: str) -> Decision:
+    if headers is None:
+        package = kernel.headers_package(family, release)
+        return Decision("kernel-headers", "missing",
+                        f"no headers for {release} on the host; {package} will be installed in "
+                        "the image if allowed (NVIDIA_INSTALLER_FETCH_HEADERS), unless modules "
+                        "are already built")
+    where = "in the image" if headers.in_container else "on the host"
+    return Decision("kernel-headers", str(headers.host_path), f"found {where}")

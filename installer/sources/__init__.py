@@ -1,0 +1,1 @@
+"""The ways a driver reaches the host."""

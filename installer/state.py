@@ -1,0 +1,138 @@
+"""Install records, GKE's `.cache` file, the readiness file and the host-wide lock."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO
+
+from installer.errors import LockTimeout
+from installer.hostroot import write_atomic
+
+log = logging.getLogger(__name__)
+
+RECORD_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class InstallRecord:
+    """What the last verified install put on the host (a hint and a report, not the truth)."""
+
+    version: str
+    flavour: str
+    kernel: str
+    source: str
+    install_dir: str
+    gpus: tuple[str, ...] = ()
+    module_files: tuple[str, ...] = ()
+    firmware_dirs: tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()
+    verified_at: str = ""
+    format: int = RECORD_FORMAT
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+
+def read_record(path: Path) -> InstallRecord | None:
+    """The record at `path`, or None when absent or unreadable (a broken record is ignored)."""
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != RECORD_FORMAT:
+            return None
+        for key in ("gpus", "module_files", "firmware_dirs", "kernels"):
+            data[key] = tuple(data.get(key, ()))
+        return InstallRecord(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def write_record(path: Path, record: InstallRecord) -> None:
+    write_atomic(path, record.to_json())
+
+
+def gke_cache_text(kernel: str, version: str) -> str:
+    """GKE's entrypoint records its install in `<install dir>/.cache` with these two lines."""
+    return f"CACHE_KERNEL_VERSION={kernel}\nCACHE_NVIDIA_DRIVER_VERSION={version}\n"
+
+
+def read_gke_cache(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return values
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    return values
+
+
+def ready_text(version: str, flavour: str, install_dir: str, kernel: str) -> str:
+    return (
+        f"DRIVER_VERSION={version}\nKERNEL_MODULE_TYPE={flavour}\n"
+        f"KERNEL_RELEASE={kernel}\nINSTALL_DIR={install_dir}\n"
+    )
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class HostLock:
+    """An exclusive flock on a file in the install dir, shared by every installer on the host.
+
+    A second installer waits (logging once who it waits for) and fails with LockTimeout
+    after `timeout` seconds. The kernel drops the lock when the holder dies, even by SIGKILL.
+    """
+
+    def __init__(self, path: Path, timeout: float, poll: float = 0.2) -> None:
+        self.path = path
+        self.timeout = timeout
+        self.poll = poll
+        self._handle: IO[str] | None = None
+
+    def __enter__(self) -> HostLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")
+        deadline = time.monotonic() + self.timeout
+        waited = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waited:
+                    log.info("waiting for another installer (pid %s) holding %s",
+                             _holder_pid(handle), self.path)
+                    waited = True
+                if time.monotonic() >= deadline:
+                    handle.close()
+                    raise LockTimeout(
+                        f"another installer held {self.path} for more than {self.timeout:.0f} s",
+                    ) from None
+                time.sleep(self.poll)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._handle is not None:
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._handle.close()
+            self._handle = None
+
+
+def _holder_pid(handle: IO[str]) -> str:
+    handle.seek(0)
+    return handle.read().strip() or "unknown"

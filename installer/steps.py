@@ -1,0 +1,339 @@
+"""The steps shared by every source: guards, unload, switch, modules on the host, load, nodes,
+ld cache, verification and the install record."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+from installer import host, ldcache, modules, state
+from installer.errors import (
+    NouveauActive,
+    SecureBootKeysMissing,
+)
+from installer.hostroot import write_atomic
+from installer.layout import NOUVEAU_BLACKLIST, READY_FILE
+from installer.plan import Context, Step
+
+log = logging.getLogger(__name__)
+
+COMPLETE_MARKER = ".complete"
+NOUVEAU_BLACKLIST_TEXT = "blacklist nouveau\noptions nouveau modeset=0\n"
+
+
+def secure_boot_step(ctx: Context) -> Step:
+    def satisfied() -> bool:
+        return ctx.facts.secure_boot.enabled is not True or ctx.config.signing_key is not None
+
+    def apply() -> None:
+        raise SecureBootKeysMissing(
+            "Secure Boot is enabled on this node and no module signing key is configured: "
+            "the kernel would reject the unsigned NVIDIA modules after a long compile "
+            f"({ctx.facts.secure_boot.detail})",
+        )
+
+    return Step("check-secure-boot", "refuse before compiling if Secure Boot would reject "
+                "unsigned modules", satisfied, apply)
+
+
+def nouveau_step(ctx: Context) -> Step:
+    def satisfied() -> bool:
+        return not _nouveau_loaded(ctx)
+
+    def apply() -> None:
+        if ctx.root.read_text(NOUVEAU_BLACKLIST) != NOUVEAU_BLACKLIST_TEXT:
+            ctx.root.write_atomic(NOUVEAU_BLACKLIST, NOUVEAU_BLACKLIST_TEXT)
+            log.info("blacklisted nouveau in %s", NOUVEAU_BLACKLIST)
+        result = ctx.runner.run(["rmmod", "nouveau"], check=False, timeout=60)
+        if not result.ok or _nouveau_loaded(ctx):
+            raise NouveauActive(
+                "the nouveau driver owns the GPU and cannot be unloaded while in use "
+                f"({result.output.strip() or 'still loaded'}); it is blacklisted on the host now",
+                hint="Reboot the node; after the reboot nouveau stays unloaded and the installer "
+                "finishes on its own.",
+            )
+
+    return Step("unload-nouveau", "unload and blacklist nouveau, which would own the GPU",
+                satisfied, apply)
+
+
+def _nouveau_loaded(ctx: Context) -> bool:
+    return any(m.name == "nouveau" for m in host.loaded_modules(ctx.root))
+
+
+def unload_old_step(ctx: Context) -> Step:
+    target = ctx.target
+
+    def satisfied() -> bool:
+        driver = host.loaded_driver(ctx.root)
+        if driver is None:
+            return not _any_nvidia_loaded(ctx)
+        return driver.version == target.version and driver.flavour == target.flavour
+
+    def apply() -> None:
+        driver = host.loaded_driver(ctx.root)
+        holders = [
+            f"pid {h.pid} ({h.command}) holds {h.path}"
+            for h in host.holders_of(ctx.root, "/dev/nvidia")
+        ]
+        log.info("replacing loaded driver %s with %s",
+                 driver.version if driver else "unknown", target.version)
+        modules.unload(ctx.root, ctx.runner, holders)
+        remove_ready_file(ctx)
+
+    return Step("unload-old-driver", "unload a different driver version that is loaded",
+                satisfied, apply)
+
+
+def _any_nvidia_loaded(ctx: Context) -> bool:
+    names = {m.name for m in host.loaded_modules(ctx.root)}
+    return any(name in names for name in modules.UNLOAD_ORDER)
+
+
+def activate_step(ctx: Context) -> Step:
+    layout, target = ctx.layout, ctx.target
+    links = {
+        "bin": Path("current") / "bin",
+        "lib64": Path("current") / "lib64",
+    }
+
+    def drivers_target() -> str:
+        build = layout.module_build(target.version, target.kernel, target.flavour)
+        return os.path.relpath(build, layout.install_local)
+
+    def satisfied() -> bool:
+        wanted = {**{k: str(v) for k, v in links.items()}, "drivers": drivers_target(),
+                  "current": str(Path("versions") / target.version)}
+        return all(_link_is(layout.install_local / name, dest) for name, dest in wanted.items())
+
+    def apply() -> None:
+        install = layout.install_local
+        _retire_old_layout(install, ("bin", "lib64", "drivers"))
+        _swap_link(install / "current", str(Path("versions") / target.version))
+        for name, dest in links.items():
+            _swap_link(install / name, str(dest))
+        _swap_link(install / "drivers", drivers_target())
+        log.info("activated %s in %s", target.version, layout.install_host)
+
+    return Step("activate-install", "point current, bin/, lib64/ and drivers/ at this version",
+                satisfied, apply)
+
+
+def _link_is(path: Path, dest: str) -> bool:
+    return path.is_symlink() and os.readlink(path) == dest
+
+
+def _swap_link(path: Path, dest: str) -> None:
+    """Replace `path` with a symlink to `dest` in one rename."""
+    tmp = path.with_name(f".{path.name}.new")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(dest, tmp)
+    os.replace(tmp, path)
+
+
+def _retire_old_layout(install: Path, names: tuple[str, ...]) -> None:
+    """GKE's entrypoint left real directories where our links go: keep them aside."""
+    real = [n for n in names if (install / n).exists() and not (install / n).is_symlink()]
+    if not real:
+        return
+    aside = install / "previous-layout" / time.strftime("%Y%m%dT%H%M%S")
+    aside.mkdir(parents=True, exist_ok=True)
+    for name in real:
+        os.replace(install / name, aside / name)
+    log.info("moved the previous layout's %s to %s", ", ".join(real), aside)
+
+
+def module_files_step(ctx: Context) -> Step:
+    """Copy the built modules where the host's modprobe finds them, when /lib/modules is
+    writable; otherwise loading falls back to insmod from the cache."""
+    layout, target = ctx.layout, ctx.target
+    host_dir = layout.host_modules_dir(target.kernel)
+    build = layout.module_build(target.version, target.kernel, target.flavour)
+    stamp = f"{target.version} {target.flavour}\n"
+
+    def satisfied() -> bool:
+        if not _modules_dir_writable(ctx, target.kernel):
+            return True
+        local = ctx.root.local(host_dir)
+        return (local / ".installer-stamp").is_file() and (
+            (local / ".installer-stamp").read_text() == stamp
+        ) and modules.ko_files(local) == modules.ko_files(build)
+
+    def apply() -> None:
+        local = ctx.root.local(host_dir)
+        fresh = local.with_name(local.name + ".new")
+        old = local.with_name(local.name + ".old")
+        for leftover in (fresh, old):
+            if leftover.exists():
+                shutil.rmtree(leftover)
+        fresh.mkdir(parents=True)
+        for name in modules.ko_files(build):
+            shutil.copy2(build / name, fresh / name)
+        (fresh / ".installer-stamp").write_text(stamp)
+        if local.exists():
+            os.replace(local, old)
+        os.replace(fresh, local)
+        if old.exists():
+            shutil.rmtree(old)
+        ctx.runner.run(modules.depmod_argv(ctx.root, target.kernel), timeout=300)
+        _install_firmware(ctx)
+        log.info("installed modules into %s and ran depmod", host_dir)
+
+    return Step("install-module-files", f"modules into {host_dir} (+ depmod) and firmware",
+                satisfied, apply)
+
+
+def _modules_dir_writable(ctx: Context, kernel: str) -> bool:
+    base = ctx.root.local(f"/lib/modules/{kernel}")
+    return base.is_dir() and os.access(base, os.W_OK)
+
+
+def _install_firmware(ctx: Context) -> None:
+    source = ctx.layout.version_dir(ctx.target.version) / "firmware"
+    if not source.is_dir() or not any(source.iterdir()):
+        return
+    dest = ctx.root.local(ctx.layout.host_firmware_dir(ctx.target.version))
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        for item in source.iterdir():
+            if item.is_file():
+                shutil.copy2(item, dest / item.name)
+    except OSError as exc:
+        log.warning("could not install GSP firmware into %s: %s", dest, exc)
+
+
+def ld_cache_step(ctx: Context) -> Step:
+    layout = ctx.layout
+
+    def satisfied() -> bool:
+        return ldcache.is_configured(ctx.root, ctx.runner, layout.lib_dir_host, layout.lib_dir,
+                                     ctx.target.version)
+
+    def apply() -> None:
+        ldcache.configure(ctx.root, ctx.runner, layout.lib_dir_host)
+
+    return Step("configure-ld-cache", "ld.so.conf.d drop-in for lib64/ and the host's ldconfig",
+                satisfied, apply)
+
+
+def load_step(ctx: Context) -> Step:
+    target = ctx.target
+
+    def satisfied() -> bool:
+        return modules.all_loaded(ctx.root, target.version)
+
+    def apply() -> None:
+        via_modprobe = _modules_dir_writable(ctx, target.kernel)
+        request = modules.LoadRequest(
+            kernel=target.kernel,
+            via_modprobe=via_modprobe,
+            module_dir=ctx.layout.module_build(target.version, target.kernel, target.flavour),
+            user_args={modules.kernel_name(m): ctx.config.module_args_for(m)
+                       for m in modules.LOAD_ORDER},
+        )
+        modules.load(ctx.root, ctx.runner, request)
+
+    return Step("load-modules", "load nvidia, nvidia-uvm, nvidia-modeset", satisfied, apply)
+
+
+def device_nodes_step(ctx: Context) -> Step:
+    def nodes() -> list[modules.Node]:
+        return modules.expected_nodes(ctx.root, len(ctx.target.gpu_addresses))
+
+    def satisfied() -> bool:
+        return not modules.missing_nodes(ctx.layout.dev_dir, nodes())
+
+    def apply() -> None:
+        binary = ctx.layout.bin_dir / "nvidia-modprobe"
+        env = {"LD_LIBRARY_PATH": str(ctx.layout.lib_dir)}
+        modules.create_nodes(ctx.runner, binary, len(ctx.target.gpu_addresses), env)
+
+    return Step("create-device-nodes", "nvidia-modprobe -u -m -c=N for every GPU",
+                satisfied, apply)
+
+
+def verify_step(ctx: Context) -> Step:
+    from installer import verify
+
+    target = ctx.target
+
+    def satisfied() -> bool:
+        return _ready_matches(ctx) and modules.all_loaded(ctx.root, target.version)
+
+    def apply() -> None:
+        report = verify.verify(
+            install_dir=ctx.layout.install_local,
+            expected_version=target.version,
+            expected_gpus=list(target.gpu_addresses),
+            runner=ctx.runner,
+        )
+        for line in report.summary_lines():
+            log.info("verify: %s", line)
+        if not report.ok:
+            remove_ready_file(ctx)
+        verify.require_ok(report)
+        ctx.notes["verified"] = "yes"
+
+    return Step("verify-driver", "nvidia-smi and NVML answer with the planned version and GPUs",
+                satisfied, apply)
+
+
+def record_step(ctx: Context) -> Step:
+    layout, target = ctx.layout, ctx.target
+
+    def expected_ready() -> str:
+        return state.ready_text(target.version, target.flavour, str(layout.install_host),
+                                target.kernel)
+
+    def satisfied() -> bool:
+        record = state.read_record(layout.state_file)
+        ready_ok = not target.load or _ready_matches(ctx)
+        return (
+            record is not None
+            and (record.version, record.flavour, record.kernel)
+            == (target.version, target.flavour, target.kernel)
+            and state.read_gke_cache(layout.gke_cache_file).get("CACHE_NVIDIA_DRIVER_VERSION")
+            == target.version
+            and ready_ok
+        )
+
+    def apply() -> None:
+        previous = state.read_record(layout.state_file)
+        kernels = sorted({target.kernel, *(previous.kernels if previous else ())})
+        record = state.InstallRecord(
+            version=target.version,
+            flavour=target.flavour,
+            kernel=target.kernel,
+            source=target.source,
+            install_dir=str(layout.install_host),
+            gpus=target.gpu_addresses,
+            kernels=tuple(kernels),
+            verified_at=state.utc_now() if target.load else "",
+        )
+        state.write_record(layout.state_file, record)
+        write_atomic(layout.gke_cache_file,
+                                state.gke_cache_text(target.kernel, target.version))
+        if target.load:
+            ctx.root.write_atomic(READY_FILE, expected_ready())
+            log.info("driver ready: wrote %s", READY_FILE)
+
+    return Step("record-install", "install record, GKE's .cache and the readiness file",
+                satisfied, apply)
+
+
+def _ready_matches(ctx: Context) -> bool:
+    target = ctx.target
+    return ctx.root.read_text(READY_FILE) == state.ready_text(
+        target.version, target.flavour, str(ctx.layout.install_host), target.kernel
+    )
+
+
+def remove_ready_file(ctx: Context) -> None:
+    path = ctx.root.local(READY_FILE)
+    if path.exists():
+        path.unlink()
+        log.info("removed %s", READY_FILE)

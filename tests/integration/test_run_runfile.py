@@ -1,0 +1,465 @@
+"""`installer run` end to end with the fake-driver kit, against a temporary host root holding
+real Debian headers at a relocated path (this machine's own headers hidden). Nothing is
+loaded here (the host root's running kernel differs from the target): that is the VM tier."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import kit
+import pytest
+import testinfra
+from hostkit import (
+    INSTALL_DIR_HOST,
+    debian_headers,
+    installer_env,
+    make_debian_host,
+    run_and_kill_at,
+    run_installer,
+    tree_snapshot,
+)
+
+pytestmark = pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
+
+A = "580.105.08"
+B = "580.126.20"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, list[str]]]:
+    """Fake runfiles for A and B (and a broken one) served on 127.0.0.1; requests recorded."""
+    www = tmp_path_factory.mktemp("www")
+    for version in (A, B):
+        kit.build_runfile(version, www / version)
+    kit.build_runfile("570.195.03", www / "broken", compile_error=True)
+    requests: list[str] = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(www), **kwargs)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            requests.append(self.path)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", www, requests
+    server.shutdown()
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> tuple[Path, str]:
+    root = tmp_path / "host"
+    kernel = make_debian_host(root)
+    return root, kernel
+
+
+def env_for(
+    host: tuple[Path, str], served: tuple[str, Path, list[str]], version: str = A, **settings: str
+) -> dict[str, str]:
+    root, kernel = host
+    base, _, _ = served
+    return installer_env(
+        root, kernel, NVIDIA_DRIVER_VERSION=version, NVIDIA_DRIVER_MIRRORS=base, **settings
+    )
+
+
+def install_dir(root: Path) -> Path:
+    return root / INSTALL_DIR_HOST.lstrip("/")
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def cached_sonames(root: Path) -> dict[str, str]:
+    out = subprocess.run(
+        ["ldconfig", "-r", str(root), "-p"], capture_output=True, text=True, check=True
+    ).stdout
+    entries = {}
+    for line in out.splitlines()[1:]:
+        if "=>" in line:
+            entries[line.split()[0]] = line.split("=>")[1].strip()
+    return entries
+
+
+def test_cold_install_produces_the_gke_layout(host: tuple[Path, str], served: Any) -> None:
+    root, kernel = host
+    before = tree_snapshot(root)
+    ok(run_installer(env_for(host, served), "run"))
+    after = tree_snapshot(root)
+    machine = testinfra.get_host("local://")
+    inst = install_dir(root)
+
+    assert machine.file(str(inst / "current")).linked_to == str(inst / "versions" / A)
+    assert machine.file(str(inst / "bin")).is_symlink
+    smi = machine.file(str(inst / "bin/nvidia-smi"))
+    assert smi.is_file and smi.mode & 0o111
+    assert machine.file(str(inst / "bin/nvidia-modprobe")).mode & 0o4000
+    for lib in ("libnvidia-ml.so.1", "libcuda.so.1"):
+        assert machine.file(str(inst / "lib64" / lib)).linked_to == str(
+            inst / "versions" / A / "lib64" / f"{lib[:-2]}.{A}"
+        )
+    drivers = inst / "drivers"
+    assert sorted(p.name for p in drivers.glob("*.ko")) == [
+        "nvidia-modeset.ko",
+        "nvidia-uvm.ko",
+        "nvidia.ko",
+    ]
+    assert (root / "lib/firmware/nvidia" / A / "gsp_ga10x.bin").is_file()
+
+    host_modules = root / "lib/modules" / kernel / "updates/nvidia-driver-installer"
+    assert (host_modules / "nvidia.ko").is_file()
+    depmod = (root / "lib/modules" / kernel / "modules.dep").read_text()
+    assert (
+        "updates/nvidia-driver-installer/nvidia-uvm.ko: "
+        "updates/nvidia-driver-installer/nvidia.ko" in depmod
+    )
+
+    drop_in = machine.file(str(root / "etc/ld.so.conf.d/nvidia-driver-installer.conf"))
+    assert drop_in.content_string == f"{INSTALL_DIR_HOST}/lib64\n"
+    cached = cached_sonames(root)
+    assert cached["libnvidia-ml.so.1"] == f"{INSTALL_DIR_HOST}/lib64/libnvidia-ml.so.1"
+    assert cached["libcuda.so.1"] == f"{INSTALL_DIR_HOST}/lib64/libcuda.so.1"
+
+    record = json.loads((inst / "state.json").read_text())
+    assert (record["version"], record["flavour"], record["kernel"]) == (A, "open", kernel)
+    assert (inst / ".cache").read_text() == (
+        f"CACHE_KERNEL_VERSION={kernel}\nCACHE_NVIDIA_DRIVER_VERSION={A}\n"
+    )
+    # Nothing outside the install dir but the drop-in, the ld cache, modules and firmware.
+    touched = {
+        path
+        for path, info in after.items()
+        if not stat.S_ISDIR(info[0])
+        and before.get(path) != info
+        and not path.startswith(INSTALL_DIR_HOST[1:])
+    }
+    allowed = (
+        "etc/ld.so.cache",
+        "etc/ld.so.conf.d/",
+        f"lib/modules/{kernel}/",
+        f"lib/firmware/nvidia/{A}/",
+    )
+    assert all(t.startswith(allowed) for t in touched), sorted(touched)
+
+
+def test_warm_rerun_touches_nothing_and_downloads_nothing(
+    host: tuple[Path, str], served: Any
+) -> None:
+    root, _ = host
+    env = env_for(host, served)
+    ok(run_installer(env, "run"))
+    before = tree_snapshot(root)
+    served[2].clear()
+    result = ok(run_installer(env, "run"))
+    after = tree_snapshot(root)
+    lock = str(install_dir(root).relative_to(root) / ".installer.lock")
+    before.pop(lock)
+    after.pop(lock)
+    assert after == before
+    assert served[2] == []
+    assert "every step was already satisfied" in result.stderr
+    assert "step build-modules: already satisfied" in result.stderr
+
+
+def test_plan_changes_nothing(host: tuple[Path, str], served: Any) -> None:
+    root, kernel = host
+    env = env_for(host, served)
+    before = tree_snapshot(root)
+    result = ok(run_installer(env, "plan"))
+    assert tree_snapshot(root) == before
+    assert f"version: {A}" in result.stdout
+    assert "build-modules          would run" in result.stdout
+    assert f"building ahead for {kernel}" in result.stdout
+
+
+def test_kernel_change_builds_once_and_going_back_reuses(tmp_path: Path, served: Any) -> None:
+    root = tmp_path / "host"
+    other = "6.1.0-99-cloud-amd64"
+    kernel = make_debian_host(root, extra_kernels=[other])
+    env = env_for((root, kernel), served)
+    ok(run_installer(env, "run"))
+    second = ok(run_installer({**env, "NVIDIA_KERNEL_RELEASE": other}, "run"))
+    assert "step build-modules: compile" in second.stderr
+    back = ok(run_installer(env, "run"))
+    assert "step build-modules: already satisfied" in back.stderr
+    inst = install_dir(root)
+    assert os.readlink(inst / "drivers") == f"cache/modules/{A}/{kernel}/open"
+    assert (root / "lib/modules" / other / "updates/nvidia-driver-installer/nvidia.ko").is_file()
+    record = json.loads((inst / "state.json").read_text())
+    assert sorted(record["kernels"]) == sorted([kernel, other])
+
+
+def test_version_change_switches_everything_to_the_new_version(
+    host: tuple[Path, str], served: Any
+) -> None:
+    root, _ = host
+    ok(run_installer(env_for(host, served, A), "run"))
+    ok(run_installer(env_for(host, served, B), "run"))
+    inst = install_dir(root)
+    assert os.readlink(inst / "current") == f"versions/{B}"
+    assert os.readlink(inst / "lib64/libnvidia-ml.so.1") == f"libnvidia-ml.so.{B}"
+    expected = f"{INSTALL_DIR_HOST}/lib64/libnvidia-ml.so.1"
+    assert cached_sonames(root)["libnvidia-ml.so.1"] == expected
+    assert f"CACHE_NVIDIA_DRIVER_VERSION={B}" in (inst / ".cache").read_text()
+    assert (root / "etc/ld.so.conf.d/nvidia-driver-installer.conf").read_text().count("\n") == 1
+
+
+KILL_POINTS = [
+    "fetch-runfile",
+    "extract-runfile",
+    "build-modules",
+    "install-userspace",
+    "activate-install",
+    "install-module-files",
+    "configure-ld-cache",
+    "record-install",
+]
+
+
+@pytest.mark.parametrize("step", KILL_POINTS)
+def test_sigkill_during_an_upgrade_leaves_a_whole_install_and_the_next_run_finishes(
+    host: tuple[Path, str], served: Any, step: str
+) -> None:
+    root, _ = host
+    ok(run_installer(env_for(host, served, A), "run"))
+    log = run_and_kill_at(env_for(host, served, B), f"step {step}: ")
+    assert f"step {step}: " in log
+    inst = install_dir(root)
+    active = os.readlink(inst / "current").split("/")[-1]
+    assert active in (A, B)
+    assert (inst / "versions" / active / ".complete").is_file()
+    assert (inst / "bin/nvidia-smi").is_file()
+    assert os.readlink(inst / "lib64/libnvidia-ml.so.1") == f"libnvidia-ml.so.{active}"
+    ok(run_installer(env_for(host, served, B), "run"))
+    assert os.readlink(inst / "current") == f"versions/{B}"
+    assert json.loads((inst / "state.json").read_text())["version"] == B
+    assert not list(inst.rglob(".*.tmp"))
+
+
+def test_missing_headers_name_the_package_and_kernel(tmp_path: Path, served: Any) -> None:
+    root = tmp_path / "host"
+    kernel = make_debian_host(root, headers=False)
+    result = run_installer(env_for((root, kernel), served), "run")
+    assert result.returncode == 30, result.stderr
+    assert "error[kernel-headers-missing]" in result.stderr
+    assert f"linux-headers-{kernel}" in result.stderr
+    assert not (install_dir(root) / "current").exists()
+
+
+def test_compile_failure_shows_the_compilers_last_lines(
+    host: tuple[Path, str], served: Any
+) -> None:
+    root, _ = host
+    base, _, _ = served
+    env = env_for(
+        host,
+        served,
+        "570.195.03",
+        NVIDIA_DRIVER_DOWNLOAD_URL=(f"{base}/broken/NVIDIA-Linux-x86_64-570.195.03.run"),
+    )
+    result = run_installer(env, "run")
+    assert result.returncode == 31, result.stderr
+    assert "error[module-build-failed]" in result.stderr
+    assert "error:" in result.stderr.split("error[module-build-failed]")[1]
+    assert not (install_dir(root) / "cache/modules/570.195.03").exists() or not any(
+        (install_dir(root) / "cache/modules/570.195.03").rglob("*.ko")
+    )
+    assert not (install_dir(root) / "current").exists()
+
+
+def test_secure_boot_without_keys_fails_before_any_download(tmp_path: Path, served: Any) -> None:
+    root = tmp_path / "host"
+    kernel = make_debian_host(root, secure_boot=True)
+    served[2].clear()
+    result = run_installer(env_for((root, kernel), served), "run")
+    assert result.returncode == 32, result.stderr
+    assert "error[secure-boot-unsigned]" in result.stderr
+    assert "NVIDIA_MODULE_SIGNING_KEY" in result.stderr
+    assert served[2] == []
+
+
+def test_secure_boot_with_keys_signs_the_modules(tmp_path: Path, served: Any) -> None:
+    root = tmp_path / "host"
+    kernel = make_debian_host(root, secure_boot=True)
+    keys = root / "etc/mok"
+    keys.mkdir(parents=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-new",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=installer test/",
+            "-outform",
+            "DER",
+            "-keyout",
+            str(keys / "mok.priv"),
+            "-out",
+            str(keys / "mok.der"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    env = env_for(
+        (root, kernel),
+        served,
+        NVIDIA_MODULE_SIGNING_KEY="/etc/mok/mok.priv",
+        NVIDIA_MODULE_SIGNING_CERT="/etc/mok/mok.der",
+    )
+    ok(run_installer(env, "run"))
+    module = (install_dir(root) / "drivers/nvidia.ko").read_bytes()
+    assert module.endswith(b"~Module signature appended~\n")
+
+
+def test_read_only_lib_modules_falls_back_without_failing(tmp_path: Path, served: Any) -> None:
+    root = tmp_path / "host"
+    kernel = make_debian_host(root)
+    modules_dir = root / "lib/modules" / kernel
+    env = env_for((root, kernel), served)
+    argv = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        f"mount --bind {modules_dir} {modules_dir} && "
+        f'mount -o remount,ro,bind {modules_dir} && exec "$@"',
+        "sh",
+    ]
+    from hostkit import hidden_headers_argv, installer_argv
+
+    result = subprocess.run(
+        argv + hidden_headers_argv(installer_argv("run")),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    ok(result)
+    assert not (modules_dir / "updates").exists()
+    assert (install_dir(root) / "drivers/nvidia.ko").is_file()
+
+
+def test_concurrent_runs_wait_for_each_other_and_build_once(
+    host: tuple[Path, str], served: Any
+) -> None:
+    from hostkit import hidden_headers_argv, installer_argv
+
+    env = env_for(host, served)
+    procs = [
+        subprocess.Popen(
+            hidden_headers_argv(installer_argv("run")),
+            env=env,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    logs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    assert sum("step build-modules: compile" in log for log in logs) == 1
+    assert any("waiting for another installer" in log for log in logs)
+
+
+def test_gkes_old_layout_is_adopted(host: tuple[Path, str], served: Any) -> None:
+    root, kernel = host
+    inst = install_dir(root)
+    (inst / "bin").mkdir(parents=True)
+    (inst / "bin/nvidia-smi").write_text("old")
+    (inst / "lib64").mkdir()
+    (inst / "lib64/libcuda.so.1").write_text("old")
+    (inst / "drivers").mkdir()
+    (inst / ".cache").write_text(
+        f"CACHE_KERNEL_VERSION={kernel}\nCACHE_NVIDIA_DRIVER_VERSION=460.56\n"
+    )
+    conf = root / "etc/ld.so.conf"
+    conf.write_text(conf.read_text() + f"{INSTALL_DIR_HOST}/lib64\n{INSTALL_DIR_HOST}/lib64\n")
+    ok(run_installer(env_for(host, served), "run"))
+    assert (inst / "bin").is_symlink()
+    kept = list((inst / "previous-layout").glob("*/bin/nvidia-smi"))
+    assert len(kept) == 1 and kept[0].read_text() == "old"
+    assert f"{INSTALL_DIR_HOST}/lib64" not in conf.read_text()
+    assert f"CACHE_NVIDIA_DRIVER_VERSION={A}" in (inst / ".cache").read_text()
+
+
+def test_no_gpu_fails_unless_told_to_install_ahead(tmp_path: Path, served: Any) -> None:
+    root = tmp_path / "host"
+    kernel = make_debian_host(root, gpus=())
+    env = env_for((root, kernel), served)
+    result = run_installer(env, "run")
+    assert result.returncode == 16, result.stderr
+    assert "error[no-nvidia-gpu]" in result.stderr
+    plan = ok(run_installer(env, "plan"))
+    assert "gpu: none found" in plan.stdout
+    ok(run_installer({**env, "NVIDIA_INSTALLER_ALLOW_NO_GPU": "true"}, "run"))
+    assert (install_dir(root) / "bin/nvidia-smi").is_file()
+
+
+def test_uninstall_removes_only_what_the_installer_put_down(
+    host: tuple[Path, str], served: Any
+) -> None:
+    root, kernel = host
+    env = env_for(host, served)
+    ok(run_installer(env, "run"))
+    inst = install_dir(root)
+    (inst / "operator-notes.txt").write_text("keep me")
+    result = ok(run_installer(env, "uninstall"))
+    assert "removed /etc/ld.so.conf.d/nvidia-driver-installer.conf" in result.stdout
+    assert not (root / "etc/ld.so.conf.d/nvidia-driver-installer.conf").exists()
+    assert not (root / "lib/modules" / kernel / "updates/nvidia-driver-installer").exists()
+    assert not (root / "lib/firmware/nvidia" / A).exists()
+    assert "libnvidia-ml.so.1" not in cached_sonames(root)
+    assert sorted(p.name for p in inst.iterdir()) == [".installer.lock", "operator-notes.txt"]
+    assert (root / "etc/os-release").is_file()
+
+
+@pytest.mark.parametrize(
+    ("value", "code", "reference"),
+    [
+        ("550; rm -rf /", 11, "invalid-version"),
+        ("../../x", 11, "invalid-version"),
+        ("newest", 11, "invalid-version"),
+        ("R999", 12, "unknown-version"),
+    ],
+)
+def test_bad_versions_fail_with_their_reference(
+    host: tuple[Path, str], served: Any, value: str, code: int, reference: str
+) -> None:
+    result = run_installer(env_for(host, served, value), "run")
+    assert result.returncode == code, result.stderr
+    assert f"error[{reference}]" in result.stderr
+    assert "hint: " in result.stderr
+
+
+def test_unreachable_catalog_is_its_own_error(host: tuple[Path, str], served: Any) -> None:
+    env = env_for(
+        host,
+        served,
+        NVIDIA_DRIVER_CATALOG="http://127.0.0.1:9/releases.json",
+        NVIDIA_INSTALLER_CONNECT_TIMEOUT="1",
+    )
+    result = run_installer(env, "plan")
+    assert result.returncode == 13, result.stderr
+    assert "error[catalog-unavailable]" in result.stderr

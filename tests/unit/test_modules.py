@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from fakes import FakeRunner
+from hosttrees import write_proc_modules
+
+from installer import modules
+from installer.errors import DriverInUse, ModuleLoadFailed
+from installer.hostroot import HostRoot
+
+LOADED = [
+    "nvidia_modeset 1234 0 - Live 0x0 (POE)",
+    "nvidia_uvm 1234 0 - Live 0x0 (POE)",
+    "nvidia 5678 2 nvidia_uvm,nvidia_modeset, Live 0x0 (POE)",
+]
+
+
+def _root(tmp_path: Path, lines: list[str]) -> HostRoot:
+    write_proc_modules(tmp_path, lines)
+    return HostRoot(tmp_path)
+
+
+def test_unload_goes_in_reverse_dependency_order(tmp_path: Path) -> None:
+    runner = FakeRunner().on("rmmod")
+    modules.unload(_root(tmp_path, LOADED), runner, holders=[])
+    assert runner.argvs() == [
+        ["rmmod", "nvidia_modeset"],
+        ["rmmod", "nvidia_uvm"],
+        ["rmmod", "nvidia"],
+    ]
+
+
+def test_an_open_device_blocks_unloading_before_anything_changes(tmp_path: Path) -> None:
+    held = [*LOADED[:2], "nvidia 5678 3 nvidia_uvm,nvidia_modeset, Live 0x0 (POE)"]
+    runner = FakeRunner()
+    with pytest.raises(DriverInUse) as info:
+        modules.unload(
+            _root(tmp_path, held), runner, holders=["pid 42 (python3) holds /dev/nvidia0"]
+        )
+    assert runner.calls == []
+    assert "pid 42 (python3)" in info.value.message
+    assert "nvidia (refcount 1)" in info.value.message
+
+
+def test_load_uses_the_hosts_modprobe_config_and_user_args(tmp_path: Path) -> None:
+    root = _root(tmp_path, ["nvidia 5678 0 - Live 0x0 (POE)"])
+    runner = FakeRunner().on("modprobe")
+    request = modules.LoadRequest("6.1", True, tmp_path, {"nvidia_uvm": ["uvm_disable_hmm=1"]})
+    modules.load(root, runner, request)
+    base = ["modprobe", "-d", str(tmp_path), "-C", str(tmp_path / "etc/modprobe.d")]
+    assert runner.argvs() == [[*base, "nvidia-uvm", "uvm_disable_hmm=1"], [*base, "nvidia-modeset"]]
+
+
+def test_insmod_fallback_carries_modprobe_d_options(tmp_path: Path) -> None:
+    root = _root(tmp_path, [])
+    runner = (
+        FakeRunner()
+        .on("insmod")
+        .on("modprobe", output="options nvidia NVreg_DeviceFileMode=0660\noptions snd x=1\n")
+    )
+    request = modules.LoadRequest("6.1", False, Path("/cache/m"), {})
+    modules.load(root, runner, request)
+    inserts = [a for a in runner.argvs() if a[0] == "insmod"]
+    assert inserts == [
+        ["insmod", "/cache/m/nvidia.ko", "NVreg_DeviceFileMode=0660"],
+        ["insmod", "/cache/m/nvidia-uvm.ko"],
+        ["insmod", "/cache/m/nvidia-modeset.ko"],
+    ]
+
+
+def test_a_refused_module_names_the_reason(tmp_path: Path) -> None:
+    runner = FakeRunner().on(
+        "modprobe",
+        returncode=1,
+        output="modprobe: ERROR: could not insert 'nvidia': No such device",
+    )
+    with pytest.raises(ModuleLoadFailed) as info:
+        modules.load(_root(tmp_path, []), runner, modules.LoadRequest("6.1", True, tmp_path, {}))
+    assert "No such device" in info.value.message
+    assert "no GPU" in info.value.hint
+
+
+def test_nvidia_modprobe_covers_every_gpu() -> None:
+    assert modules.nvidia_modprobe_argvs(Path("/i/bin/nvidia-modprobe"), 3) == [
+        ["/i/bin/nvidia-modprobe", "-c=0"],
+        ["/i/bin/nvidia-modprobe", "-c=1"],
+        ["/i/bin/nvidia-modprobe", "-c=2"],
+        ["/i/bin/nvidia-modprobe", "-c=255"],
+        ["/i/bin/nvidia-modprobe", "-m"],
+        ["/i/bin/nvidia-modprobe", "-u", "-c=0"],
+    ]
+
+
+def test_expected_nodes_use_the_dynamic_uvm_major(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir(exist_ok=True)
+    (tmp_path / "proc/devices").write_text("Character devices:\n195 nvidia\n508 nvidia-uvm\n")
+    nodes = modules.expected_nodes(HostRoot(tmp_path), 2)
+    assert {(n.name, n.major, n.minor) for n in nodes} == {
+        ("nvidiactl", 195, 255),
+        ("nvidia-modeset", 195, 254),
+        ("nvidia0", 195, 0),
+        ("nvidia1", 195, 1),
+        ("nvidia-uvm", 508, 0),
+        ("nvidia-uvm-tools", 508, 1),
+    }
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "nvidia0").write_text("not a device")
+    assert "nvidia0" in modules.missing_nodes(dev, nodes)
+    assert os.path.exists(dev / "nvidia0")
