@@ -1,0 +1,258 @@
+"""Benchmark installer.download.fetch_file against curl over loopback.
+
+    python3 bench/bench_download.py                 # 512 MiB and 64 MiB, 3 runs each
+    python3 bench/bench_download.py --sizes 128 --runs 5
+
+Creates random files (os.urandom: incompressible, honest for hashing), serves them from a
+sendfile-based HTTP server in a separate process (so server and client never share a GIL),
+then alternates `curl -o` and fetch_file (pinned SHA-256, so hashing is included; run in a
+child process whose peak RSS is read from /proc/self/status VmHWM). Every run writes a fresh
+file on the same filesystem. Prints a table of MB/s, the ratio to curl, and peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+MiB = 1 << 20
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------- server process
+
+
+def serve(root: Path) -> None:
+    """Minimal HTTP/1.1 GET server using sendfile; prints its port, then serves forever."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    print(listener.getsockname()[1], flush=True)
+
+    def handle(conn: socket.socket) -> None:
+        reader = conn.makefile("rb")
+        try:
+            while True:
+                request = reader.readline()
+                if not request:
+                    return
+                target = request.split()[1].decode()
+                start = 0
+                while True:
+                    line = reader.readline()
+                    if line in (b"\r\n", b"\n", b""):
+                        break
+                    name, _, value = line.decode().partition(":")
+                    if name.strip().lower() == "range":
+                        start = int(value.split("=")[1].split("-")[0])
+                path = root / target.lstrip("/")
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError:
+                    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                    continue
+                size = os.fstat(fd).st_size
+                if start:
+                    head = (
+                        f"HTTP/1.1 206 Partial Content\r\nContent-Length: {size - start}\r\n"
+                        f"Content-Range: bytes {start}-{size - 1}/{size}\r\n\r\n"
+                    )
+                else:
+                    head = f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n"
+                conn.sendall(head.encode())
+                offset = start
+                while offset < size:
+                    sent = os.sendfile(conn.fileno(), fd, offset, size - offset)
+                    if sent == 0:
+                        break
+                    offset += sent
+                os.close(fd)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+
+# ----------------------------------------------------------------------------- client process
+
+
+def client(url: str, dest: Path, sha256: str) -> None:
+    """Runs fetch_file once and prints timing and peak memory as JSON."""
+    import logging
+
+    sys.path.insert(0, str(REPO))
+    import installer.download as download
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    # requests/tenacity are imported lazily by the first download; load them before the clock
+    # starts so the figure is the transfer (curl's time_total has no library loading either).
+    import requests  # noqa: F401
+    import tenacity  # noqa: F401
+
+    fsync_seconds = 0.0
+    real_fsync = os.fsync
+
+    def timed_fsync(fd: int) -> None:
+        nonlocal fsync_seconds
+        t0 = time.perf_counter()
+        real_fsync(fd)
+        fsync_seconds += time.perf_counter() - t0
+
+    download.os.fsync = timed_fsync  # type: ignore[attr-defined]
+    settings = download.DownloadSettings(progress="log")
+    started = time.perf_counter()
+    got = download.fetch_file([url], dest, Path(url).name, sha256=sha256, settings=settings)
+    seconds = time.perf_counter() - started
+    status = Path("/proc/self/status").read_text()
+    hwm_kb = int(next(line for line in status.splitlines() if line.startswith("VmHWM")).split()[1])
+    result = {
+        "seconds": seconds,
+        "fsync_seconds": fsync_seconds,
+        "bytes": got.bytes_transferred,
+        "hwm_kb": hwm_kb,
+    }
+    print(json.dumps(result))
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def make_file(path: Path, size: int) -> str:
+    digest = hashlib.sha256()
+    with path.open("wb") as out:
+        left = size
+        while left:
+            block = os.urandom(min(MiB, left))
+            digest.update(block)
+            out.write(block)
+            left -= len(block)
+    return digest.hexdigest()
+
+
+def run_curl(url: str, dest: Path) -> float:
+    out = subprocess.run(
+        ["curl", "-sS", "--fail", "-o", str(dest), "-w", "%{size_download} %{time_total}", url],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return int(out[0]) / float(out[1])
+
+
+def run_ours(url: str, dest_dir: Path, sha256: str) -> tuple[float, float, float]:
+    """(MB/s, MB/s leaving out the final fsync, peak RSS in MiB) of one fetch_file child."""
+    proc = subprocess.run(
+        [sys.executable, __file__, "--client", url, str(dest_dir), sha256],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    seconds, fsync = result["seconds"], result["fsync_seconds"]
+    return result["bytes"] / seconds, result["bytes"] / (seconds - fsync), result["hwm_kb"] / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="512,64", help="file sizes in MiB, comma separated")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=None, help="work dir (default: a temp dir)")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--client", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return
+    if args.client:
+        client(args.client[0], Path(args.client[1]), args.client[2])
+        return
+    if shutil.which("curl") is None:
+        sys.exit("curl is needed for the comparison")
+
+    work = Path(args.dir or tempfile.mkdtemp(prefix="bench-download-", dir="/var/tmp"))
+    serve_dir = work / "serve"
+    serve_dir.mkdir(parents=True, exist_ok=True)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    pins = {}
+    for size in sizes:
+        pins[size] = make_file(serve_dir / f"file-{size}.bin", size * MiB)
+
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(serve_dir)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        rows = []
+        for size in sizes:
+            url = f"http://127.0.0.1:{port}/file-{size}.bin"
+            curl_rates: list[float] = []
+            our_rates: list[float] = []
+            no_fsync: list[float] = []
+            peaks: list[float] = []
+            for run in range(args.runs):
+                target = work / f"run-{size}-{run}"
+                shutil.rmtree(target, ignore_errors=True)
+                target.mkdir()
+                # alternate who goes first so page-cache and neighbour noise hit both alike
+                order = ("curl", "ours") if run % 2 == 0 else ("ours", "curl")
+                for who in order:
+                    if who == "curl":
+                        curl_rates.append(run_curl(url, target / "curl.bin"))
+                    else:
+                        rate, rate_no_fsync, peak = run_ours(url, target / "ours", pins[size])
+                        our_rates.append(rate)
+                        no_fsync.append(rate_no_fsync)
+                        peaks.append(peak)
+                shutil.rmtree(target)
+            rows.append((size, curl_rates, our_rates, no_fsync, peaks))
+    finally:
+        server.terminate()
+        server.wait()
+        if args.dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+    print(f"curl {curl_version()}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
+    print(
+        "| file | curl MB/s | fetch_file MB/s (sha256 + fsync) | ratio | "
+        "fetch_file MB/s without its fsync | ratio | peak RSS |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for size, curl_rates, our_rates, no_fsync, peaks in rows:
+        c = statistics.median(curl_rates) / 1e6
+        o = statistics.median(our_rates) / 1e6
+        n = statistics.median(no_fsync) / 1e6
+        print(
+            f"| {size} MiB | {c:.0f} ({runs(curl_rates)}) | {o:.0f} ({runs(our_rates)}) | "
+            f"{o / c:.2f}x | {n:.0f} ({runs(no_fsync)}) | {n / c:.2f}x | {max(peaks):.1f} MB |"
+        )
+    print("MB/s: median of the runs (each run in brackets); MB = 10^6 bytes; peak RSS = VmHWM")
+
+
+def runs(rates: list[float]) -> str:
+    return ", ".join(f"{r / 1e6:.0f}" for r in rates)
+
+
+def curl_version() -> str:
+    out = subprocess.run(["curl", "--version"], capture_output=True, text=True, check=True)
+    return out.stdout.split()[1]
+
+
+if __name__ == "__main__":
+    main()
