@@ -1,0 +1,87 @@
+"""The VM harness itself: exit codes, the crafted PCI tree, the state disk, timeouts."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from vm.guest_kernel import GuestKernel
+from vm.harness import FakeGpu, VmError, boot_and_run
+
+pytestmark = pytest.mark.vm
+
+GPU = FakeGpu(address="0000:00:07.0", device="0x27b8")
+
+FIRST_BOOT = f"""
+echo "@@ pci"
+cat /sys/bus/pci/devices/{GPU.address}/{{vendor,device,class,subsystem_vendor,subsystem_device}}
+echo "@@ real-devices"; cat /sys/bus/pci/devices/*/vendor | sort -u
+echo "@@ network"; ls /sys/class/net
+echo "@@ mounts"; findmnt -n -o FSTYPE /tmp; findmnt -n -o FSTYPE /run
+echo "@@ files"; cat "$VM_FILES/greeting"
+mkdir -p /var/lib/vm-probe && echo kept > /var/lib/vm-probe/file
+rm /etc/os-release
+echo gone > /tmp/file
+exit 7
+"""
+
+SECOND_BOOT = f"""
+echo "@@ persisted"
+cat /var/lib/vm-probe/file
+ls /etc/os-release 2>&1 || true
+ls /tmp
+echo "@@ pci"; ls /sys/bus/pci/devices/{GPU.address} 2>&1 || true
+"""
+
+
+def _children_of_this_process() -> list[str]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid():
+            children.append(stat.parent.name)
+    return children
+
+
+def test_reboot_keeps_root_filesystem_writes_in_the_state_dir(
+    vm_kernel: GuestKernel, tmp_path: Path
+) -> None:
+    greeting = tmp_path / "greeting.txt"
+    greeting.write_text("hello from the host\n")
+    state = tmp_path / "state"
+
+    first = boot_and_run(
+        FIRST_BOOT,
+        state_dir=state,
+        gpus=[GPU],
+        files={"greeting": greeting},
+        kernel=vm_kernel.release,
+    )
+    second = boot_and_run(SECOND_BOOT, state_dir=state, kernel=vm_kernel.release)
+
+    assert first.exit_code == 7, first.console
+    assert first.section("pci").split() == ["0x10de", "0x27b8", "0x030200", "0x10de", "0x16c1"]
+    assert "0x1af4" in first.section("real-devices").split()  # qemu's virtio devices stay
+    assert first.section("network").split() == ["lo"]
+    assert first.section("mounts").split() == ["tmpfs", "tmpfs"]
+    assert first.section("files") == "hello from the host"
+    assert second.exit_code == 0, second.console
+    assert second.section("persisted").splitlines() == [
+        "kept",
+        "ls: cannot access '/etc/os-release': No such file or directory",
+    ]
+    assert "No such file or directory" in second.section("pci")
+    assert not Path("/var/lib/vm-probe").exists()
+    assert Path("/etc/os-release").exists()
+
+
+def test_timeout_kills_qemu(vm_kernel: GuestKernel) -> None:
+    with pytest.raises(VmError, match="timed out"):
+        boot_and_run("sleep 600", timeout=4, kernel=vm_kernel.release)
+
+    assert _children_of_this_process() == []
