@@ -276,29 +276,25 @@ def verify_step(ctx: Context) -> Step:
         if not report.ok:
             remove_ready_file(ctx)
         verify.require_ok(report)
-        ctx.notes["verified"] = "yes"
+        ctx.root.write_atomic(READY_FILE, state.ready_text(
+            target.version, target.flavour, str(ctx.layout.install_host), target.kernel))
+        log.info("driver ready: wrote %s", READY_FILE)
 
-    return Step("verify-driver", "nvidia-smi and NVML answer with the planned version and GPUs",
-                satisfied, apply)
+    return Step("verify-driver", "nvidia-smi and NVML answer with the planned version and GPUs; "
+                "then the readiness file", satisfied, apply)
 
 
 def record_step(ctx: Context) -> Step:
     layout, target = ctx.layout, ctx.target
 
-    def expected_ready() -> str:
-        return state.ready_text(target.version, target.flavour, str(layout.install_host),
-                                target.kernel)
-
     def satisfied() -> bool:
         record = state.read_record(layout.state_file)
-        ready_ok = not target.load or _ready_matches(ctx)
         return (
             record is not None
             and (record.version, record.flavour, record.kernel)
             == (target.version, target.flavour, target.kernel)
             and state.read_gke_cache(layout.gke_cache_file).get("CACHE_NVIDIA_DRIVER_VERSION")
             == target.version
-            and ready_ok
         )
 
     def apply() -> None:
@@ -315,13 +311,9 @@ def record_step(ctx: Context) -> Step:
             verified_at=state.utc_now() if target.load else "",
         )
         state.write_record(layout.state_file, record)
-        write_atomic(layout.gke_cache_file,
-                                state.gke_cache_text(target.kernel, target.version))
-        if target.load:
-            ctx.root.write_atomic(READY_FILE, expected_ready())
-            log.info("driver ready: wrote %s", READY_FILE)
+        write_atomic(layout.gke_cache_file, state.gke_cache_text(target.kernel, target.version))
 
-    return Step("record-install", "install record, GKE's .cache and the readiness file",
+    return Step("record-install", "install record and GKE's .cache",
                 satisfied, apply)
 
 

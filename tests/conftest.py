@@ -38,3 +38,15 @@ def network_guard(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(socket.socket, "connect", connect)
     monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
     yield
+
+
+@pytest.fixture(autouse=True)
+def installer_logger_reset() -> Iterator[None]:
+    """CLI tests configure the `installer` logger; give every test the default one back."""
+    import logging
+
+    logger = logging.getLogger("installer")
+    saved = (list(logger.handlers), logger.propagate, logger.level)
+    yield
+    logger.handlers[:] = saved[0]
+    logger.propagate, logger.level = saved[1], saved[2]

@@ -1,0 +1,255 @@
+"""What the dnf source asks of dnf and rpm: the stream and packages for a target, the argv we
+run against the host's rpm database, and reading the host's module and package state."""
+
+from __future__ import annotations
+
+import configparser
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from installer.host import Distro
+from installer.hostroot import HostRoot
+from installer.runner import Runner
+
+MODULE = "nvidia-driver"
+PROFILE = "default"
+KMOD = {"proprietary": "kmod-nvidia-latest-dkms", "open": "kmod-nvidia-open-dkms"}
+USERSPACE = ("nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe")
+# Packages whose files may fill versions/<ver>/{bin,lib64} (those not installed are skipped).
+USERSPACE_ALL = (*USERSPACE, "nvidia-driver-libs", "nvidia-driver-cuda-libs",
+                 "nvidia-driver-NVML", "nvidia-persistenced")
+VERSIONLOCK_PLUGIN = "python3-dnf-plugin-versionlock"
+VERSIONLOCK_CONF = PurePosixPath("/etc/dnf/plugins/versionlock.conf")
+VERSIONLOCK_LIST = PurePosixPath("/etc/dnf/plugins/versionlock.list")
+REPOS_DIR = PurePosixPath("/etc/yum.repos.d")
+MODULE_STATE = PurePosixPath(f"/etc/dnf/modules.d/{MODULE}.module")
+NVIDIA_REPO_URL = ("https://developer.download.nvidia.com/compute/cuda/repos/rhel{major}/{arch}/"
+                   "cuda-rhel{major}.repo")
+_NVIDIA_BASEURL = "/compute/cuda/repos/"
+
+
+@dataclass(frozen=True)
+class DnfTarget:
+    """What the dnf source installs: a module stream (None on EL10, which has no modules),
+    the package names, and the exact version when one was pinned (else the stream's newest)."""
+
+    stream: str | None
+    flavour: str
+    branch: int
+    pinned: str | None
+    packages: tuple[str, ...]
+
+    @property
+    def kmod(self) -> str:
+        return KMOD[self.flavour]
+
+    @property
+    def other_kmod(self) -> str:
+        return KMOD["proprietary" if self.flavour == "open" else "open"]
+
+    def specs(self) -> list[str]:
+        """Package specs for dnf: pinned NEVRAs (`name-<version>`), a branch glob on EL10, or
+        bare names (the enabled stream decides)."""
+        if self.pinned:
+            return [f"{name}-{self.pinned}" for name in self.packages]
+        if self.stream is None and self.branch:
+            return [f"{name}-{self.branch}.*" for name in self.packages]
+        return list(self.packages)
+
+
+def stream_name(request_kind: str, request_value: str, branch: int, flavour: str) -> str:
+    """`latest` asks for the newest driver: latest-dkms / open-dkms. A branch, an exact version
+    or a GPU-aware alias (auto, lts, production: they chose a branch) use that branch's stream,
+    <branch>-dkms / <branch>-open."""
+    if request_kind == "alias" and request_value == "latest":
+        return "open-dkms" if flavour == "open" else "latest-dkms"
+    return f"{branch}-open" if flavour == "open" else f"{branch}-dkms"
+
+
+def dnf_target(distro: Distro, request_kind: str, request_value: str, version: str,
+               branch: int, flavour: str) -> DnfTarget:
+    names = (*USERSPACE, KMOD[flavour])
+    if distro.major >= 10:
+        if flavour == "open":
+            names = ("nvidia-open", *names)
+        latest = request_kind == "alias" and request_value == "latest"
+        return DnfTarget(None, flavour, 0 if latest else branch,
+                         version if request_kind == "exact" else None, names)
+    stream = stream_name(request_kind, request_value, branch, flavour)
+    return DnfTarget(stream, flavour, branch, version if request_kind == "exact" else None, names)
+
+
+# --- argv --------------------------------------------------------------------------------
+
+
+def dnf_base(root: HostRoot, distro: Distro, cache_host: PurePosixPath) -> list[str]:
+    """dnf acting on the host's rpm database: through --installroot unless the root is `/`.
+
+    dnf puts cachedir under the installroot itself, so the cache is given as a host path.
+    """
+    common = ["--setopt=install_weak_deps=False", "--setopt=skip_if_unavailable=False", "-y"]
+    if root.is_bare:
+        return ["dnf", *common]
+    argv = [
+        "dnf",
+        f"--installroot={root.root}",
+        f"--releasever={distro.version_id}",
+        f"--setopt=reposdir={root.local(REPOS_DIR)}",
+        f"--setopt=cachedir={cache_host}",
+    ]
+    if distro.major < 10:
+        argv.append(f"--setopt=module_platform_id=platform:el{distro.major}")
+    return argv + common
+
+
+def kernel_packages(kernel: str) -> list[str]:
+    return [f"kernel-devel-{kernel}", f"kernel-headers-{kernel}"]
+
+
+def kernel_argv(base: list[str], kernel: str) -> list[str]:
+    return [*base, "install", *kernel_packages(kernel)]
+
+
+def transaction_argv(base: list[str], target: DnfTarget, *, with_versionlock: bool = False
+                     ) -> list[str]:
+    """One dnf transaction that leaves the host on the target, whatever was there before.
+
+    A stream without a pin: `module switch-to` (enables it, installs the profile and
+    distro-syncs the module's packages, also from another stream). A pin: `install` of the
+    profile plus the pinned NEVRAs with `module_stream_switch`, so a stream switch and the pin
+    (an upgrade or a downgrade) are one transaction. `--allowerasing` lets the other flavour's
+    kmod package go. EL10: plain packages.
+    """
+    if target.stream is None:
+        extra = [VERSIONLOCK_PLUGIN] if with_versionlock else []
+        return [*base, "install", "--allowerasing", *target.specs(), *extra]
+    spec = f"{MODULE}:{target.stream}/{PROFILE}"
+    if target.pinned is None:
+        return [*base, "module", "switch-to", "--allowerasing", spec]
+    return [*base, "install", "--allowerasing", "--setopt=module_stream_switch=True",
+            f"@{spec}", *target.specs()]
+
+
+def versionlock_argv(base: list[str], names: tuple[str, ...], version: str) -> list[str]:
+    return [*base, "versionlock", "add", *[f"{name}-{version}" for name in names]]
+
+
+def rpm_base(root: HostRoot) -> list[str]:
+    return ["rpm"] if root.is_bare else ["rpm", "--root", str(root.root)]
+
+
+def rpm_query_argv(root: HostRoot, names: list[str]) -> list[str]:
+    return [*rpm_base(root), "-q", "--qf", "%{NAME} %{VERSION}\\n", *names]
+
+
+def rpm_files_argv(root: HostRoot, names: list[str]) -> list[str]:
+    return [*rpm_base(root), "-ql", *names]
+
+
+# --- reading the host --------------------------------------------------------------------
+
+
+def installed_versions(root: HostRoot, runner: Runner, names: list[str]) -> dict[str, str]:
+    """name -> version for the packages among `names` that the host's rpm database has."""
+    result = runner.run(rpm_query_argv(root, names), check=False, timeout=120)
+    found: dict[str, str] = {}
+    wanted = set(names)
+    for line in result.output.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0] in wanted and re.match(r"^\d", fields[1]):
+            found[fields[0]] = fields[1]
+    return found
+
+
+@dataclass(frozen=True)
+class ModuleState:
+    stream: str | None
+    state: str | None
+
+
+def module_state(root: HostRoot) -> ModuleState:
+    """The host's nvidia-driver module state from /etc/dnf/modules.d (what `dnf module list
+    --enabled` reads), without starting dnf or touching the network."""
+    text = root.read_text(MODULE_STATE)
+    if text is None:
+        return ModuleState(None, None)
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read_string(text)
+    except configparser.Error:
+        return ModuleState(None, None)
+    if not parser.has_section(MODULE):
+        return ModuleState(None, None)
+    section = parser[MODULE]
+    return ModuleState(section.get("stream") or None, section.get("state") or None)
+
+
+@dataclass(frozen=True)
+class RepoEntry:
+    file: str
+    repo_id: str
+    url: str
+    enabled: bool
+
+
+def repo_entries(root: HostRoot) -> list[RepoEntry]:
+    """Every repo section in the host's /etc/yum.repos.d (unreadable files are skipped)."""
+    directory = root.local(REPOS_DIR)
+    entries: list[RepoEntry] = []
+    try:
+        files = sorted(p for p in directory.iterdir() if p.name.endswith(".repo"))
+    except OSError:
+        return entries
+    for path in files:
+        parser = configparser.ConfigParser(interpolation=None, strict=False)
+        try:
+            parser.read_string(path.read_text(errors="replace"))
+        except (OSError, configparser.Error):
+            continue
+        for section in parser.sections():
+            values = parser[section]
+            url = values.get("baseurl") or values.get("metalink") or values.get("mirrorlist") or ""
+            enabled = values.get("enabled", "1").strip().lower() not in ("0", "false", "no")
+            entries.append(RepoEntry(path.name, section, url.split()[0] if url else "", enabled))
+    return entries
+
+
+def nvidia_repo(root: HostRoot) -> RepoEntry | None:
+    """An enabled repo that looks like NVIDIA's CUDA repo (its file or its URL)."""
+    for entry in repo_entries(root):
+        if entry.enabled and (entry.file.startswith("cuda-rhel") or _NVIDIA_BASEURL in entry.url):
+            return entry
+    return None
+
+
+def repos_tried(root: HostRoot) -> str:
+    enabled = [e for e in repo_entries(root) if e.enabled]
+    if not enabled:
+        return f"no enabled repos in {REPOS_DIR}"
+    return ", ".join(f"{e.repo_id} ({_redact(e.url) or e.file})" for e in enabled)
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"//[^/@]*@", "//***@", url)
+
+
+def repo_file_name(url: str, major: int) -> str:
+    name = url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
+    if re.fullmatch(r"[A-Za-z0-9._-]+\.repo", name):
+        return name
+    return f"cuda-rhel{major}.repo"
+
+
+def check_repo_file(text: str) -> list[str]:
+    """The repo ids a fetched .repo file defines; raises ValueError when it is not one."""
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        parser.read_string(text)
+    except configparser.Error as exc:
+        raise ValueError(f"not a dnf .repo file ({exc.__class__.__name__})") from None
+    ids = [s for s in parser.sections()
+           if any(parser[s].get(k) for k in ("baseurl", "metalink", "mirrorlist"))]
+    if not ids:
+        raise ValueError("no [repo] section with a baseurl, metalink or mirrorlist")
+    return ids

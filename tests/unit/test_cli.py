@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hosttrees import make_host
+
+from installer import cli
+
+
+def invoke(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str]) -> int:
+    for key in list(__import__("os").environ):
+        if key.startswith(("NVIDIA_", "ROOT_MOUNT_DIR")):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as info:
+        cli.main(args)
+    return int(info.value.code or 0)
+
+
+def test_known_errors_print_reference_and_hint_and_fill_the_termination_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    termination = tmp_path / "termination-log"
+    termination.write_text("")
+    code = invoke(
+        monkeypatch,
+        ["plan"],
+        {
+            "ROOT_MOUNT_DIR": str(tmp_path / "empty"),
+            "NVIDIA_INSTALLER_TERMINATION_LOG": str(termination),
+        },
+    )
+    err = capsys.readouterr().err
+    assert code == 14
+    assert err.startswith("error[unsupported-distro]: no os-release found")
+    assert "\nhint: " in err
+    assert termination.read_text().startswith("error[unsupported-distro]")
+
+
+def test_config_errors_exit_with_their_code(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = invoke(monkeypatch, ["plan"], {"NVIDIA_DRIVER_SOURCE": "apt"})
+    assert code == 10
+    assert "error[invalid-config]: NVIDIA_DRIVER_SOURCE='apt'" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert invoke(monkeypatch, ["run", "--no-such-flag"], {}) == 2
+
+
+def test_plan_on_a_host_without_gpu_explains_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64")
+    code = invoke(monkeypatch, ["plan", "--version", "550"], {"ROOT_MOUNT_DIR": str(tmp_path)})
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "gpu: none found in /sys/bus/pci/devices" in out
+    assert "run fails with no-nvidia-gpu unless --allow-no-gpu" in out
+    assert "version: 550." in out
+
+
+def test_status_is_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64")
+    code = invoke(
+        monkeypatch, ["status", "--log-format", "json"], {"ROOT_MOUNT_DIR": str(tmp_path)}
+    )
+    assert code == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["loaded_driver"] is None and status["ready"] is False
+
+
+def test_versions_lists_branches(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert invoke(monkeypatch, ["versions"], {}) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("R580") and "lts branch" in line for line in lines)
