@@ -7,12 +7,12 @@ from pathlib import Path
 
 from installer import catalog, host, kernel, steps, versions
 from installer.config import Config
-from installer.errors import NoNvidiaGpu
+from installer.errors import ConfigError, NoNvidiaGpu
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Plan, Step, Target
 from installer.runner import Runner
-from installer.sources import runfile
+from installer.sources import dnf, runfile
 
 FetchBytes = Callable[[str], bytes]
 FetchRunfile = Callable[[list[str], Path, str], Path]
@@ -62,14 +62,20 @@ def make_plan(
 
     source = _choose_source(config, facts)
     decisions.append(Decision("source", source, _source_reason(config, facts, source)))
-    default_url = versions.runfile_url(resolution.version, facts.arch, config.branch_path,
-                                       catalog=shipped_or_custom)
-    urls = runfile.download_urls(config, resolution.version, facts.arch, default_url)
-    decisions.append(Decision("download", urls[0], _url_reason(config, urls)))
-
-    headers = kernel.find_headers(root, facts.kernel_release) or kernel.find_container_headers(
-        facts.kernel_release)
-    decisions.append(_headers_decision(headers, facts.kernel_release, facts.distro.family))
+    urls: list[str] = []
+    headers = None
+    if source == "runfile":
+        default_url = versions.runfile_url(resolution.version, facts.arch, config.branch_path,
+                                           catalog=shipped_or_custom)
+        urls = runfile.download_urls(config, resolution.version, facts.arch, default_url)
+        decisions.append(Decision("download", urls[0], _url_reason(config, urls)))
+        headers = kernel.find_headers(root, facts.kernel_release) or (
+            kernel.find_container_headers(facts.kernel_release))
+        decisions.append(_headers_decision(headers, facts.kernel_release, facts.distro.family))
+    else:
+        package = kernel.headers_package("rhel", facts.kernel_release)
+        decisions.append(Decision("kernel-headers", package,
+                                  "installed through dnf for exactly the target kernel"))
     decisions.append(Decision("install-dir", str(layout.install_host),
                               f"NVIDIA_INSTALL_DIR_HOST, reached here at {layout.install_local}"))
 
@@ -93,10 +99,16 @@ def _steps(ctx: Context) -> list[Step]:
     plan = [steps.secure_boot_step(ctx)]
     if load:
         plan.append(steps.nouveau_step(ctx))
-    plan += runfile.runfile_steps(ctx)
+    # dnf source (issue 4): the kmod package owns /lib/modules/<k>/extra, so no
+    # install-module-files; the packages' files fill versions/<ver> instead of nvidia-installer.
+    dnf_source = ctx.target.source == "dnf"
+    plan += dnf.dnf_steps(ctx) if dnf_source else runfile.runfile_steps(ctx)
     if load:
         plan.append(steps.unload_old_step(ctx))
-    plan += [steps.activate_step(ctx), steps.module_files_step(ctx), steps.ld_cache_step(ctx)]
+    plan.append(steps.activate_step(ctx))
+    if not dnf_source:
+        plan.append(steps.module_files_step(ctx))
+    plan.append(steps.ld_cache_step(ctx))
     if load:
         plan += [steps.load_step(ctx), steps.device_nodes_step(ctx), steps.verify_step(ctx)]
     plan.append(steps.record_step(ctx))
@@ -115,13 +127,34 @@ def _flavour_reason(setting: str, flavour: str) -> str:
 
 
 def _choose_source(config: Config, facts: host.HostFacts) -> str:
-    # The dnf source lands with the RHEL-family work; until then every host uses the .run.
-    return "runfile"
+    # Issue 4: dnf on the RHEL family when NVIDIA's repo is configured (offline check).
+    if config.source == "dnf":
+        if facts.distro.family != "rhel":
+            raise ConfigError(
+                f"NVIDIA_DRIVER_SOURCE=dnf needs a RHEL-family host (Rocky, RHEL, AlmaLinux); "
+                f"this host is {facts.distro}",
+                hint="Use NVIDIA_DRIVER_SOURCE=auto or runfile on this host.",
+            )
+        return "dnf"
+    if config.source == "runfile" or facts.distro.family != "rhel":
+        return "runfile"
+    return "dnf" if dnf.repo_evidence(HostRoot(config.root), config) else "runfile"
 
 
 def _source_reason(config: Config, facts: host.HostFacts, source: str) -> str:
     if config.source == "runfile":
         return "NVIDIA_DRIVER_SOURCE=runfile"
+    if source == "dnf":
+        why = ("NVIDIA_DRIVER_SOURCE=dnf" if config.source == "dnf" else
+               f"auto on {facts.distro}: "
+               f"{dnf.repo_evidence(HostRoot(config.root), config)}")
+        how = ("module streams nvidia-driver:<branch>-dkms|-open (latest-dkms|open-dkms for "
+               "'latest')" if facts.distro.major < 10 else
+               "packages with a version lock (EL10 has no module streams)")
+        return f"{why}; the distro's packages through dnf: {how}"
+    if facts.distro.family == "rhel":
+        return (f"NVIDIA's .run for {facts.distro} (NVIDIA_DRIVER_SOURCE=auto: no NVIDIA dnf "
+                "repo in /etc/yum.repos.d and NVIDIA_DNF_REPO_URL unset)")
     return f"NVIDIA's .run for {facts.distro} (NVIDIA_DRIVER_SOURCE={config.source})"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import configparser
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from installer.host import Distro
 from installer.hostroot import HostRoot
@@ -17,15 +17,22 @@ PROFILE = "default"
 KMOD = {"proprietary": "kmod-nvidia-latest-dkms", "open": "kmod-nvidia-open-dkms"}
 USERSPACE = ("nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe")
 # Packages whose files may fill versions/<ver>/{bin,lib64} (those not installed are skipped).
-USERSPACE_ALL = (*USERSPACE, "nvidia-driver-libs", "nvidia-driver-cuda-libs",
-                 "nvidia-driver-NVML", "nvidia-persistenced")
+USERSPACE_ALL = (
+    *USERSPACE,
+    "nvidia-driver-libs",
+    "nvidia-driver-cuda-libs",
+    "nvidia-driver-NVML",
+    "nvidia-persistenced",
+)
 VERSIONLOCK_PLUGIN = "python3-dnf-plugin-versionlock"
 VERSIONLOCK_CONF = PurePosixPath("/etc/dnf/plugins/versionlock.conf")
 VERSIONLOCK_LIST = PurePosixPath("/etc/dnf/plugins/versionlock.list")
 REPOS_DIR = PurePosixPath("/etc/yum.repos.d")
 MODULE_STATE = PurePosixPath(f"/etc/dnf/modules.d/{MODULE}.module")
-NVIDIA_REPO_URL = ("https://developer.download.nvidia.com/compute/cuda/repos/rhel{major}/{arch}/"
-                   "cuda-rhel{major}.repo")
+NVIDIA_REPO_URL = (
+    "https://developer.download.nvidia.com/compute/cuda/repos/rhel{major}/{arch}/"
+    "cuda-rhel{major}.repo"
+)
 _NVIDIA_BASEURL = "/compute/cuda/repos/"
 
 
@@ -67,15 +74,21 @@ def stream_name(request_kind: str, request_value: str, branch: int, flavour: str
     return f"{branch}-open" if flavour == "open" else f"{branch}-dkms"
 
 
-def dnf_target(distro: Distro, request_kind: str, request_value: str, version: str,
-               branch: int, flavour: str) -> DnfTarget:
-    names = (*USERSPACE, KMOD[flavour])
+def dnf_target(
+    distro: Distro, request_kind: str, request_value: str, version: str, branch: int, flavour: str
+) -> DnfTarget:
+    names: tuple[str, ...] = (*USERSPACE, KMOD[flavour])
     if distro.major >= 10:
         if flavour == "open":
             names = ("nvidia-open", *names)
         latest = request_kind == "alias" and request_value == "latest"
-        return DnfTarget(None, flavour, 0 if latest else branch,
-                         version if request_kind == "exact" else None, names)
+        return DnfTarget(
+            None,
+            flavour,
+            0 if latest else branch,
+            version if request_kind == "exact" else None,
+            names,
+        )
     stream = stream_name(request_kind, request_value, branch, flavour)
     return DnfTarget(stream, flavour, branch, version if request_kind == "exact" else None, names)
 
@@ -83,10 +96,11 @@ def dnf_target(distro: Distro, request_kind: str, request_value: str, version: s
 # --- argv --------------------------------------------------------------------------------
 
 
-def dnf_base(root: HostRoot, distro: Distro, cache_host: PurePosixPath) -> list[str]:
+def dnf_base(root: HostRoot, distro: Distro, cache_dir: Path) -> list[str]:
     """dnf acting on the host's rpm database: through --installroot unless the root is `/`.
 
-    dnf puts cachedir under the installroot itself, so the cache is given as a host path.
+    dnf takes a cachedir given on the command line as a path of this process (not under the
+    installroot), so `cache_dir` is the install dir cache as reached here.
     """
     common = ["--setopt=install_weak_deps=False", "--setopt=skip_if_unavailable=False", "-y"]
     if root.is_bare:
@@ -96,7 +110,7 @@ def dnf_base(root: HostRoot, distro: Distro, cache_host: PurePosixPath) -> list[
         f"--installroot={root.root}",
         f"--releasever={distro.version_id}",
         f"--setopt=reposdir={root.local(REPOS_DIR)}",
-        f"--setopt=cachedir={cache_host}",
+        f"--setopt=cachedir={cache_dir}",
     ]
     if distro.major < 10:
         argv.append(f"--setopt=module_platform_id=platform:el{distro.major}")
@@ -111,8 +125,9 @@ def kernel_argv(base: list[str], kernel: str) -> list[str]:
     return [*base, "install", *kernel_packages(kernel)]
 
 
-def transaction_argv(base: list[str], target: DnfTarget, *, with_versionlock: bool = False
-                     ) -> list[str]:
+def transaction_argv(
+    base: list[str], target: DnfTarget, *, with_versionlock: bool = False
+) -> list[str]:
     """One dnf transaction that leaves the host on the target, whatever was there before.
 
     A stream without a pin: `module switch-to` (enables it, installs the profile and
@@ -127,8 +142,14 @@ def transaction_argv(base: list[str], target: DnfTarget, *, with_versionlock: bo
     spec = f"{MODULE}:{target.stream}/{PROFILE}"
     if target.pinned is None:
         return [*base, "module", "switch-to", "--allowerasing", spec]
-    return [*base, "install", "--allowerasing", "--setopt=module_stream_switch=True",
-            f"@{spec}", *target.specs()]
+    return [
+        *base,
+        "install",
+        "--allowerasing",
+        "--setopt=module_stream_switch=True",
+        f"@{spec}",
+        *target.specs(),
+    ]
 
 
 def versionlock_argv(base: list[str], names: tuple[str, ...], version: str) -> list[str]:
@@ -160,6 +181,12 @@ def installed_versions(root: HostRoot, runner: Runner, names: list[str]) -> dict
         if len(fields) == 2 and fields[0] in wanted and re.match(r"^\d", fields[1]):
             found[fields[0]] = fields[1]
     return found
+
+
+def all_installed(root: HostRoot, runner: Runner, specs: list[str]) -> bool:
+    """Whether the host's rpm database has every package spec (`name-version-release.arch`
+    allowed); rpm exits non-zero when one is missing."""
+    return runner.run([*rpm_base(root), "-q", *specs], check=False, timeout=120).ok
 
 
 @dataclass(frozen=True)
@@ -248,8 +275,11 @@ def check_repo_file(text: str) -> list[str]:
         parser.read_string(text)
     except configparser.Error as exc:
         raise ValueError(f"not a dnf .repo file ({exc.__class__.__name__})") from None
-    ids = [s for s in parser.sections()
-           if any(parser[s].get(k) for k in ("baseurl", "metalink", "mirrorlist"))]
+    ids = [
+        s
+        for s in parser.sections()
+        if any(parser[s].get(k) for k in ("baseurl", "metalink", "mirrorlist"))
+    ]
     if not ids:
         raise ValueError("no [repo] section with a baseurl, metalink or mirrorlist")
     return ids

@@ -1,0 +1,416 @@
+"""build_repo(): RPMs of the fake driver and a module-stream repository, made with the real
+rpmbuild, createrepo_c and modifyrepo_c.
+
+Payload: the kit's own `.run` is built and extracted (so the RPMs carry exactly the files the
+runfile tests install), and the kit's kernel modules are compiled with kbuild against this
+machine's Debian headers. The kmod packages keep NVIDIA's DKMS names (`kmod-nvidia-latest-dkms`,
+`kmod-nvidia-open-dkms`) and land the modules where DKMS's %post would
+(`/lib/modules/<k>/extra/`), but carry them prebuilt instead of sources plus a %post build:
+dnf runs scriptlets chrooted into `--installroot`, and a test host root has no shell, compiler
+or dkms, and what is under test is the installer's dnf handling, not DKMS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import cache
+from ..builder import KIT_DIR, build_runfile
+
+RPM_DIR = Path(__file__).parent
+# A RHEL-shaped kernel release (kernel-devel-<k> must be a valid NEVRA); never loaded here.
+KERNEL = "6.1.0-56.el9.x86_64"
+EPOCH = 3
+RELEASE = "1.el9"
+MODULE = "nvidia-driver"
+USERSPACE = ("nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe")
+KMOD = {"proprietary": "kmod-nvidia-latest-dkms", "open": "kmod-nvidia-open-dkms"}
+HEADERS_TREES = sorted(Path("/usr/src").glob("linux-headers-*-amd64"))
+
+
+@dataclass(frozen=True)
+class Release:
+    """One driver version in the repo; `conflict` makes its transaction fail its test phase
+    (nvidia-modprobe also ships /usr/bin/nvidia-smi, with other content)."""
+
+    version: str
+    flavours: tuple[str, ...] = ("proprietary", "open")
+    conflict: bool = False
+
+
+@dataclass(frozen=True)
+class RepoSpec:
+    releases: tuple[Release, ...]
+    # stream -> versions it lists (its flavour comes from the name: *-open and open-dkms)
+    streams: tuple[tuple[str, tuple[str, ...]], ...]
+    kernels: tuple[str, ...] = (KERNEL,)
+    default_stream: str = "latest-dkms"
+
+
+V570, V575, V580A, V580B = "570.172.08", "575.57.08", "580.105.08", "580.126.20"
+
+DEFAULT_SPEC = RepoSpec(
+    releases=(
+        Release(V570, ("proprietary",)),
+        Release(V575, ("proprietary",), conflict=True),
+        Release(V580A),
+        Release(V580B),
+    ),
+    streams=(
+        ("570-dkms", (V570,)),
+        ("575-dkms", (V575,)),
+        ("580-dkms", (V580A, V580B)),
+        ("580-open", (V580A, V580B)),
+        ("latest-dkms", (V570, V580A, V580B)),
+        ("open-dkms", (V580A, V580B)),
+    ),
+)
+
+
+def stream_flavour(stream: str) -> str:
+    return "open" if stream.endswith("-open") or stream == "open-dkms" else "proprietary"
+
+
+def nevra(name: str, version: str, arch: str = "x86_64") -> str:
+    return f"{name}-{EPOCH}:{version}-{RELEASE}.{arch}"
+
+
+def build_repo(spec: RepoSpec = DEFAULT_SPEC) -> Path:
+    """A directory holding the RPMs and repodata (with modules.yaml) for `spec`, cached like
+    the kit's runfiles (see kit.cache). Treat it as read-only."""
+    inputs = [
+        KIT_DIR / "payload",
+        KIT_DIR / "kernel",
+        *sorted(KIT_DIR.glob("*.py")),
+        *sorted(RPM_DIR.glob("*.py")),
+    ]
+    key = f"rpmrepo-{cache.tree_digest(inputs)[:12]}-{_digest(repr(spec))[:10]}"
+    return cache.cached_dir(key, lambda work: _build(spec, work))
+
+
+def write_repo_file(path: Path, baseurl: str, repo_id: str = "cuda-rhel9-x86_64") -> Path:
+    """A .repo file in the shape of NVIDIA's cuda-rhel<N>.repo, pointing at `baseurl`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f"[{repo_id}]\nname={repo_id}\nbaseurl={baseurl}\nenabled=1\ngpgcheck=0\n"
+        "metadata_expire=-1\n"
+    )
+    return path
+
+
+# --- building ----------------------------------------------------------------------------
+
+
+def _build(spec: RepoSpec, out: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="kit-rpm.") as scratch:
+        work = Path(scratch)
+        jobs = [(r, f) for r in spec.releases for f in r.flavours]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            built = dict(zip(jobs, pool.map(lambda job: _compile(job[0].version, job[1]), jobs)))
+        for release in spec.releases:
+            stage = work / f"stage-{release.version}"
+            _stage_release(
+                release, stage, {f: built[(release, f)] for f in release.flavours}, spec.kernels
+            )
+            _rpmbuild("nvidia-driver", _driver_spec(release, spec.kernels, stage), stage, work, out)
+            if release.conflict:
+                _rpmbuild("nvidia-modprobe", _conflict_spec(release), stage, work, out)
+        for kernel in spec.kernels:
+            stage = work / f"stage-kernel-{kernel}"
+            _stage_kernel(kernel, stage)
+            _rpmbuild("kernel-devel", _kernel_spec(kernel, stage), stage, work, out)
+        subprocess.run(["createrepo_c", "--quiet", str(out)], check=True, capture_output=True)
+        modules = out / "modules.yaml"
+        modules.write_text(modules_yaml(spec))
+        subprocess.run(
+            ["modifyrepo_c", "--mdtype=modules", str(modules), str(out / "repodata")],
+            check=True,
+            capture_output=True,
+        )
+
+
+def _compile(version: str, flavour: str) -> Path:
+    """The kit's modules built by kbuild against this machine's Debian headers (cached on
+    their own: they are the slow part, about 6 s each)."""
+    if not HEADERS_TREES:
+        raise RuntimeError("linux-headers-*-amd64 is not installed")
+    headers = HEADERS_TREES[-1]
+    key = f"kmod-{version}-{flavour}-{headers.name}-{cache.tree_digest([KIT_DIR / 'kernel'])[:12]}"
+
+    def produce(out: Path) -> None:
+        build = out / "build"
+        shutil.copytree(KIT_DIR / "kernel", build)
+        subprocess.run(
+            [
+                "make",
+                "-s",
+                "-C",
+                str(headers),
+                f"M={build}",
+                f"NV_VERSION={version}",
+                f"NV_FLAVOUR={flavour}",
+                "NV_BUILD_DRM=0",
+                "modules",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        for ko in build.glob("*.ko"):
+            shutil.copy2(ko, out / ko.name)
+        shutil.rmtree(build)
+
+    return cache.cached_dir(key, produce)
+
+
+def _stage_release(
+    release: Release, stage: Path, kos: dict[str, Path], kernels: tuple[str, ...]
+) -> None:
+    """Files as the packages install them, under stage/<package>/."""
+    version = release.version
+    run = build_runfile(version, stage / "run")
+    extracted = stage / "extracted"
+    subprocess.run(
+        ["sh", str(run), "--extract-only", "--target", str(extracted)],
+        check=True,
+        capture_output=True,
+    )
+    cuda = stage / "nvidia-driver-cuda"
+    (cuda / "usr/bin").mkdir(parents=True)
+    shutil.copy2(extracted / "nvidia-smi", cuda / "usr/bin/nvidia-smi")
+    lib64 = cuda / "usr/lib64"
+    lib64.mkdir(parents=True)
+    for lib in sorted(extracted.glob(f"lib*.so.{version}")):
+        shutil.copy2(lib, lib64 / lib.name)
+    # Like NVIDIA's packages, the soname links are shipped too.
+    subprocess.run(["ldconfig", "-n", str(lib64)], check=True)
+    modprobe = stage / "nvidia-modprobe"
+    (modprobe / "usr/bin").mkdir(parents=True)
+    shutil.copy2(extracted / "nvidia-modprobe", modprobe / "usr/bin/nvidia-modprobe")
+    if release.conflict:
+        clash = stage / "nvidia-modprobe-conflict" / "usr/bin"
+        clash.mkdir(parents=True)
+        shutil.copy2(modprobe / "usr/bin/nvidia-modprobe", clash / "nvidia-modprobe")
+        (clash / "nvidia-smi").write_text("#!/bin/sh\necho not the real one\n")
+    driver = stage / "nvidia-driver"
+    firmware = driver / "lib/firmware/nvidia" / version
+    firmware.mkdir(parents=True)
+    for blob in sorted((extracted / "firmware").iterdir()):
+        shutil.copy2(blob, firmware / blob.name)
+    docs = driver / "usr/share/doc/nvidia-driver"
+    docs.mkdir(parents=True)
+    shutil.copy2(extracted / "LICENSE", docs / "LICENSE")
+    for flavour, build in kos.items():
+        for kernel in kernels:
+            extra = stage / KMOD[flavour] / "lib/modules" / kernel / "extra"
+            extra.mkdir(parents=True)
+            for ko in sorted(build.glob("*.ko")):
+                shutil.copy2(ko, extra / ko.name)
+
+
+def _stage_kernel(kernel: str, stage: Path) -> None:
+    """A marker header tree: the modules are prebuilt, so nothing compiles against it."""
+    devel = stage / "kernel-devel" / "usr/src/kernels" / kernel
+    (devel / "include/generated").mkdir(parents=True)
+    (devel / "Makefile").write_text(f"# kernel-devel marker tree for {kernel} (test kit)\n")
+    (devel / "include/generated/utsrelease.h").write_text(f'#define UTS_RELEASE "{kernel}"\n')
+    headers = stage / "kernel-headers" / "usr/include/linux"
+    headers.mkdir(parents=True)
+    (headers / "version.h").write_text(f"/* kernel-headers marker for {kernel} (test kit) */\n")
+
+
+_SPEC_HEAD = """\
+%define debug_package %{{nil}}
+%define __os_install_post %{{nil}}
+%define __strip /bin/true
+%define _build_id_links none
+Name: {name}
+Version: {version}
+Release: {release}
+{epoch}Summary: {summary}
+License: MIT
+AutoReqProv: no
+{requires}
+%description
+{summary} (installer test kit; not NVIDIA software).
+"""
+
+
+def _files(root: Path, modes: dict[str, str] | None = None) -> str:
+    lines = []
+    for path in sorted(p for p in root.rglob("*") if not p.is_dir()):
+        host = "/" + str(path.relative_to(root))
+        mode = (modes or {}).get(host)
+        lines.append(f"%attr({mode},root,root) {host}" if mode else host)
+    return "\n".join(lines) + "\n"
+
+
+def _driver_spec(release: Release, kernels: tuple[str, ...], stage: Path) -> str:
+    """One spec per version: nvidia-driver and the others as subpackages (-n)."""
+    v = release.version
+    evr = f"{EPOCH}:{v}-{RELEASE}"
+    req_kmod = f"Requires: nvidia-kmod = {evr}\nRequires: nvidia-driver-cuda = {evr}\n"
+    text = _SPEC_HEAD.format(
+        name="nvidia-driver",
+        version=v,
+        release=RELEASE,
+        epoch=f"Epoch: {EPOCH}\n",
+        summary="NVIDIA driver (fake)",
+        requires=req_kmod,
+    )
+    subs = [
+        ("nvidia-driver-cuda", "CUDA driver and nvidia-smi (fake)", ""),
+        ("nvidia-modprobe", "nvidia-modprobe (fake)", ""),
+    ]
+    for flavour in release.flavours:
+        other = KMOD["open" if flavour == "proprietary" else "proprietary"]
+        subs.append(
+            (
+                KMOD[flavour],
+                f"{flavour} kernel modules for {', '.join(kernels)} (fake)",
+                f"Provides: nvidia-kmod = {evr}\nConflicts: {other}\n",
+            )
+        )
+    for name, summary, extra in subs:
+        text += f"\n%package -n {name}\nSummary: {summary}\nAutoReqProv: no\n{extra}\n"
+        text += f"%description -n {name}\n{summary} (installer test kit).\n"
+    text += "\n%install\n"
+    names = ["nvidia-driver"] + [s[0] for s in subs]
+    for name in names:
+        text += f"cp -a %{{_sourcedir}}/{name}/. %{{buildroot}}/\n"
+    return text + _files_sections(release, stage)
+
+
+def _files_sections(release: Release, stage: Path) -> str:
+    text = "\n%files\n" + _files(stage / "nvidia-driver")
+    names = ["nvidia-driver-cuda", "nvidia-modprobe", *(KMOD[f] for f in release.flavours)]
+    modes = {"/usr/bin/nvidia-modprobe": "4755"}
+    for name in names:
+        files = _files(stage / name, modes)
+        text += f"\n%files -n {name}\n" + files
+    return text
+
+
+def _conflict_spec(release: Release) -> str:
+    """A second build of nvidia-modprobe whose /usr/bin/nvidia-smi differs from the one in
+    nvidia-driver-cuda: dnf's test transaction refuses the pair before touching anything."""
+    v = release.version
+    text = _SPEC_HEAD.format(
+        name="nvidia-modprobe",
+        version=v,
+        release=RELEASE,
+        epoch=f"Epoch: {EPOCH}\n",
+        summary="nvidia-modprobe (fake)",
+        requires="",
+    )
+    text += "\n%install\ncp -a %{_sourcedir}/nvidia-modprobe-conflict/. %{buildroot}/\n"
+    return text + (
+        "\n%files\n%attr(4755,root,root) /usr/bin/nvidia-modprobe\n/usr/bin/nvidia-smi\n"
+    )
+
+
+def _kernel_spec(kernel: str, stage: Path) -> str:
+    version, _, rest = kernel.partition("-")
+    release = rest.rsplit(".", 1)[0]
+    text = _SPEC_HEAD.format(
+        name="kernel-devel",
+        version=version,
+        release=release,
+        epoch="",
+        summary=f"kernel-devel marker for {kernel}",
+        requires="",
+    )
+    text += (
+        f"\n%package -n kernel-headers\nSummary: kernel-headers marker\n\n"
+        f"%description -n kernel-headers\nkernel-headers marker for {kernel}.\n"
+    )
+    text += (
+        "\n%install\ncp -a %{_sourcedir}/kernel-devel/. %{buildroot}/\n"
+        "cp -a %{_sourcedir}/kernel-headers/. %{buildroot}/\n"
+    )
+    return (
+        text
+        + "\n%files\n"
+        + _files(stage / "kernel-devel")
+        + "\n%files -n kernel-headers\n"
+        + _files(stage / "kernel-headers")
+    )
+
+
+def _rpmbuild(name: str, text: str, stage: Path, work: Path, out: Path) -> None:
+    spec_file = stage / f"{name}.spec"
+    spec_file.write_text(text)
+    top = work / f"top-{stage.name}-{name}"
+    result = subprocess.run(
+        [
+            "rpmbuild",
+            "-bb",
+            "--quiet",
+            "--target",
+            "x86_64",
+            "--define",
+            f"_topdir {top}",
+            "--define",
+            f"_sourcedir {stage}",
+            "--define",
+            "_binary_payload w1.gzdio",
+            "--define",
+            "_rpmdir %{_topdir}/RPMS",
+            str(spec_file),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"rpmbuild {spec_file} failed:\n{result.stderr[-3000:]}")
+    for rpm in (top / "RPMS").rglob("*.rpm"):
+        shutil.move(str(rpm), out / rpm.name)
+
+
+def modules_yaml(spec: RepoSpec) -> str:
+    """modulemd v2 documents: one per (stream, driver version), and the module's defaults."""
+    docs = []
+    for stream, versions in spec.streams:
+        flavour = stream_flavour(stream)
+        kmod = KMOD[flavour]
+        for index, version in enumerate(sorted(versions, key=_vkey)):
+            names = [*USERSPACE, kmod]
+            artifacts = "".join(f"    - {nevra(n, version)}\n" for n in names)
+            artifacts += f"    - {nevra('nvidia-driver', version, 'src')}\n"
+            docs.append(
+                "---\ndocument: modulemd\nversion: 2\ndata:\n"
+                f'  name: {MODULE}\n  stream: "{stream}"\n  version: {index + 1}\n'
+                f'  context: "{_context(stream)}"\n  arch: x86_64\n'
+                f"  summary: Nvidia driver for {stream} branch\n"
+                f"  description: >-\n    Fake NVIDIA driver {version} ({flavour}) for tests.\n"
+                "  license:\n    module:\n    - MIT\n"
+                "  profiles:\n    default:\n      rpms:\n"
+                + "".join(f"      - {n}\n" for n in names)
+                + "    src:\n      rpms:\n      - nvidia-driver\n"
+                "  artifacts:\n    rpms:\n" + artifacts + "...\n"
+            )
+    docs.append(
+        "---\ndocument: modulemd-defaults\nversion: 1\ndata:\n"
+        f'  module: {MODULE}\n  stream: "{spec.default_stream}"\n  profiles:\n'
+        + "".join(f'    "{s}": [default]\n' for s, _ in spec.streams)
+        + "...\n"
+    )
+    return "".join(docs)
+
+
+def _context(stream: str) -> str:
+    return _digest(stream)[:8]
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _vkey(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))

@@ -1,0 +1,241 @@
+"""The dnf source's decisions and the exact argv it builds (no process runs here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hosttrees import make_host
+
+from installer.host import Distro
+from installer.hostroot import HostRoot
+from installer.sources import dnf_commands as cmd
+
+EL9 = Distro("rocky", "9.4", 9, "rhel", "Rocky Linux 9.4 (Blue Onyx)")
+EL8 = Distro("rocky", "8.9", 8, "rhel", "Rocky Linux 8.9 (Green Obsidian)")
+EL10 = Distro("rocky", "10.0", 10, "rhel", "Rocky Linux 10.0 (Red Quartz)")
+CACHE = Path("/root/home/kubernetes/bin/nvidia/cache/dnf")
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "branch", "flavour", "stream"),
+    [
+        ("branch", "580", 580, "proprietary", "580-dkms"),
+        ("branch", "580", 580, "open", "580-open"),
+        ("exact", "580.105.08", 580, "proprietary", "580-dkms"),
+        ("exact", "570.172.08", 570, "open", "570-open"),
+        ("alias", "latest", 610, "proprietary", "latest-dkms"),
+        ("alias", "latest", 610, "open", "open-dkms"),
+        # GPU-aware aliases chose a branch (e.g. 470 for a K80): its stream, not latest-dkms.
+        ("alias", "auto", 470, "proprietary", "470-dkms"),
+        ("alias", "lts", 580, "open", "580-open"),
+    ],
+)
+def test_stream_from_the_request(
+    kind: str, value: str, branch: int, flavour: str, stream: str
+) -> None:
+    assert cmd.stream_name(kind, value, branch, flavour) == stream
+
+
+def test_pinned_target_pins_every_package() -> None:
+    target = cmd.dnf_target(EL9, "exact", "580.105.08", "580.105.08", 580, "proprietary")
+    assert target.stream == "580-dkms"
+    assert target.specs() == [
+        "nvidia-driver-580.105.08",
+        "nvidia-driver-cuda-580.105.08",
+        "nvidia-modprobe-580.105.08",
+        "kmod-nvidia-latest-dkms-580.105.08",
+    ]
+    assert target.other_kmod == "kmod-nvidia-open-dkms"
+
+
+def test_branch_target_leaves_the_version_to_the_stream() -> None:
+    target = cmd.dnf_target(EL9, "branch", "580", "580.126.20", 580, "open")
+    assert (target.stream, target.pinned) == ("580-open", None)
+    assert target.specs() == [
+        "nvidia-driver",
+        "nvidia-driver-cuda",
+        "nvidia-modprobe",
+        "kmod-nvidia-open-dkms",
+    ]
+
+
+def test_el10_has_no_stream_and_globs_the_branch() -> None:
+    target = cmd.dnf_target(EL10, "branch", "580", "580.126.20", 580, "open")
+    assert target.stream is None
+    assert target.specs() == [
+        "nvidia-open-580.*",
+        "nvidia-driver-580.*",
+        "nvidia-driver-cuda-580.*",
+        "nvidia-modprobe-580.*",
+        "kmod-nvidia-open-dkms-580.*",
+    ]
+    latest = cmd.dnf_target(EL10, "alias", "latest", "610.43.02", 610, "proprietary")
+    assert latest.specs() == [
+        "nvidia-driver",
+        "nvidia-driver-cuda",
+        "nvidia-modprobe",
+        "kmod-nvidia-latest-dkms",
+    ]
+
+
+def test_dnf_base_acts_on_the_host_root(tmp_path: Path) -> None:
+    root = HostRoot(tmp_path)
+    assert cmd.dnf_base(root, EL9, CACHE) == [
+        "dnf",
+        f"--installroot={tmp_path}",
+        "--releasever=9.4",
+        f"--setopt=reposdir={tmp_path}/etc/yum.repos.d",
+        f"--setopt=cachedir={CACHE}",
+        "--setopt=module_platform_id=platform:el9",
+        "--setopt=install_weak_deps=False",
+        "--setopt=skip_if_unavailable=False",
+        "-y",
+    ]
+    assert "--setopt=module_platform_id=platform:el10" not in cmd.dnf_base(root, EL10, CACHE)
+
+
+def test_dnf_base_is_plain_dnf_on_a_bare_host() -> None:
+    assert cmd.dnf_base(HostRoot(Path("/")), EL8, CACHE) == [
+        "dnf",
+        "--setopt=install_weak_deps=False",
+        "--setopt=skip_if_unavailable=False",
+        "-y",
+    ]
+
+
+BASE = ["dnf", "-y"]
+
+
+def test_unpinned_stream_is_one_switch_to() -> None:
+    target = cmd.dnf_target(EL9, "branch", "580", "580.126.20", 580, "proprietary")
+    assert cmd.transaction_argv(BASE, target) == [
+        "dnf",
+        "-y",
+        "module",
+        "switch-to",
+        "--allowerasing",
+        "nvidia-driver:580-dkms/default",
+    ]
+
+
+def test_pinned_stream_is_one_install_that_may_switch_streams() -> None:
+    target = cmd.dnf_target(EL9, "exact", "580.105.08", "580.105.08", 580, "open")
+    assert cmd.transaction_argv(BASE, target) == [
+        "dnf",
+        "-y",
+        "install",
+        "--allowerasing",
+        "--setopt=module_stream_switch=True",
+        "@nvidia-driver:580-open/default",
+        "nvidia-driver-580.105.08",
+        "nvidia-driver-cuda-580.105.08",
+        "nvidia-modprobe-580.105.08",
+        "kmod-nvidia-open-dkms-580.105.08",
+    ]
+
+
+def test_el10_installs_packages_and_the_versionlock_plugin_when_missing() -> None:
+    target = cmd.dnf_target(EL10, "exact", "580.105.08", "580.105.08", 580, "proprietary")
+    assert cmd.transaction_argv(BASE, target, with_versionlock=True) == [
+        "dnf",
+        "-y",
+        "install",
+        "--allowerasing",
+        "nvidia-driver-580.105.08",
+        "nvidia-driver-cuda-580.105.08",
+        "nvidia-modprobe-580.105.08",
+        "kmod-nvidia-latest-dkms-580.105.08",
+        "python3-dnf-plugin-versionlock",
+    ]
+    assert cmd.versionlock_argv(BASE, target.packages, "580.105.08") == [
+        "dnf",
+        "-y",
+        "versionlock",
+        "add",
+        *target.specs(),
+    ]
+
+
+def test_kernel_and_rpm_argv(tmp_path: Path) -> None:
+    assert cmd.kernel_argv(BASE, "5.14.0-427.13.1.el9_4.x86_64") == [
+        "dnf",
+        "-y",
+        "install",
+        "kernel-devel-5.14.0-427.13.1.el9_4.x86_64",
+        "kernel-headers-5.14.0-427.13.1.el9_4.x86_64",
+    ]
+    root = HostRoot(tmp_path)
+    assert cmd.rpm_query_argv(root, ["nvidia-driver"]) == [
+        "rpm",
+        "--root",
+        str(tmp_path),
+        "-q",
+        "--qf",
+        "%{NAME} %{VERSION}\\n",
+        "nvidia-driver",
+    ]
+    assert cmd.rpm_files_argv(HostRoot(Path("/")), ["a", "b"]) == ["rpm", "-ql", "a", "b"]
+
+
+def test_module_state_is_read_from_modules_d(tmp_path: Path) -> None:
+    root = HostRoot(tmp_path)
+    assert cmd.module_state(root) == cmd.ModuleState(None, None)
+    state = tmp_path / "etc/dnf/modules.d/nvidia-driver.module"
+    state.parent.mkdir(parents=True)
+    state.write_text(
+        "[nvidia-driver]\nname=nvidia-driver\nstream=580-open\nprofiles=default\nstate=enabled\n"
+    )
+    assert cmd.module_state(root) == cmd.ModuleState("580-open", "enabled")
+    state.write_text("garbage")
+    assert cmd.module_state(root) == cmd.ModuleState(None, None)
+
+
+def test_nvidia_repo_is_recognised_by_file_or_url(tmp_path: Path) -> None:
+    root = HostRoot(tmp_path)
+    repos = tmp_path / "etc/yum.repos.d"
+    repos.mkdir(parents=True)
+    (repos / "rocky.repo").write_text("[baseos]\nmirrorlist=https://mirrors.rockylinux.org/x\n")
+    assert cmd.nvidia_repo(root) is None
+    (repos / "mirror.repo").write_text(
+        "[cuda]\nbaseurl=https://mirror.example/compute/cuda/repos/rhel9/x86_64\nenabled=0\n"
+    )
+    assert cmd.nvidia_repo(root) is None  # disabled
+    (repos / "mirror.repo").write_text(
+        "[cuda]\nbaseurl=https://user:pw@mirror.example/compute/cuda/repos/rhel9/x86_64\n"
+    )
+    found = cmd.nvidia_repo(root)
+    assert found is not None and found.repo_id == "cuda"
+    assert "pw" not in cmd.repos_tried(root)
+    assert "cuda (https://***@mirror.example" in cmd.repos_tried(root)
+
+
+def test_repo_file_name_and_check() -> None:
+    url = "https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64/cuda-rhel9.repo"
+    assert cmd.repo_file_name(url, 9) == "cuda-rhel9.repo"
+    assert cmd.repo_file_name("http://127.0.0.1:8080/get?repo=x", 8) == "cuda-rhel8.repo"
+    assert cmd.check_repo_file("[a]\nbaseurl=file:///r\n[b]\nname=b\n") == ["a"]
+    with pytest.raises(ValueError):
+        cmd.check_repo_file("<html>404</html>")
+    with pytest.raises(ValueError):
+        cmd.check_repo_file("[a]\nname=no url\n")
+
+
+def test_nvidia_repo_url_is_per_major() -> None:
+    assert cmd.NVIDIA_REPO_URL.format(major=8, arch="x86_64") == (
+        "https://developer.download.nvidia.com/compute/cuda/repos/rhel8/x86_64/cuda-rhel8.repo"
+    )
+
+
+def test_installed_versions_parses_rpm_and_skips_missing(tmp_path: Path) -> None:
+    from fakes import FakeRunner
+
+    runner = FakeRunner().on(
+        "rpm",
+        output="nvidia-driver 580.105.08\npackage kmod-nvidia-open-dkms is not installed\n",
+        returncode=1,
+    )
+    root = make_host(tmp_path, distro="rocky-9")
+    assert cmd.installed_versions(root, runner, ["nvidia-driver", "kmod-nvidia-open-dkms"]) == {
+        "nvidia-driver": "580.105.08"
+    }

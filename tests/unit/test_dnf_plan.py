@@ -1,0 +1,281 @@
+"""The dnf source in the plan: source choice, the step list on EL9 and EL10, the warm probe
+and how dnf's failures map to errors (FakeRunner: no process runs)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from fakes import FakeRunner
+from hosttrees import make_host
+
+from installer import pipeline, planner
+from installer.config import from_env
+from installer.errors import (
+    ConfigError,
+    KernelHeadersMissing,
+    PackageManagerFailed,
+    RepoUnavailable,
+)
+from installer.plan import Plan, Step
+from installer.runner import Result
+
+KERNEL = "5.14.0-427.13.1.el9_4.x86_64"
+
+
+def plan_for(
+    tmp_path: Path, runner: FakeRunner, distro: str = "rocky-9", kernel: str = KERNEL, **env: str
+) -> Plan:
+    make_host(tmp_path, distro=distro, kernel=kernel, gpus=[0x2330])
+    config = from_env({"ROOT_MOUNT_DIR": str(tmp_path), **env})
+
+    def no_fetch(*args: object) -> Path:
+        raise AssertionError("no download expected")
+
+    return planner.make_plan(config, runner, fetch_bytes=lambda url: b"", fetch_runfile=no_fetch)  # type: ignore[arg-type]
+
+
+def decision(plan: Plan, topic: str) -> tuple[str, str]:
+    found = next(d for d in plan.decisions if d.topic == topic)
+    return found.value, found.reason
+
+
+def step(plan: Plan, name: str) -> Step:
+    return next(s for s in plan.steps if s.name == name)
+
+
+def add_repo_file(root: Path, name: str = "cuda-rhel9.repo") -> None:
+    repos = root / "etc/yum.repos.d"
+    repos.mkdir(parents=True, exist_ok=True)
+    (repos / name).write_text(
+        "[cuda-rhel9-x86_64]\n"
+        "baseurl=https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64\n"
+    )
+
+
+def test_auto_on_rocky_without_nvidia_repo_keeps_the_runfile(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, FakeRunner())
+    value, reason = decision(plan, "source")
+    assert value == "runfile"
+    assert "no NVIDIA dnf repo" in reason
+    assert "install-driver-packages" not in [s.name for s in plan.steps]
+
+
+def test_auto_on_rocky_with_the_cuda_repo_file_picks_dnf(tmp_path: Path) -> None:
+    add_repo_file(tmp_path)
+    plan = plan_for(
+        tmp_path, FakeRunner(), NVIDIA_DRIVER_VERSION="580", NVIDIA_KERNEL_MODULE_TYPE="proprietary"
+    )
+    value, reason = decision(plan, "source")
+    assert value == "dnf"
+    assert "cuda-rhel9.repo" in reason and "module streams" in reason
+    names = [s.name for s in plan.steps]
+    assert names[names.index("add-dnf-repo") :] == [
+        "add-dnf-repo",
+        "install-kernel-devel",
+        "install-driver-packages",
+        "populate-install-dir",
+        "unload-old-driver",
+        "activate-install",
+        "configure-ld-cache",
+        "load-modules",
+        "create-device-nodes",
+        "verify-driver",
+        "record-install",
+    ]
+    assert "install-module-files" not in names
+    assert "nvidia-driver:580-dkms" in step(plan, "install-driver-packages").summary
+
+
+def test_auto_with_the_repo_url_set_picks_dnf(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, FakeRunner(), NVIDIA_DNF_REPO_URL="http://127.0.0.1:1/x.repo")
+    assert decision(plan, "source")[0] == "dnf"
+    assert "NVIDIA_DNF_REPO_URL is set" in decision(plan, "source")[1]
+
+
+def test_runfile_forced_on_rocky_with_a_repo(tmp_path: Path) -> None:
+    add_repo_file(tmp_path)
+    plan = plan_for(tmp_path, FakeRunner(), NVIDIA_DRIVER_SOURCE="runfile")
+    assert decision(plan, "source") == ("runfile", "NVIDIA_DRIVER_SOURCE=runfile")
+
+
+def test_dnf_forced_on_debian_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        plan_for(
+            tmp_path,
+            FakeRunner(),
+            distro="debian-12",
+            kernel="6.1.0-56-amd64",
+            NVIDIA_DRIVER_SOURCE="dnf",
+        )
+    assert "RHEL-family" in info.value.message and "Debian" in info.value.message
+    assert info.value.exit_code == 10
+
+
+def test_el10_plans_packages_with_a_version_lock(tmp_path: Path) -> None:
+    plan = plan_for(
+        tmp_path,
+        FakeRunner(),
+        distro="rocky-10",
+        kernel="6.12.0-55.el10.x86_64",
+        NVIDIA_DRIVER_SOURCE="dnf",
+        NVIDIA_DRIVER_VERSION="580.105.08",
+    )
+    value, reason = decision(plan, "source")
+    assert value == "dnf" and "version lock" in reason and "no module streams" in reason
+    names = [s.name for s in plan.steps]
+    assert (
+        names.index("install-driver-packages")
+        < names.index("lock-driver-version")
+        < names.index("populate-install-dir")
+    )
+    assert "EL10: no streams" in step(plan, "install-driver-packages").summary
+    assert "cuda-rhel10.repo" in step(plan, "add-dnf-repo").summary
+
+
+def rpm_answer(installed: dict[str, str]) -> FakeRunner:
+    def answer(argv: Sequence[str]) -> Result:
+        names = argv[argv.index("--qf") + 2 :] if "--qf" in argv else argv[argv.index("-q") + 1 :]
+        lines = [
+            f"{n} {installed[n]}" if n in installed else f"package {n} is not installed"
+            for n in names
+        ]
+        code = 0 if all(n in installed for n in names) else 1
+        return Result(tuple(argv), code, "\n".join(lines) + "\n")
+
+    runner = FakeRunner()
+    runner.answers.append((("rpm",), answer))
+    return runner
+
+
+def enable_stream(root: Path, stream: str) -> None:
+    state = root / "etc/dnf/modules.d/nvidia-driver.module"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text(
+        f"[nvidia-driver]\nname=nvidia-driver\nstream={stream}\nprofiles=default\nstate=enabled\n"
+    )
+
+
+INSTALLED = {
+    n: "580.105.08"
+    for n in ("nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe", "kmod-nvidia-latest-dkms")
+}
+
+
+def test_warm_probe_adopts_the_installed_version_without_dnf(tmp_path: Path) -> None:
+    add_repo_file(tmp_path)
+    enable_stream(tmp_path, "580-dkms")
+    runner = rpm_answer(INSTALLED)
+    plan = plan_for(
+        tmp_path, runner, NVIDIA_DRIVER_VERSION="580", NVIDIA_KERNEL_MODULE_TYPE="proprietary"
+    )
+    assert plan.context.target.version == "580.126.20"  # the catalog's, until probed
+    assert step(plan, "install-driver-packages").is_satisfied()
+    assert plan.context.target.version == "580.105.08"  # the stream decided
+    assert all(argv[0] == "rpm" for argv in runner.argvs())
+
+
+@pytest.mark.parametrize(
+    ("stream", "installed", "version"),
+    [
+        ("580-open", INSTALLED, "580"),  # other stream enabled
+        ("580-dkms", {**INSTALLED, "kmod-nvidia-open-dkms": "580.105.08"}, "580"),
+        ("580-dkms", {**INSTALLED, "nvidia-driver": "580.126.20"}, "580"),  # mixed versions
+        ("580-dkms", INSTALLED, "580.126.20"),  # a different pin
+    ],
+)
+def test_probe_wants_a_transaction(
+    tmp_path: Path, stream: str, installed: dict[str, str], version: str
+) -> None:
+    add_repo_file(tmp_path)
+    enable_stream(tmp_path, stream)
+    plan = plan_for(
+        tmp_path,
+        rpm_answer(installed),
+        NVIDIA_DRIVER_VERSION=version,
+        NVIDIA_KERNEL_MODULE_TYPE="proprietary",
+    )
+    assert not step(plan, "install-driver-packages").is_satisfied()
+
+
+def test_transaction_runs_the_exact_argv_and_maps_a_conflict(tmp_path: Path) -> None:
+    add_repo_file(tmp_path)
+    runner = rpm_answer({})
+    runner.on(
+        "dnf",
+        returncode=1,
+        output=(
+            "Error: Transaction test error:\n  file /usr/bin/nvidia-smi conflicts between "
+            "attempted installs of a and b\n"
+        ),
+    )
+    plan = plan_for(
+        tmp_path, runner, NVIDIA_DRIVER_VERSION="580.105.08", NVIDIA_KERNEL_MODULE_TYPE="open"
+    )
+    with pytest.raises(PackageManagerFailed) as info:
+        pipeline.run_step(step(plan, "install-driver-packages"))
+    assert "conflicts" in info.value.message and info.value.exit_code == 50
+    dnf_calls = [a for a in runner.argvs() if a[0] == "dnf"]
+    assert dnf_calls == [
+        [
+            "dnf",
+            f"--installroot={tmp_path}",
+            "--releasever=9.4",
+            f"--setopt=reposdir={tmp_path}/etc/yum.repos.d",
+            f"--setopt=cachedir={tmp_path}/var/lib/nvidia/cache/dnf",
+            "--setopt=module_platform_id=platform:el9",
+            "--setopt=install_weak_deps=False",
+            "--setopt=skip_if_unavailable=False",
+            "-y",
+            "install",
+            "--allowerasing",
+            "--setopt=module_stream_switch=True",
+            "@nvidia-driver:580-open/default",
+            "nvidia-driver-580.105.08",
+            "nvidia-driver-cuda-580.105.08",
+            "nvidia-modprobe-580.105.08",
+            "kmod-nvidia-open-dkms-580.105.08",
+        ]
+    ]
+
+
+def test_unreachable_repo_during_the_transaction(tmp_path: Path) -> None:
+    add_repo_file(tmp_path)
+    runner = rpm_answer({}).on(
+        "dnf",
+        returncode=1,
+        output=(
+            "Error: Failed to download metadata for repo 'cuda-rhel9-x86_64': Cannot download "
+            "repomd.xml: All mirrors were tried\n"
+        ),
+    )
+    plan = plan_for(tmp_path, runner, NVIDIA_DRIVER_VERSION="580")
+    with pytest.raises(RepoUnavailable) as info:
+        pipeline.run_step(step(plan, "install-driver-packages"))
+    assert info.value.exit_code == 51 and "cuda-rhel9-x86_64" in info.value.message
+
+
+def test_missing_kernel_devel_names_package_kernel_and_repos(tmp_path: Path) -> None:
+    add_repo_file(tmp_path)
+    runner = rpm_answer({}).on(
+        "dnf",
+        returncode=1,
+        output=(
+            f"No match for argument: kernel-devel-{KERNEL}\n"
+            f"Error: Unable to find a match: kernel-devel-{KERNEL}\n"
+        ),
+    )
+    plan = plan_for(tmp_path, runner)
+    with pytest.raises(KernelHeadersMissing) as info:
+        pipeline.run_step(step(plan, "install-kernel-devel"))
+    message = info.value.message
+    assert f"kernel-devel-{KERNEL}" in message and f"kernel {KERNEL}" in message
+    assert "cuda-rhel9-x86_64 (https://developer.download.nvidia.com" in message
+    assert info.value.exit_code == 30
+
+
+def test_repo_step_keeps_an_existing_repo_file(tmp_path: Path) -> None:
+    add_repo_file(tmp_path)
+    plan = plan_for(tmp_path, FakeRunner())
+    assert step(plan, "add-dnf-repo").is_satisfied()
