@@ -61,6 +61,7 @@ def build_plan(config: Config, runner: Runner | None = None) -> Plan:
 def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutcome]:
     """Install (or confirm) the planned driver under the host lock."""
     started = time.monotonic()
+    runner = runner or SubprocessRunner()
     root = HostRoot(config.root)
     layout = Layout.from_config(config, root)
     layout.install_local.mkdir(parents=True, exist_ok=True)
@@ -71,7 +72,9 @@ def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutco
             log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
         outcomes = pipeline.execute(plan)
     applied = [o.name for o in outcomes if o.status == "applied"]
-    log.info("done in %.2f s: %s", time.monotonic() - started,
+    commands = getattr(runner, "command_seconds", 0.0)
+    log.info("done in %.2f s (%.2f s in external commands): %s", time.monotonic() - started,
+             commands,
              f"applied {', '.join(applied)}" if applied else "every step was already satisfied")
     return outcomes
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Protocol
@@ -53,6 +54,7 @@ class SubprocessRunner:
     def __init__(self, base_env: Mapping[str, str] | None = None) -> None:
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._base_env["LC_ALL"] = "C"
+        self.command_seconds = 0.0
 
     def run(
         self,
@@ -83,7 +85,11 @@ class SubprocessRunner:
             )
         except FileNotFoundError as exc:
             raise CommandNotFound(f"command not found: {args[0]}") from exc
-        lines = _collect(proc, args[0], stream, input_text, timeout)
+        started = time.monotonic()
+        try:
+            lines = _collect(proc, args[0], stream, input_text, timeout)
+        finally:
+            self.command_seconds += time.monotonic() - started
         result = Result(tuple(args), proc.returncode, "".join(lines))
         if check and not result.ok:
             raise CommandFailed(args, result.returncode, result.tail())

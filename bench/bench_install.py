@@ -1,0 +1,91 @@
+"""Cold install and warm re-run of `installer run` with the fake-driver kit, phase by phase.
+
+Runs the real installer against a temporary host root (real Debian headers, real kbuild,
+ldconfig, depmod; the driver built for the headers' kernel, so nothing is loaded here) and a
+fake .run served on 127.0.0.1. Reports each phase's time from the installer's own step log and
+the installer's overhead: its wall time minus external commands and the download.
+
+    python3 bench/bench_install.py [--warm-runs 5]
+
+Loading, device nodes and verification need a kernel: `pytest -m vm tests/vm` covers them
+(under TCG emulation, so their times there are not comparable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
+
+import kit
+from hostkit import hidden_headers_argv, installer_argv, installer_env, make_debian_host
+
+VERSION = "580.105.08"
+STEP_DONE = re.compile(r"step (\S+): done in ([\d.]+) s")
+TOTAL = re.compile(r"done in ([\d.]+) s \(([\d.]+) s in external commands\)")
+PHASES = {
+    "download": ("fetch-runfile",),
+    "extract": ("extract-runfile",),
+    "build": ("build-modules",),
+    "install": ("install-userspace", "activate-install", "install-module-files",
+                "configure-ld-cache", "record-install"),
+}
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def run_once(env: dict[str, str]) -> dict[str, float]:
+    started = time.monotonic()
+    result = subprocess.run(hidden_headers_argv(installer_argv("run")), env=env,
+                            capture_output=True, text=True, check=True)
+    wall = time.monotonic() - started
+    steps = {name: float(sec) for name, sec in STEP_DONE.findall(result.stderr)}
+    total = TOTAL.search(result.stderr)
+    assert total, result.stderr[-2000:]
+    figures = {phase: sum(steps.get(s, 0.0) for s in names) for phase, names in PHASES.items()}
+    figures["installer total"] = float(total.group(1))
+    figures["process wall"] = wall
+    figures["overhead"] = float(total.group(1)) - float(total.group(2)) - figures["download"]
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--warm-runs", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-install-") as scratch:
+        www = Path(scratch) / "www"
+        kit.build_runfile(VERSION, www / VERSION)
+        server = ThreadingHTTPServer(("127.0.0.1", 0),
+                                     partial(QuietHandler, directory=str(www)))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        root = Path(scratch) / "host"
+        kernel = make_debian_host(root)
+        env = installer_env(root, kernel, NVIDIA_DRIVER_VERSION=VERSION,
+                            NVIDIA_DRIVER_MIRRORS=f"http://127.0.0.1:{server.server_address[1]}")
+        cold = run_once(env)
+        warm_runs = [run_once(env) for _ in range(args.warm_runs)]
+        server.shutdown()
+    warm = {key: statistics.median(r[key] for r in warm_runs) for key in cold}
+    print(f"{'phase (s)':<18}{'cold':>10}{'warm (median of ' + str(args.warm_runs) + ')':>24}")
+    for key in cold:
+        print(f"{key:<18}{cold[key]:>10.3f}{warm[key]:>24.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
