@@ -108,9 +108,32 @@ def test_plan_changes_nothing_on_the_host(tmp_path: Path) -> None:
 
 
 def test_run_with_the_daemonset_environment(tmp_path: Path) -> None:
-    pytest.skip(
-        "TODO(lead): `installer run` end to end needs the fake-driver kit's .run and a host tree "
-        "with a fake NVIDIA PCI device; call _installer(['run'], ...) with "
-        "NVIDIA_DRIVER_DOWNLOAD_URL=file://<kit runfile> and assert exit 0, the install dir "
-        "layout (bin/, lib64/, drivers/) and <root>/run/nvidia/validations/driver-ready."
-    )
+    """The DaemonSet's exact environment, the host root where the manifest mounts it (here a
+    temp dir), a fake driver from file://; built for the headers' kernel so nothing is loaded
+    into this machine's kernel (loading is the vm tier's)."""
+    import kit
+    from hostkit import hidden_headers_argv, installer_argv, make_debian_host
+
+    ds = installer_daemonset(load_all(DAEMONSET_DIR / "nvidia-driver-installer.yaml"))
+    env = container_env(installer_container(ds))
+    root = tmp_path / "root"
+    kernel = make_debian_host(root)
+    version = env["NVIDIA_DRIVER_VERSION"]
+    runfile = kit.build_runfile(version, tmp_path / "www")
+    env.update({
+        "ROOT_MOUNT_DIR": str(root),
+        "NVIDIA_INSTALL_DIR_CONTAINER": str(tmp_path / "not-mounted"),
+        "NVIDIA_DRIVER_DOWNLOAD_URL": f"file://{runfile}",
+        "NVIDIA_KERNEL_RELEASE": kernel,
+        "NVIDIA_INSTALLER_FETCH_HEADERS": "false",
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": str(REPO),
+    })
+    result = subprocess.run(hidden_headers_argv(installer_argv("run")), env=env,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    install = root / env["NVIDIA_INSTALL_DIR_HOST"].lstrip("/")
+    assert (install / "bin/nvidia-smi").is_file()
+    assert (install / "lib64/libnvidia-ml.so.1").is_symlink()
+    assert (install / "drivers/nvidia.ko").is_file()
+    assert (install / ".cache").read_text().endswith(f"CACHE_NVIDIA_DRIVER_VERSION={version}\n")

@@ -1,0 +1,55 @@
+"""`installer download`: prefetch a version's .run for air-gapped nodes or a mirror."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import kit
+from httpfaults import FaultServer
+
+REPO = Path(__file__).resolve().parents[2]
+VERSION = "580.105.08"
+NAME = f"NVIDIA-Linux-x86_64-{VERSION}.run"
+
+
+def download(dest: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("NVIDIA_")}
+    return subprocess.run(
+        [sys.executable, "-m", "installer", "download", "--dest", str(dest), *args],
+        env={**clean, "PYTHONPATH": str(REPO), **env}, capture_output=True, text=True,
+        timeout=120, check=False)
+
+
+def test_branch_is_resolved_fetched_verified_and_then_served_from_the_cache(
+        tmp_path: Path) -> None:
+    runfile = kit.build_runfile(VERSION, tmp_path / "src")
+    data = runfile.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    dest = tmp_path / "mirror" / VERSION
+    with FaultServer() as server:
+        server.add(f"/{VERSION}/{NAME}", data, fail_times=1)
+        server.add(f"/{VERSION}/{NAME}.sha256sum", f"{digest}  {NAME}\n".encode())
+        mirror = server.url("/").rstrip("/")
+        # R580's newest in the shipped catalog is not VERSION, so pin it exactly.
+        first = download(dest, "--version", VERSION, NVIDIA_DRIVER_MIRRORS=mirror)
+        assert first.returncode == 0, first.stderr
+        assert first.stdout.strip() == str(dest / NAME)
+        assert server.count(f"/{VERSION}/{NAME}") == 2  # a 503, then the file
+    assert hashlib.sha256((dest / NAME).read_bytes()).hexdigest() == digest
+    assert "verified by published-sha256sum" in first.stderr
+    again = download(dest, "--version", VERSION, NVIDIA_DRIVER_MIRRORS=mirror)
+    assert again.returncode == 0, again.stderr
+
+
+def test_a_wrong_pin_deletes_the_file_and_exits_with_its_code(tmp_path: Path) -> None:
+    runfile = kit.build_runfile(VERSION, tmp_path / "src")
+    dest = tmp_path / "dest"
+    result = download(dest, "--version", VERSION, "--sha256", "0" * 64,
+                      NVIDIA_DRIVER_DOWNLOAD_URL=f"file://{runfile}")
+    assert result.returncode == 23, result.stderr
+    assert "error[checksum-mismatch]" in result.stderr
+    assert not (dest / NAME).exists()
