@@ -19,10 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -30,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
 
 import kit
 from hostkit import hidden_headers_argv, installer_argv, installer_env, make_debian_host
+from httpfaults import serve_directory
 
 VERSION = "580.105.08"
 STEP_DONE = re.compile(r"step (\S+): done in ([\d.]+) s")
@@ -41,11 +39,6 @@ PHASES = {
     "install": ("install-userspace", "activate-install", "install-module-files",
                 "configure-ld-cache", "record-install"),
 }
-
-
-class QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 def run_once(env: dict[str, str]) -> dict[str, float]:
@@ -70,16 +63,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-install-") as scratch:
         www = Path(scratch) / "www"
         kit.build_runfile(VERSION, www / VERSION)
-        server = ThreadingHTTPServer(("127.0.0.1", 0),
-                                     partial(QuietHandler, directory=str(www)))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
         root = Path(scratch) / "host"
         kernel = make_debian_host(root)
-        env = installer_env(root, kernel, NVIDIA_DRIVER_VERSION=VERSION,
-                            NVIDIA_DRIVER_MIRRORS=f"http://127.0.0.1:{server.server_address[1]}")
-        cold = run_once(env)
-        warm_runs = [run_once(env) for _ in range(args.warm_runs)]
-        server.shutdown()
+        with serve_directory(www) as (base, _):
+            env = installer_env(root, kernel, NVIDIA_DRIVER_VERSION=VERSION,
+                                NVIDIA_DRIVER_MIRRORS=base)
+            cold = run_once(env)
+            warm_runs = [run_once(env) for _ in range(args.warm_runs)]
     warm = {key: statistics.median(r[key] for r in warm_runs) for key in cold}
     print(f"{'phase (s)':<18}{'cold':>10}{'warm (median of ' + str(args.warm_runs) + ')':>24}")
     for key in cold:

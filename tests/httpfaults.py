@@ -13,6 +13,7 @@ recorded (method, path, headers, status, body bytes sent) so tests can assert on
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import http.client
@@ -22,8 +23,10 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
@@ -406,3 +409,26 @@ class ForwardProxy:
         self._httpd.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def serve_directory(directory: Path) -> Iterator[tuple[str, list[str]]]:
+    """A plain static server for `directory` on 127.0.0.1: yields its base URL and the list of
+    request paths it receives (tests assert that a warm run asks for nothing)."""
+    requests: list[str] = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(directory), **kwargs)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            requests.append(self.path)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", requests
+    finally:
+        server.shutdown()
+        server.server_close()

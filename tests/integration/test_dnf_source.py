@@ -12,9 +12,7 @@ import re
 import shutil
 import socket
 import subprocess
-import threading
 from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ import pytest
 import testinfra
 from hostkit import GCC_LINE, INSTALL_DIR_HOST, RUNNING_KERNEL, installer_env, run_installer
 from hosttrees import make_host
+from httpfaults import serve_directory
 from kit.rpm import KERNEL, V575, V580A, V580B, build_repo, write_repo_file
 
 TOOLS = ("dnf", "rpm", "rpmbuild", "createrepo_c", "modifyrepo_c", "makeself")
@@ -47,31 +46,22 @@ def repo_files(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     """URLs of .repo files: the repo over file://, over http://127.0.0.1, and a dead server."""
     www = tmp_path_factory.mktemp("www")
     os.symlink(repo, www / "repo")
-    requests: list[str] = []
+    with serve_directory(www) as (base, _requests):
+        yield _repo_urls(www, repo, base)
 
-    class Handler(SimpleHTTPRequestHandler):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, directory=str(www), **kwargs)
 
-        def log_message(self, format: str, *args: Any) -> None:
-            requests.append(self.path)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
+def _repo_urls(www: Path, repo: Path, base: str) -> dict[str, str]:
     write_repo_file(www / "cuda-rhel9.repo", f"{base}/repo", REPO_ID)
     local = write_repo_file(www / "file" / "cuda-rhel9.repo", f"file://{repo}", REPO_ID)
     dead = write_repo_file(
         www / "dead" / "cuda-rhel9.repo", f"http://127.0.0.1:{_closed_port()}/r", REPO_ID
     )
-    yield {
+    return {
         "http": f"{base}/cuda-rhel9.repo",
         "file": f"file://{local}",
         "dead": f"file://{dead}",
         "nowhere": f"http://127.0.0.1:{_closed_port()}/cuda-rhel9.repo",
     }
-    server.shutdown()
 
 
 def _closed_port() -> int:

@@ -8,9 +8,7 @@ import json
 import os
 import stat
 import subprocess
-import threading
 from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from hostkit import (
     run_installer,
     tree_snapshot,
 )
+from httpfaults import serve_directory
 
 pytestmark = pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
 
@@ -40,20 +39,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     for version in (A, B):
         kit.build_runfile(version, www / version)
     kit.build_runfile("570.195.03", www / "broken", compile_error=True)
-    requests: list[str] = []
-
-    class Handler(SimpleHTTPRequestHandler):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, directory=str(www), **kwargs)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            requests.append(self.path)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", www, requests
-    server.shutdown()
+    with serve_directory(www) as (base, requests):
+        yield base, www, requests
 
 
 @pytest.fixture
