@@ -181,6 +181,10 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
         if root.local(LD_DROP_IN).exists():
             ldcache.remove(root, runner)
             removed.append(str(LD_DROP_IN))
+        if record and record.source == "dnf":
+            log.warning("the driver packages installed through dnf stay on the host (dnf owns "
+                        "them): remove them with `dnf module remove --all nvidia-driver` and "
+                        "`dnf module reset nvidia-driver` on the host")
         for name in ("bin", "lib64", "drivers", "current", "versions", "cache", "state.json",
                      ".cache", "nvidia-installer.log", "nvidia-installer-build.log"):
             path = layout.install_local / name

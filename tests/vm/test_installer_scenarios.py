@@ -1,0 +1,203 @@
+"""`installer run` for real in a booted kernel: cold install, re-run, reboot, upgrade (held and
+free), no GPU, modprobe.d options. Three boots share one persistent state disk:
+
+1. two simulated H100s: cold install of A, state checks, re-run, verify --json;
+2. reboot: reload from the compiled-module cache, upgrade to B refused while /dev/nvidia0 is
+   held (A keeps working), then upgrade to B once released;
+3. the GPUs gone: the installer refuses, and so does the module itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import kit
+import pytest
+
+from vm.guest_kernel import GuestKernel
+from vm.harness import FakeGpu, VmResult, boot_and_run
+
+pytestmark = pytest.mark.vm
+
+REPO = Path(__file__).resolve().parents[2]
+A = "580.105.08"
+B = "580.126.20"
+GPUS = [FakeGpu("0000:00:04.0", "0x2330"), FakeGpu("0000:00:05.0", "0x2330")]
+INSTALL = "/home/kubernetes/bin/nvidia"
+
+PRELUDE = f"""
+ip link set lo up
+python3 -m http.server --bind 127.0.0.1 8000 --directory "$VM_FILES/www" >/dev/null 2>&1 &
+for _ in $(seq 100); do
+  python3 -c 'import socket; socket.create_connection(("127.0.0.1", 8000))' 2>/dev/null && break
+  sleep 0.1
+done
+export PYTHONPATH={REPO} NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000
+export NVIDIA_INSTALL_DIR_HOST={INSTALL}
+installer() {{ {sys.executable} -m installer "$@"; }}
+step() {{ echo "@@ $1"; rc=0; shift; "$@" 2>&1 || rc=$?; echo "exit=$rc"; }}
+state() {{
+  echo "@@ $1"
+  set +e
+  grep -E '^nvidia' /proc/modules | cut -d' ' -f1,3 | sort
+  head -1 /proc/driver/nvidia/version
+  cat /sys/module/nvidia/version
+  for n in /dev/nvidia*; do stat -c '%n %F %t:%T' "$n"; done
+  grep nvidia /proc/devices
+  ldconfig -p | grep -E 'libnvidia-ml.so.1|libcuda.so.1'
+  cat /sys/module/nvidia/parameters/NVreg_RestrictProfilingToAdminUsers
+  cat /run/nvidia/validations/driver-ready 2>/dev/null || echo "not ready"
+  set -e
+}}
+"""
+
+FIRST_BOOT = PRELUDE + f"""
+echo "options nvidia NVreg_RestrictProfilingToAdminUsers=0" > /etc/modprobe.d/test-nvidia.conf
+export NVIDIA_DRIVER_VERSION={A}
+step cold installer run
+state after-cold
+step rerun installer run
+step verify installer verify --json
+"""
+
+SECOND_BOOT = PRELUDE + f"""
+state after-reboot
+export NVIDIA_DRIVER_VERSION={A}
+step reboot-run installer run
+state after-reboot-run
+exec 3</dev/nvidia0
+step upgrade-held env NVIDIA_DRIVER_VERSION={B} {sys.executable} -m installer run
+state while-held
+step smi-while-held {INSTALL}/bin/nvidia-smi --query-gpu=driver_version --format=csv,noheader
+exec 3<&-
+step upgrade env NVIDIA_DRIVER_VERSION={B} {sys.executable} -m installer run
+state after-upgrade
+"""
+
+THIRD_BOOT = PRELUDE + f"""
+export NVIDIA_DRIVER_VERSION={B}
+step no-gpu-run installer run
+step no-gpu-modprobe modprobe nvidia
+dmesg -t | grep 'NVRM' | tail -n 1
+"""
+
+
+@dataclass
+class Boots:
+    first: VmResult
+    second: VmResult
+    third: VmResult
+
+
+@pytest.fixture(scope="module")
+def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Boots]:
+    www = tmp_path_factory.mktemp("www")
+    for version in (A, B):
+        kit.build_runfile(version, www / version)
+    state = tmp_path_factory.mktemp("vmstate")
+    files = {"www": www}
+    first = boot_and_run(FIRST_BOOT, state_dir=state, gpus=GPUS, files=files, timeout=1500)
+    second = boot_and_run(SECOND_BOOT, state_dir=state, gpus=GPUS, files=files, timeout=1500)
+    third = boot_and_run(THIRD_BOOT, state_dir=state, gpus=[], files=files, timeout=600)
+    yield Boots(first, second, third)
+
+
+def exit_of(section: str) -> int:
+    match = re.search(r"^exit=(\d+)$", section, re.MULTILINE)
+    assert match, section
+    return int(match.group(1))
+
+
+def assert_driver_state(section: str, version: str) -> None:
+    lines = section.splitlines()
+    assert {"nvidia_modeset 0", "nvidia_uvm 0"} <= set(lines), section
+    assert any(re.fullmatch(r"nvidia [1-9]\d*", line) for line in lines), section
+    assert f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  " in section
+    assert version in lines
+    for node in ("/dev/nvidiactl character special file c3:ff",
+                 "/dev/nvidia0 character special file c3:0",
+                 "/dev/nvidia1 character special file c3:1",
+                 "/dev/nvidia-modeset character special file c3:fe"):
+        assert node in lines, section
+    uvm_major = re.search(r"^(\d+) nvidia-uvm$", section, re.MULTILINE)
+    assert uvm_major, section
+    major = f"{int(uvm_major.group(1)):x}"
+    assert f"/dev/nvidia-uvm character special file {major}:0" in lines
+    assert f"/dev/nvidia-uvm-tools character special file {major}:1" in lines
+    assert re.search(rf"libnvidia-ml.so.1 \(libc6,x86-64\) => {INSTALL}/lib64/libnvidia-ml.so.1",
+                     section), section
+    assert re.search(rf"libcuda.so.1 \(libc6,x86-64\) => {INSTALL}/lib64/libcuda.so.1", section)
+
+
+def test_cold_install_loads_verifies_and_signals_ready(boots: Boots) -> None:
+    cold = boots.first.section("cold")
+    assert exit_of(cold) == 0, cold
+    assert "step build-modules: compile open modules" in cold
+    state = boots.first.section("after-cold")
+    assert_driver_state(state, A)
+    assert f"DRIVER_VERSION={A}" in state
+
+
+def test_modprobe_d_option_reaches_the_loaded_module(boots: Boots) -> None:
+    state = boots.first.section("after-cold").splitlines()
+    assert "0" in state  # NVreg_RestrictProfilingToAdminUsers from /etc/modprobe.d (default 1)
+
+
+def test_rerun_with_everything_in_place_changes_nothing(boots: Boots) -> None:
+    rerun = boots.first.section("rerun")
+    assert exit_of(rerun) == 0
+    assert "every step was already satisfied" in rerun
+
+
+def test_verify_json_reports_the_planned_driver(boots: Boots) -> None:
+    section = boots.first.section("verify")
+    assert exit_of(section) == 0, section
+    report = json.loads(section[section.index("{"): section.rindex("}") + 1])
+    assert report["ok"] is True
+    assert report["driver_version"] == {"nvml": A, "nvidia_smi": A}
+    assert [g["pci_bus_id"] for g in report["gpus"]] == [g.address for g in GPUS]
+
+
+def test_reboot_reloads_from_the_cache_without_a_build(boots: Boots) -> None:
+    assert "not ready" in boots.second.section("after-reboot")
+    run = boots.second.section("reboot-run")
+    assert exit_of(run) == 0, run
+    assert "step build-modules: already satisfied" in run
+    assert "step fetch-runfile: already satisfied" in run
+    assert "step load-modules: load" in run
+    assert_driver_state(boots.second.section("after-reboot-run"), A)
+
+
+def test_upgrade_while_held_names_the_holder_and_keeps_the_old_driver(boots: Boots) -> None:
+    held = boots.second.section("upgrade-held")
+    assert exit_of(held) == 34, held
+    assert "error[driver-in-use]" in held
+    assert re.search(r"pid \d+ \(bash\) holds /dev/nvidia0", held), held
+    assert_driver_state(boots.second.section("while-held"), A)
+    smi = boots.second.section("smi-while-held")
+    assert exit_of(smi) == 0 and A in smi
+
+
+def test_upgrade_in_place_replaces_the_driver(boots: Boots) -> None:
+    upgrade = boots.second.section("upgrade")
+    assert exit_of(upgrade) == 0, upgrade
+    assert "step build-modules: already satisfied" in upgrade  # staged by the refused attempt
+    assert "unloaded nvidia" in upgrade
+    state = boots.second.section("after-upgrade")
+    assert_driver_state(state, B)
+    assert f"DRIVER_VERSION={B}" in state
+
+
+def test_without_gpus_the_installer_and_the_module_refuse(boots: Boots) -> None:
+    run = boots.third.section("no-gpu-run")
+    assert exit_of(run) == 16, run
+    assert "error[no-nvidia-gpu]" in run
+    probe = boots.third.section("no-gpu-modprobe")
+    assert exit_of(probe) != 0
+    assert "No such device" in probe
+    assert "NVRM: No NVIDIA GPU found." in probe
