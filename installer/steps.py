@@ -111,7 +111,7 @@ def activate_step(ctx: Context) -> Step:
 
     def apply() -> None:
         install = layout.install_local
-        _retire_old_layout(install, ("bin", "lib64", "drivers"))
+        _retire_old_layout(install, ("bin", "lib64", "drivers", "current"))
         _swap_link(install / "current", str(Path("versions") / target.version))
         for name, dest in links.items():
             _swap_link(install / name, str(dest))
@@ -252,7 +252,8 @@ def device_nodes_step(ctx: Context) -> Step:
         env = {"LD_LIBRARY_PATH": str(ctx.layout.lib_dir)}
         modules.create_nodes(ctx.runner, binary, len(ctx.target.gpu_addresses), env)
 
-    return Step("create-device-nodes", "nvidia-modprobe -u -m -c=N for every GPU",
+    return Step("create-device-nodes", "nvidia-modprobe: /dev/nvidiaN per GPU, nvidiactl, "
+                "modeset, uvm",
                 satisfied, apply)
 
 

@@ -378,6 +378,7 @@ def test_gkes_old_layout_is_adopted(host: tuple[Path, str], served: Any) -> None
     (inst / "lib64").mkdir()
     (inst / "lib64/libcuda.so.1").write_text("old")
     (inst / "drivers").mkdir()
+    (inst / "current").write_text("a file where a link belongs")
     (inst / ".cache").write_text(
         f"CACHE_KERNEL_VERSION={kernel}\nCACHE_NVIDIA_DRIVER_VERSION=460.56\n"
     )
@@ -387,6 +388,7 @@ def test_gkes_old_layout_is_adopted(host: tuple[Path, str], served: Any) -> None
     assert (inst / "bin").is_symlink()
     kept = list((inst / "previous-layout").glob("*/bin/nvidia-smi"))
     assert len(kept) == 1 and kept[0].read_text() == "old"
+    assert os.readlink(inst / "current") == f"versions/{A}"
     assert f"{INSTALL_DIR_HOST}/lib64" not in conf.read_text()
     assert f"CACHE_NVIDIA_DRIVER_VERSION={A}" in (inst / ".cache").read_text()
 
