@@ -10,7 +10,8 @@ mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
-mount -t tmpfs tmpfs /tmp
+# /tmp stays the overlay's: a checkout or kit cache under the host's /tmp (CI clones there)
+# must be visible in the guest.
 hostname vm
 
 # One directory per PCI device, the real ones copied and the fake GPUs added,
