@@ -284,30 +284,7 @@ def test_compile_error_fails_with_compiler_output_in_log(stubs: Path, tmp_path: 
 
 @needs_headers
 def test_modules_are_signed_with_the_given_keys(payload: Path, stubs: Path, tmp_path: Path) -> None:
-    key, cert = tmp_path / "signing.key", tmp_path / "signing.der"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-new",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=kit test signing key/",
-            "-outform",
-            "DER",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    key, cert = kit.make_signing_key(tmp_path)
     base = [
         str(payload / "nvidia-installer"),
         "-s",
@@ -332,7 +309,7 @@ def test_modules_are_signed_with_the_given_keys(payload: Path, stubs: Path, tmp_
         assert module.read_bytes().endswith(b"~Module signature appended~\n"), module
     assert run(
         ["modinfo", "-F", "signer", str(tmp_path / "root/modules/nvidia.ko")]
-    ).stdout.strip() == ("kit test signing key")
+    ).stdout.strip() == ("installer test signing key")
     assert not (tmp_path / "root/usr/bin").exists(), "-K installs kernel modules only"
 
 

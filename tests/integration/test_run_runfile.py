@@ -280,36 +280,12 @@ def test_secure_boot_without_keys_fails_before_any_download(tmp_path: Path, serv
 def test_secure_boot_with_keys_signs_the_modules(tmp_path: Path, served: Any) -> None:
     root = tmp_path / "host"
     kernel = make_debian_host(root, secure_boot=True)
-    keys = root / "etc/mok"
-    keys.mkdir(parents=True)
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-new",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=installer test/",
-            "-outform",
-            "DER",
-            "-keyout",
-            str(keys / "mok.priv"),
-            "-out",
-            str(keys / "mok.der"),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    kit.make_signing_key(root / "etc/mok")
     env = env_for(
         (root, kernel),
         served,
-        NVIDIA_MODULE_SIGNING_KEY="/etc/mok/mok.priv",
-        NVIDIA_MODULE_SIGNING_CERT="/etc/mok/mok.der",
+        NVIDIA_MODULE_SIGNING_KEY="/etc/mok/signing.key",
+        NVIDIA_MODULE_SIGNING_CERT="/etc/mok/signing.der",
     )
     ok(run_installer(env, "run"))
     module = (install_dir(root) / "drivers/nvidia.ko").read_bytes()
