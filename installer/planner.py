@@ -111,7 +111,7 @@ def _steps(ctx: Context) -> list[Step]:
     plan.append(steps.ld_cache_step(ctx))
     if load:
         plan += [steps.load_step(ctx), steps.device_nodes_step(ctx), steps.verify_step(ctx)]
-    plan.append(steps.record_step(ctx))
+    plan += [steps.record_step(ctx), steps.prune_step(ctx)]
     return plan
 
 

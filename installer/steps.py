@@ -330,3 +330,49 @@ def remove_ready_file(ctx: Context) -> None:
     if path.exists():
         path.unlink()
         log.info("removed %s", READY_FILE)
+
+
+def prune_step(ctx: Context) -> Step:
+    """Drivers are large (a .run ~400 MB, extracted ~1 GB): once a version is recorded, keep
+    only what it needs (its user space, its .run, its modules for every kernel built) and
+    drop the extracted tree and every other version."""
+    layout, target = ctx.layout, ctx.target
+
+    def keep(path: Path) -> bool:
+        name = path.name
+        if path.parent == layout.downloads:
+            return name.startswith(f"NVIDIA-Linux-{ctx.facts.arch}-{target.version}.run")
+        return name == target.version and path.parent != layout.cache_local / "extracted"
+
+    def leftovers() -> list[Path]:
+        found = []
+        for parent in (layout.install_local / "versions", layout.cache_local / "modules",
+                       layout.cache_local / "extracted", layout.downloads):
+            if parent.is_dir():
+                found += [p for p in sorted(parent.iterdir()) if not keep(p)]
+        return found
+
+    def satisfied() -> bool:
+        return not leftovers()
+
+    def apply() -> None:
+        for path in leftovers():
+            size = _tree_bytes(path)
+            remove_tree(path)
+            log.info("pruned %s (%.1f MB)", path, size / 1e6)
+
+    return Step("prune-cache", f"keep only {target.version}: drop other versions and the "
+                "extracted tree", satisfied, apply)
+
+
+def _tree_bytes(path: Path) -> int:
+    if path.is_file() or path.is_symlink():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*"))
+
+
+def remove_tree(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)

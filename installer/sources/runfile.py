@@ -12,7 +12,7 @@ from installer import download, kernel
 from installer.config import Config
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed
 from installer.plan import Context, Step
-from installer.steps import COMPLETE_MARKER
+from installer.steps import COMPLETE_MARKER, remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +122,6 @@ def install_userspace_argv(
     ]
 
 
-def remove_tree(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path)
 
 
 # --- steps -----------------------------------------------------------------------------------

@@ -201,6 +201,11 @@ def test_version_change_switches_everything_to_the_new_version(
     assert cached_sonames(root)["libnvidia-ml.so.1"] == expected
     assert f"CACHE_NVIDIA_DRIVER_VERSION={B}" in (inst / ".cache").read_text()
     assert (root / "etc/ld.so.conf.d/nvidia-driver-installer.conf").read_text().count("\n") == 1
+    assert [p.name for p in (inst / "versions").iterdir()] == [B]
+    assert [p.name for p in (inst / "cache/modules").iterdir()] == [B]
+    assert sorted(p.name for p in (inst / "cache/downloads").iterdir()) == [
+        f"NVIDIA-Linux-x86_64-{B}.run", f"NVIDIA-Linux-x86_64-{B}.run.download.json"]
+    assert not (inst / "cache/extracted").exists() or not any((inst / "cache/extracted").iterdir())
 
 
 KILL_POINTS = [

@@ -83,6 +83,7 @@ def test_auto_on_rocky_with_the_cuda_repo_file_picks_dnf(tmp_path: Path) -> None
         "create-device-nodes",
         "verify-driver",
         "record-install",
+        "prune-cache",
     ]
     assert "install-module-files" not in names
     assert "nvidia-driver:580-dkms" in step(plan, "install-driver-packages").summary
