@@ -8,7 +8,7 @@ import re
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from installer import host
 from installer.errors import CommandFailed, DeviceNodesFailed, DriverInUse, ModuleLoadFailed
@@ -20,7 +20,6 @@ log = logging.getLogger(__name__)
 # Load order (each depends on the one before); unload in reverse.
 LOAD_ORDER = ("nvidia", "nvidia-uvm", "nvidia-modeset")
 UNLOAD_ORDER = ("nvidia_drm", "nvidia_peermem", "nvidia_modeset", "nvidia_uvm", "nvidia")
-MODULE_FILES = tuple(f"{name}.ko" for name in LOAD_ORDER)
 NVIDIA_MAJOR = 195
 
 
@@ -198,7 +197,3 @@ def create_nodes(runner: Runner, binary: Path, gpu_count: int, env: dict[str, st
 
 def ko_files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.glob("*.ko"))
-
-
-def host_module_path(kernel: str, subdir: str) -> PurePosixPath:
-    return PurePosixPath("/lib/modules") / kernel / subdir

@@ -58,7 +58,6 @@ class Context:
     target: Target
     fetch_runfile: Callable[[list[str], Path, str], Path]
     runfile: Path | None = None
-    notes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -107,24 +107,18 @@ def installer_env(root: Path, kernel: str, **settings: str) -> dict[str, str]:
     return env
 
 
+def private_mounts_argv(mounts: list[str], argv: list[str]) -> list[str]:
+    """Run argv in a private mount namespace after the given mount commands."""
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+            f'{" && ".join(mounts)} && exec "$@"', "sh", *argv]
+
+
 def hidden_headers_argv(argv: list[str]) -> list[str]:
     """Run argv where this machine's own header trees are hidden (tmpfs over them), so only
     the host root's relocated copies can make a build work."""
     found = debian_headers()
     trees = ["/usr/src"] + ([found[1][2]] if found else [])
-    mounts = " && ".join(f"mount -t tmpfs none {t}" for t in trees)
-    return [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "--",
-        "sh",
-        "-c",
-        f'{mounts} && exec "$@"',
-        "sh",
-        *argv,
-    ]
+    return private_mounts_argv([f"mount -t tmpfs none {t}" for t in trees], argv)
 
 
 def installer_argv(*args: str) -> list[str]:

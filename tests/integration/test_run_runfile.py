@@ -302,22 +302,12 @@ def test_read_only_lib_modules_falls_back_without_failing(tmp_path: Path, served
     kernel = make_debian_host(root)
     modules_dir = root / "lib/modules" / kernel
     env = env_for((root, kernel), served)
-    argv = [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "--",
-        "sh",
-        "-c",
-        f"mount --bind {modules_dir} {modules_dir} && "
-        f'mount -o remount,ro,bind {modules_dir} && exec "$@"',
-        "sh",
-    ]
-    from hostkit import hidden_headers_argv, installer_argv
+    from hostkit import hidden_headers_argv, installer_argv, private_mounts_argv
 
+    read_only = [f"mount --bind {modules_dir} {modules_dir}",
+                 f"mount -o remount,ro,bind {modules_dir}"]
     result = subprocess.run(
-        argv + hidden_headers_argv(installer_argv("run")),
+        private_mounts_argv(read_only, hidden_headers_argv(installer_argv("run"))),
         env=env,
         capture_output=True,
         text=True,
