@@ -114,14 +114,14 @@ def describe_plan(plan: Plan) -> list[str]:
 
 def verify_installed(config: Config, runner: Runner | None = None) -> Any:
     """Verify the driver that is loaded now against the record (or the requested version)."""
-    from installer import verify
+    from installer import verify, versions
 
     root = HostRoot(config.root)
     layout = Layout.from_config(config, root)
     gpus = host.nvidia_gpus(root)
     record = state.read_record(layout.state_file)
     expected = record.version if record else None
-    if config.version not in ("auto",) and record is None:
+    if record is None and versions.parse_request(config.version).kind == "exact":
         expected = config.version
     return verify.verify(
         install_dir=layout.install_local,

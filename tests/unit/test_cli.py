@@ -82,3 +82,19 @@ def test_versions_lists_branches(
     assert invoke(monkeypatch, ["versions"], {}) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("R580") and "lts branch" in line for line in lines)
+
+
+@pytest.mark.parametrize(("version", "expected"), [("580.105.08", "580.105.08"), ("R580", None),
+                                                   ("auto", None)])
+def test_verify_without_a_record_expects_only_an_exact_pin(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str, expected: str | None
+) -> None:
+    from installer import app, verify
+    from installer.config import from_env
+
+    make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64")
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(verify, "verify", lambda **kwargs: seen.update(kwargs))
+    app.verify_installed(from_env({"ROOT_MOUNT_DIR": str(tmp_path),
+                                   "NVIDIA_DRIVER_VERSION": version}))
+    assert seen["expected_version"] == expected
