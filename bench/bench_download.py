@@ -97,7 +97,8 @@ def client(url: str, dest: Path, sha256: str) -> None:
     import logging
 
     sys.path.insert(0, str(REPO))
-    import installer.download as download
+    import installer.delivery as download
+    from installer.delivery import fetch as delivery_fetch
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     # requests/tenacity are imported lazily by the first download; load them before the clock
@@ -114,7 +115,7 @@ def client(url: str, dest: Path, sha256: str) -> None:
         real_fsync(fd)
         fsync_seconds += time.perf_counter() - t0
 
-    download.os.fsync = timed_fsync  # type: ignore[attr-defined]
+    delivery_fetch.os.fsync = timed_fsync  # type: ignore[attr-defined]
     settings = download.DownloadSettings(progress="log")
     started = time.perf_counter()
     got = download.fetch_file([url], dest, Path(url).name, sha256=sha256, settings=settings)

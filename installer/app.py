@@ -20,9 +20,9 @@ log = logging.getLogger(__name__)
 
 
 def _download_settings(config: Config) -> Any:
-    from installer import download
+    from installer import delivery
 
-    return download.DownloadSettings(
+    return delivery.DownloadSettings(
         retries=config.retries,
         connect_timeout=config.connect_timeout,
         read_timeout=config.read_timeout,
@@ -31,18 +31,18 @@ def _download_settings(config: Config) -> Any:
 
 def fetch_bytes_for(config: Config) -> planner.FetchBytes:
     def fetch(url: str) -> bytes:
-        from installer import download
+        from installer import delivery
 
-        return download.fetch_bytes(url, _download_settings(config), max_bytes=64 << 20)
+        return delivery.fetch_bytes(url, _download_settings(config), max_bytes=64 << 20)
 
     return fetch
 
 
 def fetch_runfile_for(config: Config) -> planner.FetchRunfile:
     def fetch(urls: list[str], dest_dir: Path, filename: str) -> Path:
-        from installer import download
+        from installer import delivery
 
-        fetched = download.fetch_file(urls, dest_dir, filename, sha256=config.sha256,
+        fetched = delivery.fetch_file(urls, dest_dir, filename, sha256=config.sha256,
                                       checksum_urls=None, settings=_download_settings(config))
         return Path(fetched.path)
 

@@ -93,17 +93,17 @@ def repo_step(ctx: Context) -> Step:
         return not ctx.config.dnf_repo_url and cmd.nvidia_repo(ctx.root) is not None
 
     def apply() -> None:
-        from installer import download
+        from installer import delivery
 
-        settings = download.DownloadSettings(
+        settings = delivery.DownloadSettings(
             retries=ctx.config.retries,
             connect_timeout=ctx.config.connect_timeout,
             read_timeout=ctx.config.read_timeout,
             progress="none",
         )
-        shown = download.redact_url(url)
+        shown = delivery.redact_url(url)
         try:
-            data = download.fetch_bytes(url, settings, max_bytes=REPO_FILE_MAX_BYTES)
+            data = delivery.fetch_bytes(url, settings, max_bytes=REPO_FILE_MAX_BYTES)
         except DownloadFailed as exc:
             raise RepoUnavailable(f"cannot fetch the dnf repo file {shown}: {exc.message}") from exc
         text = data.decode("utf-8", errors="replace")

@@ -8,7 +8,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from installer import download, kernel
+from installer import delivery, kernel
 from installer.config import Config
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed
 from installer.plan import Context, Step
@@ -152,7 +152,7 @@ def fetch_step(ctx: Context) -> Step:
         return (
             not _runfile_needed(ctx)
             or is_extracted(ctx.layout.extracted(ctx.target.version))
-            or download.find_cached(ctx.layout.downloads, name, sha256=ctx.config.sha256)
+            or delivery.find_cached(ctx.layout.downloads, name, sha256=ctx.config.sha256)
             is not None
         )
 

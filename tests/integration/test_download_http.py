@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from httpfaults import FaultServer, ForwardProxy
 
-from installer import download
-from installer.download import DownloadSettings, fetch_bytes, fetch_file
+from installer import delivery
+from installer.delivery import DownloadSettings, fetch_bytes, fetch_file
+from installer.delivery import part as delivery_part
 from installer.errors import (
     ChecksumMismatch,
     DownloadFailed,
@@ -452,7 +453,7 @@ def test_cache_hit_needs_no_network(data: bytes, tmp_path: Path) -> None:
     assert (again.from_cache, again.bytes_transferred, again.sha256) == (True, 0, sha(data))
     assert again.verified_by == "published-sha256sum"
     assert (pinned.from_cache, pinned.verified_by) == (True, "pin")
-    assert download.find_cached(tmp_path, NAME, sha256=sha(data)) is not None
+    assert delivery.find_cached(tmp_path, NAME, sha256=sha(data)) is not None
 
 
 def test_cache_with_a_different_pin_fetches_again(server: FaultServer, tmp_path: Path) -> None:
@@ -487,12 +488,12 @@ def test_insufficient_space_is_reported_before_writing(
     server: FaultServer, data: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server.add(PATH, data)
-    real = download.shutil.disk_usage
+    real = delivery_part.shutil.disk_usage
 
     def tiny(path: object) -> object:
         return real(path)._replace(free=1000)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(download.shutil, "disk_usage", tiny)
+    monkeypatch.setattr(delivery_part.shutil, "disk_usage", tiny)
 
     with pytest.raises(InsufficientSpace) as info:
         fetch_file([server.url(PATH)], tmp_path, NAME, sha256=sha(data), settings=FAST)

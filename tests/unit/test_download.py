@@ -1,4 +1,4 @@
-"""download.py without a network: URLs, checksums, settings, progress, file:// sources, cache."""
+"""installer.delivery without a network: URLs, checksums, settings, progress, file://, cache."""
 
 from __future__ import annotations
 
@@ -12,14 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from installer import download
-from installer.download import (
+from installer import delivery
+from installer.delivery import (
     DownloadSettings,
+    checksums,
     fetch_bytes,
     fetch_file,
     find_cached,
     parse_sha256sum,
     redact_url,
+    transport,
+    urls,
 )
 from installer.errors import (
     ChecksumMismatch,
@@ -62,14 +65,14 @@ def test_redact_url(url: str, expected: str) -> None:
 def test_scrub_removes_credentials_from_library_messages() -> None:
     url = "https://robot:s3cr%40t@h.example/a.run?sig=abcdef"
     text = f"failed for {url} (user robot, password s3cr@t, sig abcdef)"
-    scrubbed = download._scrub(text, url)
+    scrubbed = urls.scrub(text, url)
     assert "s3cr" not in scrubbed and "robot" not in scrubbed and "abcdef" not in scrubbed
     assert "https://***@h.example/a.run?sig=***" in scrubbed
 
 
 def test_split_credentials() -> None:
-    assert download._split_credentials("https://u:p%3Aq@h/x") == ("https://h/x", ("u", "p:q"))
-    assert download._split_credentials("https://h/x") == ("https://h/x", None)
+    assert urls.split_credentials("https://u:p%3Aq@h/x") == ("https://h/x", ("u", "p:q"))
+    assert urls.split_credentials("https://h/x") == ("https://h/x", None)
 
 
 # ----------------------------------------------------------------------------- checksums
@@ -94,9 +97,9 @@ def test_parse_sha256sum_single_digest_and_garbage() -> None:
 
 
 def test_pin_is_normalized_and_validated() -> None:
-    assert download._normalize_pin(" SHA256:" + "AB" * 32 + " ") == "ab" * 32
+    assert checksums.normalize_pin(" SHA256:" + "AB" * 32 + " ") == "ab" * 32
     with pytest.raises(ConfigError):
-        download._normalize_pin("abc")
+        checksums.normalize_pin("abc")
 
 
 # ----------------------------------------------------------------------------- settings
@@ -118,19 +121,20 @@ def test_settings_reject_bad_values(kwargs: dict[str, object]) -> None:
 
 
 def test_retry_after_parsing() -> None:
-    assert download._retry_after("7") == 7.0
-    assert download._retry_after(None) is None
-    assert download._retry_after("soon") is None
-    assert download._retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
+    assert transport.parse_retry_after("7") == 7.0
+    assert transport.parse_retry_after(None) is None
+    assert transport.parse_retry_after("soon") is None
+    assert transport.parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
 
 
 # ----------------------------------------------------------------------------- module shape
 
 
 def test_requests_and_tenacity_are_imported_lazily() -> None:
-    tree = ast.parse(Path(download.__file__).read_text())
     top_level: set[str] = set()
-    for node in tree.body:
+    package = Path(delivery.__file__).parent
+    nodes = [n for f in sorted(package.glob("*.py")) for n in ast.parse(f.read_text()).body]
+    for node in nodes:
         if isinstance(node, ast.Import):
             top_level.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:

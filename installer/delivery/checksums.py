@@ -1,0 +1,48 @@
+"""SHA-256 values: pins, `sha256sum` files, and what a file is expected to hash to."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from installer.delivery.settings import VerifiedBy
+from installer.errors import ConfigError
+
+CHECKSUM_SUFFIX = ".sha256sum"
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Expected:
+    sha256: str
+    verified_by: VerifiedBy
+    origin: str
+
+
+def parse_sha256sum(text: str, name: str) -> str | None:
+    """The digest for `name` in `sha256sum` output (`<hex>  <name>`), or the only digest there."""
+    digests: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        fields = line.split(None, 1)
+        digest = fields[0].lower()
+        if not _SHA256_RE.match(digest):
+            continue
+        listed = fields[1].strip().lstrip("*") if len(fields) > 1 else ""
+        if listed and (listed == name or listed.rsplit("/", 1)[-1] == name):
+            return digest
+        digests.append(digest)
+    return digests[0] if len(digests) == 1 else None
+
+
+def normalize_pin(sha256: str) -> str:
+    pin = sha256.strip().lower()
+    if pin.startswith("sha256:"):
+        pin = pin[len("sha256:") :]
+    if not _SHA256_RE.match(pin):
+        raise ConfigError(f"the pinned SHA-256 {sha256!r} is not 64 hexadecimal digits")
+    return pin
+
+

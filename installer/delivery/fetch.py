@@ -1,0 +1,280 @@
+"""fetch_file: mirrors in order, one source at a time, verify, rename into place."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Optional
+
+from installer.delivery.cache import reuse, write_record
+from installer.delivery.checksums import (
+    CHECKSUM_SUFFIX,
+    Expected,
+    normalize_pin,
+    parse_sha256sum,
+)
+from installer.delivery.part import (
+    PART_SUFFIX,
+    Part,
+    check_space,
+    pump,
+    raise_write_error,
+)
+from installer.delivery.retry import with_retries
+from installer.delivery.settings import DownloadSettings, Fetched, VerifiedBy
+from installer.delivery.small import fetch_bytes
+from installer.delivery.transport import (
+    Http,
+    Transient,
+    body_readinto,
+    raise_for_status,
+    read_errors,
+    reason_of,
+)
+from installer.delivery.urls import local_path, redact_url, remote_name, scheme_of
+from installer.errors import (
+    ChecksumMismatch,
+    DownloadFailed,
+    DownloadForbidden,
+    DownloadNotFound,
+    HostLayoutError,
+)
+from installer.progress import Progress
+
+log = logging.getLogger("installer.download")
+_CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+
+
+def _http_attempt(
+    http: Http, url: str, part: Part, label: str, settings: DownloadSettings
+) -> None:
+    part.sync()
+    red = redact_url(url)
+    headers: dict[str, str] = {}
+    if part.size:
+        headers["Range"] = f"bytes={part.size}-"
+    resp = http.get(url, headers)
+    with resp:
+        status = resp.status_code
+        if status == 416:
+            log.warning("%s: server refused to resume at byte %d; starting over", red, part.size)
+            part.reset()
+            raise Transient("HTTP 416 range not satisfiable; restarting from zero")
+        raise_for_status(resp, url)
+        length_header = resp.headers.get("Content-Length")
+        body_length = int(length_header) if length_header and length_header.isdigit() else None
+        if status == 206:
+            match = _CONTENT_RANGE_RE.match(resp.headers.get("Content-Range", ""))
+            if match is None or int(match.group(1)) != part.size:
+                part.reset()
+                raise Transient(
+                    f"HTTP 206 with Content-Range {resp.headers.get('Content-Range')!r} "
+                    "that does not start where the partial file ends; restarting from zero"
+                )
+            total: int | None = (
+                int(match.group(3))
+                if match.group(3) != "*"
+                else (part.size + body_length if body_length is not None else None)
+            )
+        else:
+            if part.size:
+                log.info("%s: server ignored the Range request; downloading from the start", red)
+                part.reset()
+            total = body_length
+        if total is not None:
+            check_space(part.path.parent, total - part.size, label)
+        part.sources.add(url)
+        progress = Progress(label, total, mode=settings.progress, start=part.size, logger=log)
+        errors = read_errors()
+        got = pump(body_readinto(resp), part, progress, errors, lambda e: reason_of(e, url))
+        if body_length is not None and got < body_length:
+            raise Transient(f"short body: {got} of {body_length} bytes")
+        if total is not None and part.size != total:
+            raise Transient(f"file ended at {part.size} of {total} bytes")
+        progress.finish()
+
+
+def _copy_local(url: str, part: Part, label: str, settings: DownloadSettings) -> None:
+    red = redact_url(url)
+    path = local_path(url)
+    part.reset()
+    try:
+        src = path.open("rb")
+    except FileNotFoundError:
+        raise DownloadNotFound(f"{red}: no such file") from None
+    except PermissionError:
+        raise DownloadForbidden(f"{red}: permission denied") from None
+    except OSError as exc:
+        raise DownloadFailed(f"{red}: {exc.strerror or exc}") from None
+    with src:
+        total = os.fstat(src.fileno()).st_size
+        check_space(part.path.parent, total, label)
+        part.sources.add(url)
+        progress = Progress(label, total, mode=settings.progress, logger=log)
+        try:
+            pump(src.readinto, part, progress, (OSError,), str)
+        except Transient as exc:  # a local read error: retrying will not help
+            raise DownloadFailed(f"{red}: {exc}") from None
+    if part.size != total:
+        raise DownloadFailed(f"{red}: changed while being copied ({part.size} of {total} bytes)")
+    progress.finish()
+
+
+def published(
+    checksum_urls: Sequence[str], name: str, settings: DownloadSettings, http: Http
+) -> Expected | None:
+    """The digest published beside the file, or None when none is (404, refused)."""
+    for url in checksum_urls:
+        red = redact_url(url)
+        try:
+            text = fetch_bytes(url, settings, max_bytes=1 << 20, _http=http)
+        except (DownloadNotFound, DownloadForbidden) as exc:
+            # S3 answers 403, not 404, for a missing key when listing is not allowed.
+            log.info("no checksum file at %s (%s)", red, exc.message.rsplit(": ", 1)[-1])
+            continue
+        digest = parse_sha256sum(text.decode("utf-8", "replace"), name)
+        if digest is None:
+            raise DownloadFailed(f"{red}: no SHA-256 for {name} in the checksum file")
+        return Expected(digest, "published-sha256sum", f"published in {red}")
+    return None
+
+
+def _fetch_from(
+    url: str,
+    part: Part,
+    dest: Path,
+    expected: Expected | None,
+    checksum_urls: Sequence[str] | None,
+    settings: DownloadSettings,
+    http: Http,
+) -> Fetched:
+    scheme = scheme_of(url)
+    red = redact_url(url)
+    label = dest.name
+    if expected is None and checksum_urls is None:
+        expected = published([url + CHECKSUM_SUFFIX], remote_name(url), settings, http)
+    if expected is None:
+        log.warning("no published SHA-256 for %s: %s will not be verified", red, dest.name)
+    log.info("fetching %s from %s", dest.name, red)
+    started = time.monotonic()
+    received_before = part.received
+    for fresh in (False, True):
+        if scheme == "file":
+            _copy_local(url, part, label, settings)
+        else:
+            with_retries(lambda: _http_attempt(http, url, part, label, settings), settings, red)
+        actual = part.hasher.hexdigest()
+        if expected is None or actual == expected.sha256:
+            break
+        pieces = sorted(redact_url(s) for s in part.sources)
+        part.remove()
+        if len(pieces) > 1 and not fresh:
+            log.warning(
+                "%s: SHA-256 mismatch on a file pieced together from %s; downloading it again "
+                "from the start",
+                dest.name,
+                " and ".join(pieces),
+            )
+            continue
+        raise ChecksumMismatch(
+            f"{dest.name} from {red}: expected SHA-256 {expected.sha256} "
+            f"({expected.origin}), got {actual}"
+        )
+    try:
+        os.replace(part.path, dest)
+    except OSError as exc:
+        raise_write_error(exc, dest)
+    verified_by: VerifiedBy = expected.verified_by if expected else "none"
+    write_record(dest, actual, red, verified_by)
+    elapsed = max(time.monotonic() - started, 1e-9)
+    moved = part.received - received_before
+    log.info(
+        "fetched %s from %s: %.1f MB in %.1f s (%.1f MB/s), sha256 %s, verified by %s",
+        dest.name,
+        red,
+        dest.stat().st_size / 1e6,
+        elapsed,
+        moved / elapsed / 1e6,
+        actual,
+        verified_by,
+    )
+    return Fetched(dest, actual, red, part.received, False, verified_by)
+
+
+def fetch_file(
+    urls: Sequence[str],
+    dest_dir: Path,
+    filename: str,
+    *,
+    sha256: str | None = None,
+    checksum_urls: Sequence[str] | None = None,
+    settings: DownloadSettings | None = None,
+) -> Fetched:
+    """Make `dest_dir/filename` hold the file served at the first working URL of `urls`.
+
+    Reuses a file recorded by an earlier call (no network) when its size and the pin match.
+    Otherwise streams to `<filename>.part` (resuming one left behind), verifies it against the
+    pin, or the published `<url>.sha256sum` (or `checksum_urls`), renames it into place and
+    writes `<filename>.download.json`. Writes only under `dest_dir`.
+
+    Raises ChecksumMismatch (the file is deleted; other mirrors are not tried), InsufficientSpace,
+    DownloadNotFound / DownloadForbidden (every source answered so), DownloadFailed (otherwise,
+    listing each source's last error), HostLayoutError (dest_dir not writable), ConfigError (a
+    malformed pin).
+    """
+    settings = settings or DownloadSettings()
+    sources = list(urls)
+    if not sources:
+        raise ValueError("fetch_file needs at least one URL")
+    if not filename or "/" in filename or filename in (".", ".."):
+        raise ValueError(f"not a plain file name: {filename!r}")
+    pin = normalize_pin(sha256) if sha256 else None
+    try:
+        dest_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HostLayoutError(f"cannot create {dest_dir}: {exc.strerror or exc}") from None
+    dest = dest_dir / filename
+    cached = reuse(dest, pin)
+    if cached is not None:
+        log.info(
+            "using %s from the cache (sha256 %s, verified by %s)",
+            dest,
+            cached.sha256,
+            cached.verified_by,
+        )
+        return cached
+
+    http = Http(settings)
+    part = Part(dest_dir / (filename + PART_SUFFIX))
+    try:
+        expected: Optional[Expected] = (
+            Expected(pin, "pin", "the pinned value") if pin is not None else None
+        )
+        if expected is None and checksum_urls is not None:
+            expected = published(list(checksum_urls), filename, settings, http)
+        failures: list[DownloadFailed] = []
+        for url in sources:
+            try:
+                return _fetch_from(url, part, dest, expected, checksum_urls, settings, http)
+            except DownloadFailed as exc:
+                failures.append(exc)
+                if len(sources) > 1:
+                    log.warning("source failed: %s", exc.message)
+        raise all_failed(failures)
+    finally:
+        http.close()
+
+
+def all_failed(failures: list[DownloadFailed]) -> DownloadFailed:
+    if len(failures) == 1:
+        return failures[0]
+    lines = "\n".join(f"  - {exc.message}" for exc in failures)
+    message = f"all {len(failures)} sources failed:\n{lines}"
+    kinds = {type(exc) for exc in failures}
+    if len(kinds) == 1 and kinds.pop() in (DownloadNotFound, DownloadForbidden):
+        return type(failures[0])(message, hint=failures[0].hint)
+    return DownloadFailed(message)

@@ -1,0 +1,202 @@
+"""The `.part` file: resume, the running hash of what is on disk, streaming into it."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import queue
+import shutil
+import threading
+from pathlib import Path
+from typing import Any, Callable, NoReturn, Optional
+
+from installer.delivery.transport import Transient
+from installer.errors import HostLayoutError, InsufficientSpace
+from installer.progress import Progress
+
+log = logging.getLogger("installer.download")
+
+# Large chunks keep the per-chunk Python overhead (hash update, write, progress check) small
+# next to the kernel's copies; four 1 MiB buffers in flight keep memory flat.
+CHUNK_SIZE = 1 << 20
+PART_SUFFIX = ".part"
+
+
+class Part:
+    """`<name>.part`: what is on disk and the running hash of exactly those bytes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.hasher = hashlib.sha256()
+        self.size = 0
+        self.known = False
+        self.sources: set[str] = set()
+        self.received = 0  # bytes moved over the network/copied by this call
+
+    def sync(self) -> None:
+        """Bring the hash up to date with the file (hashes a part left by an earlier run once)."""
+        try:
+            on_disk = self.path.stat().st_size
+        except FileNotFoundError:
+            on_disk = -1
+        if self.known and on_disk == self.size:
+            return
+        self.hasher = hashlib.sha256()
+        self.size = 0
+        self.known = True
+        if on_disk <= 0:
+            return
+        buf = bytearray(CHUNK_SIZE)
+        view = memoryview(buf)
+        try:
+            with self.path.open("rb") as handle:
+                while True:
+                    n = handle.readinto(buf)
+                    if not n:
+                        break
+                    self.hasher.update(view[:n])
+                    self.size += n
+        except OSError as exc:
+            log.warning("cannot read %s (%s); starting over", self.path, exc)
+            self.reset()
+            return
+        if self.size:
+            log.info("resuming %s from %.1f MB", self.path.name, self.size / 1e6)
+            self.sources.add("an earlier run")
+
+    def reset(self) -> None:
+        try:
+            with self.path.open("wb"):
+                pass
+        except OSError as exc:
+            raise_write_error(exc, self.path)
+        self.hasher = hashlib.sha256()
+        self.size = 0
+        self.known = True
+        self.sources.clear()
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.hasher = hashlib.sha256()
+        self.size = 0
+        self.known = True
+        self.sources.clear()
+
+
+def raise_write_error(exc: OSError, path: Path) -> NoReturn:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise InsufficientSpace(f"no space left writing {path}") from None
+    raise HostLayoutError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def check_space(directory: Path, needed: int, name: str) -> None:
+    free = shutil.disk_usage(directory).free
+    if needed > free:
+        raise InsufficientSpace(
+            f"{name} needs {needed / 1e6:.1f} MB in {directory}, only {free / 1e6:.1f} MB free"
+        )
+
+
+class BackgroundHash:
+    """Feeds chunks to a hash on a helper thread while the caller receives and writes the next.
+
+    hashlib releases the GIL for large updates, so SHA-256 overlaps the socket and disk work
+    instead of adding to it; a few fixed buffers circulate, so memory stays flat.
+    """
+
+    def __init__(self, hasher: Any, depth: int = 4) -> None:
+        self._hasher = hasher
+        self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        self._todo: queue.SimpleQueue[Optional[tuple[bytearray, int]]] = queue.SimpleQueue()
+        for _ in range(depth):
+            self._free.put(bytearray(CHUNK_SIZE))
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="sha256", daemon=True)
+        self._thread.start()
+
+    def buffer(self) -> bytearray:
+        return self._free.get()
+
+    def give_back(self, buf: bytearray) -> None:
+        self._free.put(buf)
+
+    def submit(self, buf: bytearray, n: int) -> None:
+        self._todo.put((buf, n))
+
+    def _run(self) -> None:
+        while True:
+            item = self._todo.get()
+            if item is None:
+                return
+            buf, n = item
+            try:
+                if self._error is None:
+                    self._hasher.update(memoryview(buf)[:n])
+            except BaseException as exc:  # surfaced by close() on the caller's thread
+                self._error = exc
+            finally:
+                self._free.put(buf)
+
+    def close(self) -> None:
+        """Waits until every submitted chunk is hashed."""
+        self._todo.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def pump(
+    readinto: Callable[[memoryview], int],
+    part: Part,
+    progress: Progress,
+    read_errors: tuple[type[BaseException], ...],
+    describe: Callable[[BaseException], str],
+) -> int:
+    """Append everything `readinto` yields to the part, hashing as it goes; fsync at the end.
+
+    On any exit the hash covers exactly the bytes written to the part, so a retry can resume.
+    """
+    got = 0
+    try:
+        out = part.path.open("ab")
+    except OSError as exc:
+        raise_write_error(exc, part.path)
+    hashing = BackgroundHash(part.hasher)
+    try:
+        with out:
+            while True:
+                buf = hashing.buffer()
+                try:
+                    n = readinto(memoryview(buf))
+                except read_errors as exc:
+                    hashing.give_back(buf)
+                    raise Transient(
+                        f"connection lost after {got} bytes of the body: {describe(exc)}"
+                    ) from None
+                if not n:
+                    hashing.give_back(buf)
+                    break
+                try:
+                    out.write(memoryview(buf)[:n])
+                except OSError as exc:
+                    hashing.give_back(buf)
+                    part.known = False
+                    raise_write_error(exc, part.path)
+                hashing.submit(buf, n)
+                part.size += n
+                part.received += n
+                got += n
+                progress.update(n)
+            try:
+                out.flush()
+                os.fsync(out.fileno())
+            except OSError as exc:
+                part.known = False
+                raise_write_error(exc, part.path)
+    finally:
+        hashing.close()
+    return got
+
+

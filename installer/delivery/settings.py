@@ -1,0 +1,54 @@
+"""What a download may cost and what it produced: DownloadSettings, Fetched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from installer.progress import ProgressMode, resolve_mode
+
+VerifiedBy = Literal["pin", "published-sha256sum", "none"]
+
+@dataclass(frozen=True)
+class DownloadSettings:
+    """How hard to try.
+
+    `retries` counts attempts after the first, per source (mirror). `read_timeout` is the
+    longest silence tolerated while waiting for headers or body bytes, not a limit on the whole
+    transfer. Backoff before retry n is drawn from [b/2, b], b = min(backoff_max,
+    backoff_initial * 2**(n-1)), unless the server's Retry-After (at most retry_after_max) says
+    otherwise. `progress`: "auto" (bar on a terminal, else log lines), "log", "bar", "none".
+    """
+
+    retries: int = 5
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+    backoff_initial: float = 1.0
+    backoff_max: float = 30.0
+    # A 429/503 Retry-After up to this many seconds is obeyed; a longer one falls back to backoff.
+    retry_after_max: float = 120.0
+    progress: ProgressMode = "auto"
+
+    def __post_init__(self) -> None:
+        if self.retries < 0:
+            raise ValueError("retries must be >= 0")
+        if self.connect_timeout <= 0 or self.read_timeout <= 0:
+            raise ValueError("timeouts must be > 0")
+        if self.backoff_initial < 0 or self.backoff_max < 0 or self.retry_after_max < 0:
+            raise ValueError("backoff values must be >= 0")
+        resolve_mode(self.progress)
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A verified (or knowingly unverified) file in the download dir."""
+
+    path: Path
+    sha256: str
+    source: str  # redacted: safe to log and to store in state records
+    bytes_transferred: int
+    from_cache: bool
+    verified_by: VerifiedBy
+
+

@@ -1,0 +1,86 @@
+"""Small files (catalogs, checksum files) read whole into memory."""
+
+from __future__ import annotations
+
+from installer.delivery.part import CHUNK_SIZE
+from installer.delivery.retry import with_retries
+from installer.delivery.settings import DownloadSettings
+from installer.delivery.transport import (
+    Http,
+    Transient,
+    raise_for_status,
+    read_errors,
+    reason_of,
+)
+from installer.delivery.urls import local_path, redact_url, scheme_of
+from installer.errors import DownloadFailed, DownloadForbidden, DownloadNotFound
+
+DEFAULT_MAX_BYTES = 16 << 20
+
+
+def fetch_bytes(
+    url: str,
+    settings: DownloadSettings | None = None,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    _http: Http | None = None,
+) -> bytes:
+    """The content of a small file (catalog, checksum file) over http(s) or file://.
+
+    Touches nothing on the host. Raises DownloadNotFound (404/410 or missing file),
+    DownloadForbidden (401/403 or unreadable file), DownloadFailed (other failures, retries
+    exhausted, or more than `max_bytes`).
+    """
+    settings = settings or DownloadSettings()
+    red = redact_url(url)
+    if scheme_of(url) == "file":
+        path = local_path(url)
+        try:
+            with path.open("rb") as handle:
+                data = handle.read(max_bytes + 1)
+        except FileNotFoundError:
+            raise DownloadNotFound(f"{red}: no such file") from None
+        except PermissionError:
+            raise DownloadForbidden(f"{red}: permission denied") from None
+        except OSError as exc:
+            raise DownloadFailed(f"{red}: {exc.strerror or exc}") from None
+        if len(data) > max_bytes:
+            raise DownloadFailed(f"{red}: larger than {max_bytes} bytes")
+        return data
+
+    http = _http or Http(settings)
+    errors = read_errors()
+
+    def attempt() -> bytes:
+        resp = http.get(url, {})
+        with resp:
+            raise_for_status(resp, url)
+            length = resp.headers.get("Content-Length")
+            if length is not None and length.isdigit() and int(length) > max_bytes:
+                raise DownloadFailed(f"{red}: {length} bytes, more than {max_bytes}")
+            chunks: list[bytes] = []
+            got = 0
+            try:
+                while got <= max_bytes:
+                    chunk = resp.raw.read(min(CHUNK_SIZE, max_bytes + 1 - got))
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    got += len(chunk)
+            except errors as exc:
+                raise Transient(
+                    f"connection lost after {got} bytes: {reason_of(exc, url)}"
+                ) from None
+            if got > max_bytes:
+                raise DownloadFailed(f"{red}: larger than {max_bytes} bytes")
+            if length is not None and length.isdigit() and got < int(length):
+                raise Transient(f"short body: {got} of {length} bytes")
+            return b"".join(chunks)
+
+    try:
+        return with_retries(attempt, settings, red)
+    finally:
+        if _http is None:
+            http.close()
+
+
