@@ -26,6 +26,7 @@ def _download_settings(config: Config) -> Any:
         retries=config.retries,
         connect_timeout=config.connect_timeout,
         read_timeout=config.read_timeout,
+        allow_unverified=config.allow_unverified,
     )
 
 

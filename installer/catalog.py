@@ -132,7 +132,9 @@ def load(source: str | None, fetch: Fetch) -> Catalog:
         except Exception as exc:  # any failure of the injected fetcher means "unavailable"
             detail = getattr(exc, "message", None) or str(exc) or type(exc).__name__
             raise CatalogUnavailable(f"catalog {shown} could not be fetched: {detail}") from exc
-        return parse(data, shown)
+        # Whoever serves a remote catalog must not make this node run one of its own files.
+        remote = not source.startswith("file://")
+        return parse(data, shown, remote=remote)
     try:
         data = Path(source).read_bytes()
     except OSError as exc:
@@ -152,29 +154,22 @@ def shipped() -> Catalog:
 
 
 def redact(url: str) -> str:
-    """`url` without user:password (never logged or shown)."""
-    from urllib.parse import urlsplit, urlunsplit
+    """`url` without user:password or secret query values (never logged or shown)."""
+    from installer.delivery.urls import redact_url
 
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
+    return redact_url(url)
 
 
-def parse(data: bytes | str, source: str) -> Catalog:
-    """A Catalog from releases.json content; raises CatalogUnavailable when malformed."""
+def parse(data: bytes | str, source: str, *, remote: bool = False) -> Catalog:
+    """A Catalog from releases.json content; raises CatalogUnavailable when malformed.
+
+    A `remote` catalog (fetched over http(s)) may name http(s) runfile URLs only."""
     try:
         document = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CatalogUnavailable(f"catalog {source} is not valid JSON: {exc}") from exc
     try:
-        branches = _branches(document)
+        branches = _branches(document, remote)
     except _Malformed as exc:
         raise CatalogUnavailable(f"catalog {source} is malformed: {exc}") from exc
     if not branches:
@@ -186,7 +181,20 @@ class _Malformed(Exception):
     pass
 
 
-def _branches(document: Any) -> tuple[Branch, ...]:
+def _check_runfile_url(where: str, url: str, remote: bool) -> None:
+    from installer.delivery.urls import control_character
+
+    bad = control_character(url)
+    if bad is not None:
+        raise _Malformed(f"{where} holds a control character ({bad})")
+    if remote and url.lower().startswith("file:"):
+        raise _Malformed(
+            f"{where} is {redact(url)!r}: a catalog fetched over the network may name "
+            "http:// and https:// URLs only (file:// is for the operator's own settings)"
+        )
+
+
+def _branches(document: Any, remote: bool = False) -> tuple[Branch, ...]:
     if not isinstance(document, dict):
         raise _Malformed("the top level must be an object keyed by branch")
     branches: list[Branch] = []
@@ -201,7 +209,7 @@ def _branches(document: Any) -> tuple[Branch, ...]:
         infos = value.get("driver_info")
         if not isinstance(infos, list) or not infos:
             raise _Malformed(f"branch {key}: 'driver_info' must be a non-empty list")
-        releases = [_release(key, index, info) for index, info in enumerate(infos)]
+        releases = [_release(key, index, info, remote) for index, info in enumerate(infos)]
         # The file lists newest first; sorting guards against a hand-edited mirror.
         releases.sort(key=lambda r: version_key(r.version), reverse=True)
         branches.append(Branch(major=int(key), type=kind.lower(), releases=tuple(releases)))
@@ -209,7 +217,7 @@ def _branches(document: Any) -> tuple[Branch, ...]:
     return tuple(branches)
 
 
-def _release(branch: str, index: int, info: Any) -> Release:
+def _release(branch: str, index: int, info: Any, remote: bool = False) -> Release:
     where = f"branch {branch}, driver_info[{index}]"
     if not isinstance(info, dict):
         raise _Malformed(f"{where}: must be an object")
@@ -221,6 +229,9 @@ def _release(branch: str, index: int, info: Any) -> Release:
     urls = info.get("runfile_url", {})
     if not isinstance(urls, dict):
         raise _Malformed(f"{where}: runfile_url must be an object keyed by architecture")
+    for arch, url in urls.items():
+        if isinstance(url, str):
+            _check_runfile_url(f"{where}: runfile_url[{arch!r}]", url, remote)
     runfiles = tuple(
         (str(arch), url)
         for arch, url in sorted(urls.items())

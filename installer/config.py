@@ -166,6 +166,14 @@ SETTINGS: tuple[Setting, ...] = (
         "Where a failure's reference and hint are written for `kubectl describe pod` "
         "(only if the file exists, as Kubernetes creates it).",
     ),
+    # issue 14
+    Setting(
+        "allow_unverified",
+        "NVIDIA_DRIVER_ALLOW_UNVERIFIED",
+        "false",
+        "Accept a downloaded .run that no SHA-256 (pin or published .sha256sum) vouches for.",
+        flag_is_switch=True,
+    ),
 )
 
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
@@ -208,6 +216,7 @@ class Config:
     allow_no_gpu: bool = False
     log_format: str = "text"
     termination_log: str = "/dev/termination-log"
+    allow_unverified: bool = False  # issue 14
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def module_args_for(self, module: str) -> list[str]:
@@ -271,7 +280,16 @@ def _required_host_path(value: str, setting: Setting) -> PurePosixPath:
 def _url(value: str, setting: Setting) -> str | None:
     if not value:
         return None
-    if not re.match(r"^(https?|file)://\S+$", value):
+    from installer.delivery.urls import control_character
+
+    bad = control_character(value)
+    if bad is not None:
+        raise ConfigError(
+            f"{setting.env}={_redact(value)!r} holds a control character ({bad}): "
+            "a pasted newline or tab is not part of a URL",
+            hint=f"Set {setting.env} to the URL alone, without trailing whitespace.",
+        )
+    if not re.match(r"^(https?|file)://\S+\Z", value):
         raise ConfigError(f"{setting.env}={_redact(value)!r} must be an http(s):// or file:// URL")
     return value
 
@@ -324,7 +342,9 @@ def _optional_text(value: str, setting: Setting) -> str | None:
 
 
 def _redact(url: str) -> str:
-    return re.sub(r"//[^/@]*@", "//***@", url)
+    from installer.delivery.urls import redact_url
+
+    return redact_url(url)
 
 
 _PARSERS: dict[str, Callable[[str, Setting], object]] = {
@@ -354,6 +374,7 @@ _PARSERS: dict[str, Callable[[str, Setting], object]] = {
     "allow_no_gpu": _switch,
     "log_format": _choice("text", "json"),
     "termination_log": _text,
+    "allow_unverified": _switch,  # issue 14
 }
 
 

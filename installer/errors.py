@@ -278,3 +278,13 @@ def all_error_types() -> list[type[InstallerError]]:
         found.append(cls)
         pending.extend(cls.__subclasses__())
     return sorted(found, key=lambda c: c.exit_code)
+
+
+# issue 14
+class UnverifiedDownload(DownloadFailed):
+    reference = "download-unverified"
+    exit_code = 26
+    default_hint = (
+        "Pin the file's SHA-256 (NVIDIA_DRIVER_SHA256), publish <file>.sha256sum beside it, or "
+        "accept unverified files knowingly with NVIDIA_DRIVER_ALLOW_UNVERIFIED=true."
+    )

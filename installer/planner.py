@@ -7,6 +7,7 @@ from pathlib import Path
 
 from installer import catalog, host, kernel, steps, versions
 from installer.config import Config
+from installer.delivery.urls import redact_url
 from installer.errors import ConfigError, NoNvidiaGpu
 from installer.hostroot import HostRoot
 from installer.layout import Layout
@@ -68,7 +69,7 @@ def make_plan(
         default_url = versions.runfile_url(resolution.version, facts.arch, config.branch_path,
                                            catalog=shipped_or_custom)
         urls = runfile.download_urls(config, resolution.version, facts.arch, default_url)
-        decisions.append(Decision("download", urls[0], _url_reason(config, urls)))
+        decisions.append(Decision("download", redact_url(urls[0]), _url_reason(config, urls)))
         headers = kernel.find_headers(root, facts.kernel_release) or (
             kernel.find_container_headers(facts.kernel_release))
         decisions.append(_headers_decision(headers, facts.kernel_release, facts.distro.family))
@@ -161,7 +162,7 @@ def _source_reason(config: Config, facts: host.HostFacts, source: str) -> str:
 def _url_reason(config: Config, urls: list[str]) -> str:
     if config.download_url:
         return "NVIDIA_DRIVER_DOWNLOAD_URL"
-    tried = ", ".join(urls)
+    tried = ", ".join(redact_url(url) for url in urls)
     return f"tried in order: {tried}" if len(urls) > 1 else "default location"
 
 

@@ -51,6 +51,7 @@ class Route:
     stall_after: Optional[int] = None  # ...before the headers (None) or after N body bytes
     stall_times: Optional[int] = None  # None: on every request
     headers: dict[str, str] = field(default_factory=dict)
+    no_length: bool = False  # no Content-Length: the body ends when the server closes (RFC 9112)
 
 
 @dataclass
@@ -236,7 +237,11 @@ class _Handler(BaseHTTPRequestHandler):
             status = 206
         self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(end - start + 1))
+        if route.no_length:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        else:
+            self.send_header("Content-Length", str(end - start + 1))
         self.send_header("Accept-Ranges", "none" if route.ignore_range else "bytes")
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")

@@ -83,6 +83,7 @@ def find_cached(dest_dir: Path, filename: str, *, sha256: str | None = None) -> 
 def reuse(dest: Path, pin: str | None) -> Fetched | None:
     cached = find_cached(dest.parent, dest.name, sha256=pin)
     if cached is not None:
+        _private(dest)
         return cached
     if not dest.exists():
         return None
@@ -96,6 +97,7 @@ def reuse(dest: Path, pin: str | None) -> Fetched | None:
         except OSError as exc:
             raise HostLayoutError(f"cannot read {dest}: {exc.strerror or exc}") from None
         if digest.hexdigest() == pin:
+            _private(dest)
             write_record(dest, pin, "already present", "pin")
             return Fetched(dest, pin, "already present", 0, True, "pin")
     log.info(
@@ -110,3 +112,13 @@ def reuse(dest: Path, pin: str | None) -> Fetched | None:
     return None
 
 
+
+
+def _private(path: Path) -> None:
+    """Cached files stay readable by root only (the install dir is mounted into GPU pods);
+    files cached by older installers were world-readable."""
+    try:
+        if path.stat().st_mode & 0o077:
+            os.chmod(path, 0o600)
+    except OSError as exc:
+        raise HostLayoutError(f"cannot restrict access to {path}: {exc.strerror or exc}") from None

@@ -42,6 +42,7 @@ from installer.errors import (
     DownloadForbidden,
     DownloadNotFound,
     HostLayoutError,
+    UnverifiedDownload,
 )
 from installer.progress import Progress
 
@@ -158,6 +159,11 @@ def _fetch_from(
     if expected is None and checksum_urls is None:
         expected = published([url + CHECKSUM_SUFFIX], remote_name(url), settings, http)
     if expected is None:
+        if scheme != "file" and not settings.allow_unverified:
+            raise UnverifiedDownload(
+                f"{dest.name} from {red}: no SHA-256 to verify it against (no pin, no "
+                "published .sha256sum); refusing to download a file nobody vouches for"
+            )
         log.warning("no published SHA-256 for %s: %s will not be verified", red, dest.name)
     log.info("fetching %s from %s", dest.name, red)
     started = time.monotonic()
@@ -275,6 +281,10 @@ def all_failed(failures: list[DownloadFailed]) -> DownloadFailed:
     lines = "\n".join(f"  - {exc.message}" for exc in failures)
     message = f"all {len(failures)} sources failed:\n{lines}"
     kinds = {type(exc) for exc in failures}
-    if len(kinds) == 1 and kinds.pop() in (DownloadNotFound, DownloadForbidden):
+    if len(kinds) == 1 and kinds.pop() in (
+        DownloadNotFound,
+        DownloadForbidden,
+        UnverifiedDownload,
+    ):
         return type(failures[0])(message, hint=failures[0].hint)
     return DownloadFailed(message)

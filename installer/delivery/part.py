@@ -10,7 +10,7 @@ import queue
 import shutil
 import threading
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Optional
+from typing import Any, BinaryIO, Callable, NoReturn, Optional
 
 from installer.delivery.transport import Transient
 from installer.errors import HostLayoutError, InsufficientSpace
@@ -66,10 +66,22 @@ class Part:
             log.info("resuming %s from %.1f MB", self.path.name, self.size / 1e6)
             self.sources.add("an earlier run")
 
+    def open_append(self) -> BinaryIO:
+        """The part for appending; created, and kept, readable by root only."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            # A part left by an older installer may be world-readable: the install dir's cache
+            # is mounted into GPU pods.
+            os.fchmod(fd, 0o600)
+            return os.fdopen(fd, "ab")
+        except BaseException:
+            os.close(fd)
+            raise
+
     def reset(self) -> None:
         try:
-            with self.path.open("wb"):
-                pass
+            with self.open_append() as handle:
+                handle.truncate(0)
         except OSError as exc:
             raise_write_error(exc, self.path)
         self.hasher = hashlib.sha256()
@@ -89,6 +101,20 @@ def raise_write_error(exc: OSError, path: Path) -> NoReturn:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         raise InsufficientSpace(f"no space left writing {path}") from None
     raise HostLayoutError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _fail_write(exc: OSError, part: Part) -> NoReturn:
+    """A part that filled the disk is dropped: kept, it would leave the node's disk full (with
+    no Content-Length nothing warned before the writes)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            part.remove()
+        except OSError as remove_exc:
+            log.warning("cannot remove %s: %s", part.path, remove_exc)
+        raise InsufficientSpace(
+            f"no space left writing {part.path}; the partial file was removed"
+        ) from None
+    raise_write_error(exc, part.path)
 
 
 def check_space(directory: Path, needed: int, name: str) -> None:
@@ -160,7 +186,7 @@ def pump(
     """
     got = 0
     try:
-        out = part.path.open("ab")
+        out = part.open_append()
     except OSError as exc:
         raise_write_error(exc, part.path)
     hashing = BackgroundHash(part.hasher)
@@ -183,7 +209,7 @@ def pump(
                 except OSError as exc:
                     hashing.give_back(buf)
                     part.known = False
-                    raise_write_error(exc, part.path)
+                    _fail_write(exc, part)
                 hashing.submit(buf, n)
                 part.size += n
                 part.received += n
@@ -194,7 +220,7 @@ def pump(
                 os.fsync(out.fileno())
             except OSError as exc:
                 part.known = False
-                raise_write_error(exc, part.path)
+                _fail_write(exc, part)
     finally:
         hashing.close()
     return got

@@ -29,6 +29,9 @@ class DownloadSettings:
     # A 429/503 Retry-After up to this many seconds is obeyed; a longer one falls back to backoff.
     retry_after_max: float = 120.0
     progress: ProgressMode = "auto"
+    # A file that no pin or published .sha256sum vouches for is refused unless this is set;
+    # a file:// source (named only in the operator's settings) needs no vouching.
+    allow_unverified: bool = False
 
     def __post_init__(self) -> None:
         if self.retries < 0:

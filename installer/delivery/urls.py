@@ -16,6 +16,26 @@ _SECRET_QUERY_KEY_RE = re.compile(
 )
 
 
+def control_character(url: str) -> str | None:
+    """The first control character in `url` and where, e.g. `'\\n' at 31`, or None."""
+    for index, char in enumerate(url):
+        if ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0:
+            return f"{char!r} at {index}"
+    return None
+
+
+def check_url(url: str) -> None:
+    """Raises DownloadFailed for a URL holding control characters (a pasted newline, a tab).
+
+    urllib3 would quote or refuse them later with a misleading 404 or error."""
+    bad = control_character(url)
+    if bad is not None:
+        raise DownloadFailed(
+            f"{redact_url(url)!r}: control character {bad} in the URL",
+            hint="Remove the newline, tab or other control character from the URL.",
+        )
+
+
 def redact_url(url: str) -> str:
     """`url` safe to log: `user:pass@` becomes `***@` and secret-looking query values `***`."""
     try:
@@ -85,6 +105,8 @@ def local_path(url: str) -> Path:
 
 
 def scheme_of(url: str) -> str:
+    """The URL's scheme after checking it is supported and free of control characters."""
+    check_url(url)
     scheme = urlsplit(url).scheme.lower()
     if scheme not in SUPPORTED_SCHEMES:
         raise DownloadFailed(

@@ -8,6 +8,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from installer.errors import (
     DownloadForbidden,
     DownloadNotFound,
     InsufficientSpace,
+    UnverifiedDownload,
 )
 
 MiB = 1 << 20
@@ -41,6 +43,11 @@ def payload(size: int, seed: int = 0) -> bytes:
     """Deterministic, incompressible-enough bytes."""
     block = hashlib.sha256(str(seed).encode()).digest() * 2048  # 64 KiB
     return (block * (size // len(block) + 1))[:size] if seed == 0 else os.urandom(size)
+
+
+# Tests of what happens without any checksum accept unverified files, as the operator's
+# NVIDIA_DRIVER_ALLOW_UNVERIFIED=true would.
+UNVERIFIED_OK = replace(FAST, allow_unverified=True)
 
 
 def sha(data: bytes) -> str:
@@ -96,7 +103,7 @@ def test_no_published_checksum_downloads_unverified_with_warning(
     server.add(PATH, data)  # no .sha256sum: the server answers 404 for it
     caplog.set_level(logging.INFO, "installer.download")
 
-    got = fetch_file([server.url(PATH)], tmp_path, NAME, settings=FAST)
+    got = fetch_file([server.url(PATH)], tmp_path, NAME, settings=UNVERIFIED_OK)
 
     assert got.verified_by == "none"
     assert got.path.read_bytes() == data
@@ -106,13 +113,27 @@ def test_no_published_checksum_downloads_unverified_with_warning(
     )
 
 
+def test_no_checksum_from_any_source_is_refused_before_the_download(
+    server: FaultServer, data: bytes, tmp_path: Path
+) -> None:
+    server.add(PATH, data)  # no pin, and the .sha256sum answers 404
+
+    with pytest.raises(UnverifiedDownload) as info:
+        fetch_file([server.url(PATH), server.url("/other" + PATH)], tmp_path, NAME, settings=FAST)
+
+    assert info.value.exit_code == 26 and info.value.reference == "download-unverified"
+    assert "NVIDIA_DRIVER_ALLOW_UNVERIFIED" in info.value.hint
+    assert server.count(PATH) == 0  # not one byte of the unvouched file was fetched
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_s3_style_403_on_checksum_file_means_none_published(
     server: FaultServer, data: bytes, tmp_path: Path
 ) -> None:
     server.add(PATH, data)
     server.add(PATH + ".sha256sum", status=403)
 
-    got = fetch_file([server.url(PATH)], tmp_path, NAME, settings=FAST)
+    got = fetch_file([server.url(PATH)], tmp_path, NAME, settings=UNVERIFIED_OK)
 
     assert got.verified_by == "none"
     assert server.count(PATH + ".sha256sum") == 1
@@ -222,7 +243,7 @@ def test_credentials_in_url_are_sent_and_redacted_everywhere(
     url = server.url(PATH, userinfo="robot:s3cr3t-pa55")
 
     with pytest.raises(DownloadFailed) as info:
-        fetch_file([url], tmp_path, NAME, settings=FAST)
+        fetch_file([url], tmp_path, NAME, settings=UNVERIFIED_OK)
 
     sent = server.requests_for(PATH)[0].header("Authorization")
     assert sent is not None and sent.startswith("Basic ")

@@ -1,0 +1,99 @@
+"""Downloads that must not leave a node worse off: a full disk, cached files' modes
+(issue 9, items 4 and 10)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from httpfaults import FaultServer
+
+from installer.delivery import DownloadSettings, fetch_file
+
+REPO = Path(__file__).resolve().parents[2]
+NAME = "NVIDIA-Linux-x86_64-580.95.05.run"
+PATH = f"/tesla/580.95.05/{NAME}"
+FAST = DownloadSettings(retries=1, connect_timeout=2, read_timeout=2, backoff_initial=0.01,
+                        progress="none")
+
+
+@pytest.fixture
+def server() -> Iterator[FaultServer]:
+    with FaultServer() as srv:
+        yield srv
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+CHILD = """
+import json, sys
+from pathlib import Path
+from installer.delivery import DownloadSettings, fetch_file
+from installer.errors import InstallerError
+dest = Path(sys.argv[2])
+try:
+    fetch_file([sys.argv[1]], dest, sys.argv[3], sha256=sys.argv[4],
+               settings=DownloadSettings(retries=1, backoff_initial=0.01, progress="none"))
+    outcome = "fetched"
+except InstallerError as exc:
+    outcome = exc.reference
+print(json.dumps({"outcome": outcome, "left": sorted(p.name for p in dest.iterdir())}))
+"""
+
+
+def test_disk_full_without_content_length_leaves_no_part(
+    server: FaultServer, tmp_path: Path
+) -> None:
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("needs root and unshare to mount a small tmpfs")
+        pytest.skip("needs root and unshare to mount a small tmpfs")
+    data = os.urandom(6 << 20)
+    server.add(PATH, data, no_length=True)
+    dest = tmp_path / "small"
+    dest.mkdir()
+    # A real 2 MiB filesystem in a private mount namespace: the write fails with ENOSPC from
+    # the kernel, after the check for free space could not know the size.
+    script = 'mount -t tmpfs -o size=2m none "$1" && shift && exec "$@"'
+    proc = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(dest),
+         sys.executable, "-c", CHILD, server.url(PATH), str(dest), NAME, sha(data)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"outcome": "insufficient-space", "left": []}
+
+
+def test_downloaded_and_resumed_files_are_private(server: FaultServer, tmp_path: Path) -> None:
+    data = os.urandom(300_000)
+    server.add(PATH, data, reset_after=100_000)
+    os.umask(0o022)
+    got = fetch_file([server.url(PATH)], tmp_path, NAME, sha256=sha(data), settings=FAST)
+    assert stat.S_IMODE(got.path.stat().st_mode) == 0o600
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_a_world_readable_cached_file_is_made_private_when_reused(
+    server: FaultServer, tmp_path: Path
+) -> None:
+    data = b"#!/bin/sh\necho fake runfile\n"
+    server.add(PATH, data)
+    first = fetch_file([server.url(PATH)], tmp_path, NAME, sha256=sha(data), settings=FAST)
+    first.path.chmod(0o644)  # as an older installer left it
+
+    again = fetch_file([server.url(PATH)], tmp_path, NAME, sha256=sha(data), settings=FAST)
+
+    assert again.from_cache and server.count(PATH) == 1
+    assert stat.S_IMODE(again.path.stat().st_mode) == 0o600
