@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
@@ -173,6 +174,46 @@ class BackgroundHash:
             raise self._error
 
 
+# Written bytes are handed to the disk in the background every this many bytes, so the final
+# fsync waits for the last stretch only instead of the whole file.
+SYNC_EVERY = 32 << 20
+
+
+class BackgroundSync:
+    """fdatasync on a helper thread while the transfer goes on (the call releases the GIL)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._wanted = threading.Event()
+        self._stop = False
+        self._error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="fdatasync", daemon=True)
+        self._thread.start()
+
+    def request(self) -> None:
+        self._wanted.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            if self._stop:
+                return
+            try:
+                os.fdatasync(self._fd)
+            except OSError as exc:
+                self._error = exc
+                return
+
+    def close(self) -> None:
+        """Stops the thread; raises what a background sync ran into (EIO, ENOSPC)."""
+        self._stop = True
+        self._wanted.set()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
 def pump(
     readinto: Callable[[memoryview], int],
     part: Part,
@@ -182,7 +223,10 @@ def pump(
 ) -> int:
     """Append everything `readinto` yields to the part, hashing as it goes; fsync at the end.
 
-    On any exit the hash covers exactly the bytes written to the part, so a retry can resume.
+    `readinto` may return fewer bytes than asked (one socket read); each buffer is filled by
+    several calls. When the connection breaks, what was already received is still written, so
+    the part ends at the exact byte received and a retry resumes there. On any exit the hash
+    covers exactly the bytes written to the part.
     """
     got = 0
     try:
@@ -190,22 +234,31 @@ def pump(
     except OSError as exc:
         raise_write_error(exc, part.path)
     hashing = BackgroundHash(part.hasher)
+    syncing: BackgroundSync | None = None
+    unsynced = 0
     try:
         with out:
-            while True:
+            syncing = BackgroundSync(out.fileno())
+            lost: BaseException | None = None
+            while lost is None:
                 buf = hashing.buffer()
+                view = memoryview(buf)
+                n = 0
                 try:
-                    n = readinto(memoryview(buf))
+                    while n < CHUNK_SIZE:
+                        k = readinto(view[n:])
+                        if not k:
+                            break
+                        n += k
                 except read_errors as exc:
-                    hashing.give_back(buf)
-                    raise Transient(
-                        f"connection lost after {got} bytes of the body: {describe(exc)}"
-                    ) from None
+                    lost = exc
                 if not n:
                     hashing.give_back(buf)
-                    break
+                    if lost is None:
+                        break
+                    continue
                 try:
-                    out.write(memoryview(buf)[:n])
+                    out.write(view[:n])
                 except OSError as exc:
                     hashing.give_back(buf)
                     part.known = False
@@ -215,14 +268,34 @@ def pump(
                 part.received += n
                 got += n
                 progress.update(n)
+                unsynced += n
+                if unsynced >= SYNC_EVERY:
+                    unsynced = 0
+                    syncing.request()
+                if n < CHUNK_SIZE and lost is None:
+                    break  # end of the body
             try:
                 out.flush()
-                os.fsync(out.fileno())
+                sync_error = None
+                try:
+                    syncing.close()
+                except OSError as exc:
+                    sync_error = exc
+                syncing = None
+                if sync_error is not None:
+                    raise sync_error
+                if lost is None:
+                    os.fsync(out.fileno())
             except OSError as exc:
                 part.known = False
                 _fail_write(exc, part)
+            if lost is not None:
+                raise Transient(
+                    f"connection lost after {got} bytes of the body: {describe(lost)}"
+                ) from None
     finally:
+        if syncing is not None:
+            with contextlib.suppress(OSError):
+                syncing.close()
         hashing.close()
     return got
-
-

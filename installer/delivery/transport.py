@@ -187,13 +187,36 @@ def raise_for_status(resp: requests.Response, url: str) -> None:
 
 
 def body_readinto(resp: requests.Response) -> Callable[[memoryview], int]:
-    """The cheapest way to pull the body into our buffer.
+    """The cheapest way to pull the body into our buffer, one socket read per call.
 
-    http.client's readinto copies straight from the socket into the buffer; urllib3's own read
-    path adds two copies per chunk. We asked for identity encoding, so no decoding is skipped.
+    For a plain (not chunked) body this reads from http.client's socket file with `readinto1`:
+    straight from the socket into our buffer, no urllib3 copies, and a broken connection loses
+    nothing already received (a full-buffer `readinto` would drop its partial fill). We asked
+    for identity encoding, so no decoding is skipped.
     """
     raw = resp.raw
     fp = getattr(raw, "_fp", None)
+    sock_file = getattr(fp, "fp", None)
+    if (
+        fp is not None
+        and getattr(fp, "chunked", True) is False
+        and callable(getattr(sock_file, "readinto1", None))
+    ):
+        length = getattr(fp, "length", None)
+        left = [length if isinstance(length, int) else -1]
+        readinto1 = cast("Any", sock_file).readinto1
+
+        def readinto(view: memoryview) -> int:
+            if left[0] == 0:
+                return 0
+            if 0 < left[0] < len(view):
+                view = view[: left[0]]
+            n = int(readinto1(view))
+            if left[0] > 0:
+                left[0] -= n
+            return n
+
+        return readinto
     if fp is not None and callable(getattr(fp, "readinto", None)):
         return cast("Callable[[memoryview], int]", fp.readinto)
     return cast("Callable[[memoryview], int]", raw.readinto)

@@ -97,3 +97,18 @@ def test_a_world_readable_cached_file_is_made_private_when_reused(
 
     assert again.from_cache and server.count(PATH) == 1
     assert stat.S_IMODE(again.path.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("cut", [1, 100_000, (1 << 20) + 12_345, 3 << 20])
+def test_a_reset_resumes_at_the_exact_byte_received(
+    server: FaultServer, tmp_path: Path, cut: int
+) -> None:
+    data = os.urandom(4 << 20)
+    server.add(PATH, data, reset_after=cut)
+
+    got = fetch_file([server.url(PATH)], tmp_path, NAME, sha256=sha(data), settings=FAST)
+
+    assert got.path.read_bytes() == data
+    ranges = [r.header("Range") for r in server.requests_for(PATH)]
+    assert ranges == [None, f"bytes={cut}-"]  # nothing received is fetched twice
+    assert got.bytes_transferred == len(data)
