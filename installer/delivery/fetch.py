@@ -24,12 +24,13 @@ from installer.delivery.part import (
     pump,
     raise_write_error,
 )
-from installer.delivery.retry import with_retries
+from installer.delivery.retry import backoff_delay, with_retries
 from installer.delivery.settings import DownloadSettings, Fetched, VerifiedBy
 from installer.delivery.small import fetch_bytes
 from installer.delivery.transport import (
     Http,
     Transient,
+    Unreachable,
     body_readinto,
     raise_for_status,
     read_errors,
@@ -126,13 +127,20 @@ def _copy_local(url: str, part: Part, label: str, settings: DownloadSettings) ->
 
 
 def published(
-    checksum_urls: Sequence[str], name: str, settings: DownloadSettings, http: Http
+    checksum_urls: Sequence[str],
+    name: str,
+    settings: DownloadSettings,
+    http: Http,
+    *,
+    next_source: bool = False,
 ) -> Expected | None:
     """The digest published beside the file, or None when none is (404, refused)."""
     for url in checksum_urls:
         red = redact_url(url)
         try:
-            text = fetch_bytes(url, settings, max_bytes=1 << 20, _http=http)
+            text = fetch_bytes(
+                url, settings, max_bytes=1 << 20, _http=http, _next_source=next_source
+            )
         except (DownloadNotFound, DownloadForbidden) as exc:
             # S3 answers 403, not 404, for a missing key when listing is not allowed.
             log.info("no checksum file at %s (%s)", red, exc.message.rsplit(": ", 1)[-1])
@@ -157,7 +165,9 @@ def _fetch_from(
     red = redact_url(url)
     label = dest.name
     if expected is None and checksum_urls is None:
-        expected = published([url + CHECKSUM_SUFFIX], remote_name(url), settings, http)
+        expected = published(
+            [url + CHECKSUM_SUFFIX], remote_name(url), settings, http, next_source=True
+        )
     if expected is None:
         if scheme != "file" and not settings.allow_unverified:
             raise UnverifiedDownload(
@@ -172,7 +182,12 @@ def _fetch_from(
         if scheme == "file":
             _copy_local(url, part, label, settings)
         else:
-            with_retries(lambda: _http_attempt(http, url, part, label, settings), settings, red)
+            with_retries(
+                lambda: _http_attempt(http, url, part, label, settings),
+                settings,
+                red,
+                next_source=True,
+            )
         actual = part.hasher.hexdigest()
         if expected is None or actual == expected.sha256:
             break
@@ -262,15 +277,40 @@ def fetch_file(
         )
         if expected is None and checksum_urls is not None:
             expected = published(list(checksum_urls), filename, settings, http)
-        failures: list[DownloadFailed] = []
-        for url in sources:
-            try:
-                return _fetch_from(url, part, dest, expected, checksum_urls, settings, http)
-            except DownloadFailed as exc:
-                failures.append(exc)
-                if len(sources) > 1:
-                    log.warning("source failed: %s", exc.message)
-        raise all_failed(failures)
+        last: dict[str, DownloadFailed] = {}
+        pending = sources
+        rounds = settings.retries + 1
+        for round_no in range(1, rounds + 1):
+            unreachable: list[str] = []
+            for url in pending:
+                try:
+                    return _fetch_from(url, part, dest, expected, checksum_urls, settings, http)
+                except Unreachable as exc:
+                    # A dead mirror costs one failed connect, not a round of backoffs: the
+                    # list is retried as a whole below.
+                    unreachable.append(url)
+                    last[url] = DownloadFailed(
+                        f"{redact_url(url)}: {exc} (unreachable in {round_no} of {rounds} rounds)"
+                    )
+                    log.warning("%s: %s; trying the next source", redact_url(url), exc)
+                except DownloadFailed as exc:
+                    last[url] = exc
+                    if len(sources) > 1:
+                        log.warning("source failed: %s", exc.message)
+            if not unreachable or round_no == rounds:
+                break
+            delay = backoff_delay(settings, round_no)
+            log.warning(
+                "%d of %d sources unreachable; trying them again in %.1f s (round %d of %d)",
+                len(unreachable),
+                len(sources),
+                delay,
+                round_no + 1,
+                rounds,
+            )
+            time.sleep(delay)
+            pending = unreachable
+        raise all_failed([last[url] for url in sources if url in last])
     finally:
         http.close()
 

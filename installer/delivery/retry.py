@@ -7,7 +7,7 @@ import random
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from installer.delivery.settings import DownloadSettings
-from installer.delivery.transport import Transient
+from installer.delivery.transport import Transient, Unreachable
 from installer.errors import DownloadFailed
 
 if TYPE_CHECKING:
@@ -17,8 +17,21 @@ log = logging.getLogger("installer.download")
 T = TypeVar("T")
 
 
-def with_retries(fn: Callable[[], T], settings: DownloadSettings, what: str) -> T:
-    """Calls `fn` until it stops raising Transient, with jittered exponential backoff."""
+def backoff_delay(settings: DownloadSettings, attempt: int) -> float:
+    """The pause after failed attempt number `attempt` (1-based), jittered."""
+    base = min(settings.backoff_max, settings.backoff_initial * 2.0 ** (attempt - 1))
+    # Half fixed, half random: nodes that failed together do not retry together.
+    return base / 2 + random.uniform(0, base / 2)
+
+
+def with_retries(
+    fn: Callable[[], T], settings: DownloadSettings, what: str, *, next_source: bool = False
+) -> T:
+    """Calls `fn` until it stops raising Transient, with jittered exponential backoff.
+
+    With `next_source` (a mirror list goes on), Unreachable is raised at once: the caller
+    tries its next mirror and retries the list, not this one source.
+    """
     import tenacity
 
     attempts = settings.retries + 1
@@ -31,11 +44,7 @@ def with_retries(fn: Callable[[], T], settings: DownloadSettings, what: str) -> 
             and exc.retry_after <= settings.retry_after_max
         ):
             return exc.retry_after
-        base = min(
-            settings.backoff_max, settings.backoff_initial * 2.0 ** (state.attempt_number - 1)
-        )
-        # Half fixed, half random: nodes that failed together do not retry together.
-        return base / 2 + random.uniform(0, base / 2)
+        return backoff_delay(settings, state.attempt_number)
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
@@ -52,13 +61,18 @@ def with_retries(fn: Callable[[], T], settings: DownloadSettings, what: str) -> 
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(attempts),
         wait=wait,
-        retry=tenacity.retry_if_exception_type(Transient),
+        retry=tenacity.retry_if_exception(
+            lambda exc: isinstance(exc, Transient)
+            and not (next_source and isinstance(exc, Unreachable))
+        ),
         before_sleep=before_sleep,
         reraise=True,
     )
     try:
         return retrying(fn)
     except Transient as exc:
+        if next_source and isinstance(exc, Unreachable):
+            raise
         raise DownloadFailed(f"{what}: {exc} (gave up after {attempts} attempts)") from None
 
 

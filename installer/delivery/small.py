@@ -24,6 +24,7 @@ def fetch_bytes(
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     _http: Http | None = None,
+    _next_source: bool = False,
 ) -> bytes:
     """The content of a small file (catalog, checksum file) over http(s) or file://.
 
@@ -78,7 +79,7 @@ def fetch_bytes(
             return b"".join(chunks)
 
     try:
-        return with_retries(attempt, settings, red)
+        return with_retries(attempt, settings, red, next_source=_next_source)
     finally:
         if _http is None:
             http.close()

@@ -23,6 +23,11 @@ class Transient(Exception):
         self.retry_after = retry_after
 
 
+class Unreachable(Transient):
+    """No connection at all: the name does not resolve, the port refuses, the connect timed
+    out. Worth trying the next mirror at once rather than this one again."""
+
+
 @functools.cache
 def session_class() -> type[requests.Session]:
     import requests
@@ -107,7 +112,7 @@ class Http:
                 ),
             ) from None
         except requests.exceptions.ConnectTimeout:
-            raise Transient(
+            raise Unreachable(
                 f"connection timed out after {self.settings.connect_timeout:g} s"
             ) from None
         except requests.exceptions.ReadTimeout:
@@ -120,8 +125,30 @@ class Http:
             requests.exceptions.TooManyRedirects,
         ) as exc:
             raise DownloadFailed(f"{redact_url(url)}: {reason_of(exc, url)}") from None
+        except requests.exceptions.ConnectionError as exc:
+            if _never_connected(exc):
+                raise Unreachable(f"connection failed: {reason_of(exc, url)}") from None
+            raise Transient(f"connection failed: {reason_of(exc, url)}") from None
         except requests.exceptions.RequestException as exc:
             raise Transient(f"connection failed: {reason_of(exc, url)}") from None
+
+
+def _never_connected(exc: BaseException) -> bool:
+    """Whether the failure happened before a connection existed (DNS, refused, unroutable)."""
+    import urllib3
+
+    inner: object = exc
+    for _ in range(5):
+        if isinstance(inner, urllib3.exceptions.NewConnectionError):  # incl. NameResolutionError
+            return True
+        nxt = getattr(inner, "reason", None)
+        if nxt is None:
+            args = getattr(inner, "args", ())
+            nxt = args[0] if args and isinstance(args[0], BaseException) else None
+        if nxt is None:
+            return False
+        inner = nxt
+    return False
 
 
 def reason_of(exc: BaseException, url: str) -> str:

@@ -17,6 +17,7 @@ import pytest
 from httpfaults import FaultServer
 
 from installer.delivery import DownloadSettings, fetch_file
+from installer.errors import DownloadFailed
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "NVIDIA-Linux-x86_64-580.95.05.run"
@@ -39,6 +40,7 @@ CHILD = """
 import json, sys
 from pathlib import Path
 from installer.delivery import DownloadSettings, fetch_file
+from installer.errors import DownloadFailed
 from installer.errors import InstallerError
 dest = Path(sys.argv[2])
 try:
@@ -112,3 +114,70 @@ def test_a_reset_resumes_at_the_exact_byte_received(
     ranges = [r.header("Range") for r in server.requests_for(PATH)]
     assert ranges == [None, f"bytes={cut}-"]  # nothing received is fetched twice
     assert got.bytes_transferred == len(data)
+
+
+DEFAULT_BACKOFF = DownloadSettings(progress="none")  # 5 retries, 1 s initial backoff
+
+
+def dead_url(path: str) -> str:
+    dead = FaultServer()
+    url = dead.url(path)
+    dead.stop()  # the port is closed now: connection refused
+    return url
+
+
+def test_a_refusing_mirror_is_left_at_once_for_the_next(
+    server: FaultServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = os.urandom(1000)
+    server.add(PATH, data)
+    server.add(PATH + ".sha256sum", f"{sha(data)}  {NAME}\n".encode())
+    caplog.set_level("INFO", "installer.download")
+
+    got = fetch_file([dead_url(PATH), server.url(PATH)], tmp_path, NAME,
+                     settings=DEFAULT_BACKOFF)
+
+    assert got.source == server.url(PATH) and got.verified_by == "published-sha256sum"
+    assert "retrying in" not in caplog.text  # no backoff was spent on the dead mirror
+    assert caplog.text.count("trying the next source") == 1
+
+
+def test_a_mirror_that_does_not_resolve_is_left_at_once(
+    server: FaultServer, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    real = socket.getaddrinfo
+
+    def resolver(host: object, *args: object, **kwargs: object) -> object:
+        # What the resolver answers for a name that does not exist (no DNS in tests).
+        if host == "mirror.invalid":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    data = os.urandom(1000)
+    server.add(PATH, data)
+    caplog.set_level("INFO", "installer.download")
+
+    got = fetch_file([f"http://mirror.invalid{PATH}", server.url(PATH)], tmp_path, NAME,
+                     sha256=sha(data), settings=DEFAULT_BACKOFF)
+
+    assert got.source == server.url(PATH)
+    assert "retrying in" not in caplog.text
+
+
+def test_when_no_mirror_answers_the_list_is_retried_as_a_whole(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    urls = [dead_url("/a" + PATH), dead_url("/b" + PATH)]
+    caplog.set_level("INFO", "installer.download")
+
+    with pytest.raises(DownloadFailed) as info:
+        fetch_file(urls, tmp_path, NAME, sha256="a" * 64, settings=FAST)
+
+    assert "all 2 sources failed" in info.value.message
+    assert info.value.message.count("unreachable in 2 of 2 rounds") == 2
+    assert "2 of 2 sources unreachable; trying them again" in caplog.text
+    assert caplog.text.count("trying the next source") == 4  # 2 sources x 2 rounds
