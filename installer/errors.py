@@ -288,3 +288,32 @@ class UnverifiedDownload(DownloadFailed):
         "Pin the file's SHA-256 (NVIDIA_DRIVER_SHA256), publish <file>.sha256sum beside it, or "
         "accept unverified files knowingly with NVIDIA_DRIVER_ALLOW_UNVERIFIED=true."
     )
+
+
+class RegistryUnavailable(InstallerError):
+    reference = "registry-unavailable"
+    exit_code = 75
+    default_hint = (
+        "Check NVIDIA_MODULE_REGISTRY (host[:port]/repository), that the registry is up and "
+        "reachable from the node, and NVIDIA_MODULE_REGISTRY_PLAIN_HTTP for a registry without "
+        "TLS. On a node this only costs a compile; `installer prebuild --push` needs it."
+    )
+
+
+class RegistryAuthFailed(RegistryUnavailable):
+    reference = "registry-auth-failed"
+    exit_code = 76
+    default_hint = (
+        "The registry refused the credentials (or asked for some): set "
+        "NVIDIA_MODULE_REGISTRY_USERNAME and NVIDIA_MODULE_REGISTRY_PASSWORD (from a Secret) "
+        "to an account that may pull, and push when NVIDIA_MODULE_REGISTRY_PUSH is on."
+    )
+
+
+class ArtifactInvalid(RegistryUnavailable):
+    reference = "artifact-invalid"
+    exit_code = 77
+    default_hint = (
+        "The artifact in the registry does not match what it claims (a digest, its key or the "
+        "kernel's vermagic differ): delete its tag and publish it again from a good build."
+    )
