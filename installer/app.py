@@ -1,5 +1,5 @@
 """The commands behind the CLI, independent of click: run, plan, verify, status, uninstall,
-versions, download."""
+versions, download, prebuild."""
 
 from __future__ import annotations
 
@@ -217,3 +217,40 @@ def download_runfile(config: Config, dest: Path, arch: str) -> Path:
     name = runfile.runfile_name(resolution.version, arch)
     log.info("downloading %s (%s)", name, "; ".join(resolution.reasons))
     return fetch_runfile_for(config)(urls, dest, name)
+
+
+# Issue 14: the steps that produce (and publish) the modules of one key, nothing on the host.
+_PREBUILD_STEPS = ("fetch-runfile", "extract-runfile", "kernel-headers", "build-modules")
+
+
+def prebuild(config: Config, runner: Runner | None = None) -> str:
+    """Build the modules for `config.kernel_release` into the install dir's cache and, with
+    `module_registry_push`, publish them; returns the module dir or the pushed reference.
+    Loads nothing and installs nothing on the host. Raises the build's errors, and the
+    registry's (registry-unavailable, registry-auth-failed) when pushing."""
+    from dataclasses import replace
+
+    from installer.errors import ConfigError
+    from installer.sources import prebuilt
+
+    if config.module_registry_push and not config.module_registry:
+        raise ConfigError("--push needs NVIDIA_MODULE_REGISTRY (where to publish)")
+    # Never pull what we are asked to build; the lookup below only reports.
+    config = replace(config, allow_no_gpu=True, source="runfile")
+    runner = runner or SubprocessRunner()
+    root = HostRoot(config.root)
+    layout = Layout.from_config(config, root)
+    layout.install_local.mkdir(parents=True, exist_ok=True)
+    with state.HostLock(layout.lock_file, config.lock_timeout):
+        plan = build_plan(config, runner)
+        for decision in plan.decisions:
+            log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
+        for step in plan.steps:
+            if step.name in _PREBUILD_STEPS:
+                pipeline.run_step(step)
+        t = plan.context.target
+        built = layout.module_build(t.version, t.kernel, t.flavour)
+        if not config.module_registry_push:
+            return str(built)
+        artifact = prebuilt.publish(plan.context)
+        return f"{artifact.reference}"

@@ -128,6 +128,23 @@ def download(dest: Path, arch: str, **options: Any) -> None:
 
 
 @cli.command()
+@click.option("--kernel", "kernel_release_", required=True, metavar="RELEASE",
+              help="Kernel release to build for (need not be running; its headers must be "
+              "found as on a node).")
+@click.option("--push", is_flag=True, help="Publish the modules to NVIDIA_MODULE_REGISTRY.")
+@settings_options
+def prebuild(kernel_release_: str, push: bool, **options: Any) -> None:
+    """Compile the modules for a kernel ahead of time (CI, a Job before a node-pool upgrade)."""
+    from installer import app
+
+    options["kernel_release"] = kernel_release_
+    if push:
+        options["module_registry_push"] = True
+    config = make_config(options)
+    click.echo(app.prebuild(config))
+
+
+@cli.command()
 @settings_options
 def uninstall(**options: Any) -> None:
     """Unload the driver and remove everything the installer put on the host."""

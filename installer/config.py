@@ -174,6 +174,39 @@ SETTINGS: tuple[Setting, ...] = (
         "Accept a downloaded .run that no SHA-256 (pin or published .sha256sum) vouches for.",
         flag_is_switch=True,
     ),
+    Setting(
+        "module_registry",
+        "NVIDIA_MODULE_REGISTRY",
+        "",
+        "OCI repository (host[:port]/path) holding prebuilt kernel modules; `run` pulls a "
+        "matching artifact instead of compiling. Unset: always compile.",
+    ),
+    Setting(
+        "module_registry_plain_http",
+        "NVIDIA_MODULE_REGISTRY_PLAIN_HTTP",
+        "false",
+        "Talk to the module registry over plain HTTP (a registry without TLS).",
+        flag_is_switch=True,
+    ),
+    Setting(
+        "module_registry_push",
+        "NVIDIA_MODULE_REGISTRY_PUSH",
+        "false",
+        "Publish modules this node compiled to the module registry (needs push credentials).",
+        flag_is_switch=True,
+    ),
+    Setting(
+        "module_registry_username",
+        "NVIDIA_MODULE_REGISTRY_USERNAME",
+        "",
+        "User name for the module registry (from a Kubernetes Secret).",
+    ),
+    Setting(
+        "module_registry_password",
+        "NVIDIA_MODULE_REGISTRY_PASSWORD",
+        "",
+        "Password or token for the module registry (from a Kubernetes Secret; never logged).",
+    ),
 )
 
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
@@ -217,6 +250,11 @@ class Config:
     log_format: str = "text"
     termination_log: str = "/dev/termination-log"
     allow_unverified: bool = False  # issue 14
+    module_registry: str | None = None
+    module_registry_plain_http: bool = False
+    module_registry_push: bool = False
+    module_registry_username: str | None = None
+    module_registry_password: str | None = field(default=None, repr=False)
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def module_args_for(self, module: str) -> list[str]:
@@ -375,7 +413,28 @@ _PARSERS: dict[str, Callable[[str, Setting], object]] = {
     "log_format": _choice("text", "json"),
     "termination_log": _text,
     "allow_unverified": _switch,  # issue 14
+    "module_registry": lambda v, s: _registry(v, s),
+    "module_registry_plain_http": _switch,
+    "module_registry_push": _switch,
+    "module_registry_username": _optional_text,
+    "module_registry_password": _optional_text,
 }
+
+
+def _registry(value: str, setting: Setting) -> str | None:
+    """`host[:port]/path` as OCI references spell a repository (lower-case path)."""
+    value = value.strip()
+    if not value:
+        return None
+    if not re.match(
+        r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+\Z", value
+    ):
+        raise ConfigError(
+            f"{setting.env}={value!r} is not an OCI repository",
+            hint=f"Example: {setting.env}=registry.example.com/gpu/nvidia-modules "
+            "(no scheme, no tag).",
+        )
+    return value
 
 
 def _branch_path(value: str, setting: Setting) -> str:

@@ -92,6 +92,12 @@ def make_plan(
         gpu_addresses=tuple(g.address for g in facts.gpus),
     )
     ctx = Context(config, root, layout, runner, facts, target, fetch_runfile)
+    if source == "runfile":
+        from installer.sources import prebuilt  # issue 14
+
+        found = prebuilt.decision(ctx)
+        if found is not None:
+            decisions.append(found)
     return Plan(ctx, decisions, _steps(ctx), blockers)
 
 

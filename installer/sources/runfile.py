@@ -128,8 +128,10 @@ def install_userspace_argv(
 
 
 def runfile_steps(ctx: Context) -> list[Step]:
-    return [fetch_step(ctx), extract_step(ctx), headers_step(ctx), build_step(ctx),
-            userspace_step(ctx)]
+    from installer.sources import prebuilt  # issue 14: modules from a registry, when set
+
+    return [fetch_step(ctx), extract_step(ctx), *prebuilt.pull_steps(ctx), headers_step(ctx),
+            build_step(ctx), *prebuilt.publish_steps(ctx), userspace_step(ctx)]
 
 
 def _built(ctx: Context) -> bool:
