@@ -1,0 +1,113 @@
+"""Compile once per kernel, for real: node A (a CI job on this machine) builds the modules for
+the guest's kernel and publishes them to a real registry; node B, a freshly booted guest of
+the same kernel with every compiler made unusable, pulls, verifies and loads them."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import kit
+import pytest
+from hostkit import installer_env, make_debian_host, run_installer
+from httpfaults import serve_directory
+from registrykit import PASSWORD, USER, Registry
+
+from vm.guest_kernel import GuestKernel
+from vm.harness import FakeGpu, VmResult, boot_and_run
+
+pytestmark = pytest.mark.vm
+
+REPO = Path(__file__).resolve().parents[2]
+A = "580.105.08"
+INSTALL = "/home/kubernetes/bin/nvidia"
+REPOSITORY_PATH = "gpu/nvidia-modules"
+
+# Every compiler, assembler, linker and make a build could reach is replaced by a shim that
+# records its call and fails: a single compiler process on node B shows in compiler-calls.
+NODE_B = """
+ip link set lo up
+python3 -m http.server --bind 127.0.0.1 8000 --directory "$VM_FILES/www" >/dev/null 2>&1 &
+docker-registry serve {config} >/tmp/registry.log 2>&1 &
+for port in 8000 {port}; do
+  for _ in $(seq 200); do
+    python3 -c "import socket; socket.create_connection(('127.0.0.1', $port))" 2>/dev/null \\
+      && break
+    sleep 0.1
+  done
+done
+printf '#!/bin/sh\\necho "$0 $*" >> /tmp/compiler-calls\\nexit 1\\n' > /tmp/no-compiler
+chmod +x /tmp/no-compiler
+for p in /usr/bin/gcc* /usr/bin/cc /usr/bin/x86_64-linux-gnu-gcc* /usr/bin/make /usr/bin/ld* \\
+         /usr/bin/as /usr/bin/x86_64-linux-gnu-as /usr/lib/gcc/x86_64-linux-gnu/*/cc1; do
+  [ -e "$p" ] && mount --bind /tmp/no-compiler "$p"
+done
+export PYTHONPATH={repo} NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000
+export NVIDIA_INSTALL_DIR_HOST={install} NVIDIA_DRIVER_VERSION={version}
+export NVIDIA_MODULE_REGISTRY=127.0.0.1:{port}/{path} NVIDIA_MODULE_REGISTRY_PLAIN_HTTP=true
+export NVIDIA_MODULE_REGISTRY_USERNAME={user} NVIDIA_MODULE_REGISTRY_PASSWORD={password}
+step() {{ echo "@@ $1"; rc=0; shift; "$@" 2>&1 || rc=$?; echo "exit=$rc"; }}
+step shim-works gcc --version
+rm -f /tmp/compiler-calls
+step plan {python} -m installer plan
+step run {python} -m installer run
+echo "@@ state"
+grep -E '^nvidia' /proc/modules | cut -d' ' -f1 | sort
+head -1 /proc/driver/nvidia/version
+cat /tmp/compiler-calls 2>/dev/null || echo "no compiler process"
+"""
+
+
+@pytest.fixture(scope="module")
+def node_b(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VmResult]:
+    www = tmp_path_factory.mktemp("www")
+    kit.build_runfile(A, www / A)
+    registry = Registry(tmp_path_factory.mktemp("registry")).start()
+    try:
+        root = tmp_path_factory.mktemp("node-a")
+        kernel = make_debian_host(root, gpus=())
+        assert kernel == vm_kernel.release, "the headers and the guest kernel must match"
+        with serve_directory(www) as (base, _requests):
+            env = installer_env(
+                root, kernel, NVIDIA_DRIVER_VERSION=A, NVIDIA_DRIVER_MIRRORS=base,
+                NVIDIA_MODULE_REGISTRY=registry.repository(REPOSITORY_PATH),
+                NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true",
+                NVIDIA_MODULE_REGISTRY_USERNAME=USER, NVIDIA_MODULE_REGISTRY_PASSWORD=PASSWORD,
+            )
+            env.pop("NVIDIA_KERNEL_RELEASE")
+            built = run_installer(env, "prebuild", "--kernel", kernel, "--push", timeout=900)
+        assert built.returncode == 0, built.stderr[-3000:]
+    finally:
+        registry.stop()
+    script = NODE_B.format(
+        config=registry.workdir / "config.yml", port=registry.port, path=REPOSITORY_PATH,
+        repo=REPO, install=INSTALL, version=A, user=USER, password=PASSWORD,
+        python=sys.executable,
+    )
+    yield boot_and_run(script, gpus=[FakeGpu("0000:00:04.0", "0x2330")], files={"www": www},
+                       timeout=1500)
+
+
+def exit_of(section: str) -> int:
+    match = re.search(r"^exit=(\d+)$", section, re.MULTILINE)
+    assert match, section
+    return int(match.group(1))
+
+
+def test_node_b_loads_the_published_modules_with_no_compiler_process(node_b: VmResult) -> None:
+    assert node_b.exit_code == 0, node_b.console[-4000:]
+    assert exit_of(node_b.section("shim-works")) == 1  # the shims really stand in the way
+    plan = node_b.section("plan")
+    assert exit_of(plan) == 0, plan
+    assert re.search(r"prebuilt-modules: 127\.0\.0\.1:\d+/gpu/nvidia-modules@sha256:[0-9a-f]{64}",
+                     plan), plan
+    run = node_b.section("run")
+    assert exit_of(run) == 0, run
+    assert "using prebuilt modules" in run
+    assert "step build-modules: already satisfied" in run
+    state = node_b.section("state")
+    assert {"nvidia", "nvidia_modeset", "nvidia_uvm"} <= set(state.splitlines()), state
+    assert f"NVIDIA UNIX Open Kernel Module for x86_64  {A}" in state
+    assert "no compiler process" in state, state
