@@ -40,9 +40,12 @@ for port in 8000 {port}; do
 done
 printf '#!/bin/sh\\necho "$0 $*" >> /tmp/compiler-calls\\nexit 1\\n' > /tmp/no-compiler
 chmod +x /tmp/no-compiler
-for p in /usr/bin/gcc* /usr/bin/cc /usr/bin/x86_64-linux-gnu-gcc* /usr/bin/make /usr/bin/ld* \\
-         /usr/bin/as /usr/bin/x86_64-linux-gnu-as /usr/lib/gcc/x86_64-linux-gnu/*/cc1; do
-  [ -e "$p" ] && mount --bind /tmp/no-compiler "$p"
+# (Named one by one: a glob such as ld* would also catch /usr/bin/ld.so, the dynamic loader.)
+for p in /usr/bin/gcc /usr/bin/gcc-[0-9]* /usr/bin/cc /usr/bin/x86_64-linux-gnu-gcc-[0-9]* \\
+         /usr/bin/make /usr/bin/ld /usr/bin/ld.bfd /usr/bin/ld.gold /usr/bin/as \\
+         /usr/bin/x86_64-linux-gnu-as /usr/bin/x86_64-linux-gnu-ld \\
+         /usr/bin/x86_64-linux-gnu-ld.bfd /usr/lib/gcc/x86_64-linux-gnu/*/cc1; do
+  if [ -e "$p" ]; then mount --bind /tmp/no-compiler "$(readlink -f "$p")"; fi
 done
 export PYTHONPATH={repo} NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000
 export NVIDIA_INSTALL_DIR_HOST={install} NVIDIA_DRIVER_VERSION={version}
