@@ -94,3 +94,21 @@ def test_verify_without_a_record_expects_only_an_exact_pin(
     monkeypatch.setattr(verify, "verify", lambda **kwargs: seen.update(kwargs))
     app.verify_installed(from_env(root_env(tmp_path, NVIDIA_DRIVER_VERSION=version)))
     assert seen["expected_version"] == expected
+
+
+def test_termination_log_keeps_the_reference_of_a_long_message_within_4096_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from installer.errors import ModuleBuildFailed
+
+    termination = tmp_path / "termination-log"
+    termination.write_text("")
+    monkeypatch.setenv("NVIDIA_INSTALLER_TERMINATION_LOG", str(termination))
+    long_tail = "\n".join(f"cc1: error: ünsupported option {i}" for i in range(400))
+    cli.report_error(ModuleBuildFailed("building failed; last lines:\n" + long_tail))
+    data = termination.read_bytes()
+    assert data.startswith(b"error[module-build-failed]: building failed")
+    assert len(data) <= 4096
+    data.decode("utf-8")  # not cut inside a character
+    assert b"\nhint: See the compiler output" in data
+    assert "option 399\nhint:" in capsys.readouterr().err  # stderr keeps everything
