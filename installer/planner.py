@@ -120,6 +120,14 @@ def require_gpus(plan: Plan) -> None:
         raise NoNvidiaGpu("; ".join(plan.blockers))
 
 
+def require_go_ahead(plan: Plan) -> None:
+    """Raise what refuses this plan outright (read-only: nothing on the host has changed)."""
+    require_gpus(plan)
+    refusal = steps.secure_boot_refusal(plan.context)
+    if refusal is not None:
+        raise refusal
+
+
 def _flavour_reason(setting: str, flavour: str) -> str:
     if setting != "auto":
         return f"NVIDIA_KERNEL_MODULE_TYPE={setting}"

@@ -24,16 +24,24 @@ COMPLETE_MARKER = ".complete"
 NOUVEAU_BLACKLIST_TEXT = "blacklist nouveau\noptions nouveau modeset=0\n"
 
 
+def secure_boot_refusal(ctx: Context) -> SecureBootKeysMissing | None:
+    if ctx.facts.secure_boot.enabled is not True or ctx.config.signing_key is not None:
+        return None
+    return SecureBootKeysMissing(
+        "Secure Boot is enabled on this node and no module signing key is configured: "
+        "the kernel would reject the unsigned NVIDIA modules after a long compile "
+        f"({ctx.facts.secure_boot.detail})",
+    )
+
+
 def secure_boot_step(ctx: Context) -> Step:
     def satisfied() -> bool:
-        return ctx.facts.secure_boot.enabled is not True or ctx.config.signing_key is not None
+        return secure_boot_refusal(ctx) is None
 
     def apply() -> None:
-        raise SecureBootKeysMissing(
-            "Secure Boot is enabled on this node and no module signing key is configured: "
-            "the kernel would reject the unsigned NVIDIA modules after a long compile "
-            f"({ctx.facts.secure_boot.detail})",
-        )
+        refusal = secure_boot_refusal(ctx)
+        if refusal is not None:
+            raise refusal
 
     return Step("check-secure-boot", "refuse before compiling if Secure Boot would reject "
                 "unsigned modules", satisfied, apply)
