@@ -170,13 +170,13 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
             removed.append(str(READY_FILE))
         kernels = set(record.kernels if record else ()) | {host.kernel_release(root)}
         for kernel in sorted(kernels):
-            target = root.local(layout.host_modules_dir(kernel))
+            target = root.local_resolved(layout.host_modules_dir(kernel))
             if target.exists():
                 remove_tree(target)
                 removed.append(str(layout.host_modules_dir(kernel)))
                 runner.run(modules.depmod_argv(root, kernel), check=False, timeout=300)
         if record:
-            fw = root.local(layout.host_firmware_dir(record.version))
+            fw = root.local_resolved(layout.host_firmware_dir(record.version))
             if fw.exists():
                 remove_tree(fw)
                 removed.append(str(layout.host_firmware_dir(record.version)))

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from installer import catalog, host, kernel, steps, versions
-from installer.config import Config
+from installer.config import Config, check_build_path
 from installer.errors import ConfigError, NoNvidiaGpu
 from installer.hostroot import HostRoot
 from installer.layout import Layout
@@ -32,6 +32,9 @@ def make_plan(
     """
     root = HostRoot(config.root)
     layout = Layout.from_config(config, root)
+    # Host symlinks may lead the install dir or cache somewhere make would misread.
+    check_build_path("the install dir as reached here", layout.install_local)
+    check_build_path("the cache dir as reached here", layout.cache_local)
     facts = host.gather(root, kernel_override=config.kernel_release,
                         free_space_path=layout.install_local)
     running = host.kernel_release(root)

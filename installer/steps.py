@@ -166,13 +166,13 @@ def module_files_step(ctx: Context) -> Step:
     def satisfied() -> bool:
         if not _modules_dir_writable(ctx, target.kernel):
             return True
-        local = ctx.root.local(host_dir)
+        local = ctx.root.local_resolved(host_dir)
         return (local / ".installer-stamp").is_file() and (
             (local / ".installer-stamp").read_text() == stamp
         ) and modules.ko_files(local) == modules.ko_files(build)
 
     def apply() -> None:
-        local = ctx.root.local(host_dir)
+        local = ctx.root.local_resolved(host_dir)
         fresh = local.with_name(local.name + ".new")
         old = local.with_name(local.name + ".old")
         for leftover in (fresh, old):
@@ -196,7 +196,7 @@ def module_files_step(ctx: Context) -> Step:
 
 
 def _modules_dir_writable(ctx: Context, kernel: str) -> bool:
-    base = ctx.root.local(f"/lib/modules/{kernel}")
+    base = ctx.root.local_resolved(f"/lib/modules/{kernel}")
     return base.is_dir() and os.access(base, os.W_OK)
 
 
@@ -204,7 +204,7 @@ def _install_firmware(ctx: Context) -> None:
     source = ctx.layout.version_dir(ctx.target.version) / "firmware"
     if not source.is_dir() or not any(source.iterdir()):
         return
-    dest = ctx.root.local(ctx.layout.host_firmware_dir(ctx.target.version))
+    dest = ctx.root.local_resolved(ctx.layout.host_firmware_dir(ctx.target.version))
     try:
         dest.mkdir(parents=True, exist_ok=True)
         for item in source.iterdir():
