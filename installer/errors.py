@@ -278,3 +278,15 @@ def all_error_types() -> list[type[InstallerError]]:
         found.append(cls)
         pending.extend(cls.__subclasses__())
     return sorted(found, key=lambda c: c.exit_code)
+
+
+# issue 9
+class RunfileMismatch(InstallerError):
+    reference = "runfile-mismatch"
+    exit_code = 25
+    default_hint = (
+        "The download URL or mirror serves another driver than the planned version: point "
+        "NVIDIA_DRIVER_DOWNLOAD_URL (or the mirror) at the planned version's .run, or set "
+        "NVIDIA_DRIVER_VERSION to the file's version. The file was removed from the cache and "
+        "nothing on the host was changed."
+    )

@@ -106,11 +106,15 @@ def _steps(ctx: Context) -> list[Step]:
     # install-module-files; the packages' files fill versions/<ver> instead of nvidia-installer.
     dnf_source = ctx.target.source == "dnf"
     plan += dnf.dnf_steps(ctx) if dnf_source else runfile.runfile_steps(ctx)
+    # Stage everything on the host first, so the old driver is unloaded and the new one
+    # loaded back to back (issue 9).
+    if load:
+        plan.append(steps.driver_free_step(ctx))
+    if not dnf_source:
+        plan += [steps.module_files_step(ctx), steps.firmware_step(ctx)]
     if load:
         plan.append(steps.unload_old_step(ctx))
     plan.append(steps.activate_step(ctx))
-    if not dnf_source:
-        plan.append(steps.module_files_step(ctx))
     plan.append(steps.ld_cache_step(ctx))
     if load:
         plan += [steps.load_step(ctx), steps.device_nodes_step(ctx), steps.verify_step(ctx)]

@@ -76,6 +76,7 @@ def test_auto_on_rocky_with_the_cuda_repo_file_picks_dnf(tmp_path: Path) -> None
         "install-kernel-devel",
         "install-driver-packages",
         "populate-install-dir",
+        "check-driver-free",
         "unload-old-driver",
         "activate-install",
         "configure-ld-cache",
