@@ -33,6 +33,10 @@ A = "580.105.08"
 B = "580.126.20"
 GPUS = [FakeGpu("0000:00:04.0", "0x2330"), FakeGpu("0000:00:05.0", "0x2330")]
 INSTALL = "/home/kubernetes/bin/nvidia"
+# The DaemonSet's host mount at /root hides this machine's /root: keep what the guest runs from
+# there (a pyenv python, a checkout) at its path inside that view.
+KEPT = sorted({Path(p).parts[2] for p in (sys.executable, str(REPO))
+               if len(Path(p).parts) > 2 and Path(p).parts[1] == "root"})
 
 PRELUDE = f"""
 ip link set lo up
@@ -47,8 +51,10 @@ installer() {{ {sys.executable} -m installer "$@"; }}
 # The DaemonSet's view: host / at /root (ROOT_MOUNT_DIR), the install dir mounted at
 # /usr/local/nvidia, and the container's own /lib/firmware, which the kernel never reads.
 daemonset() {{
-  mkdir -p {INSTALL} /usr/local/nvidia
-  unshare --mount --propagation private -- sh -c 'mount --rbind / /root &&
+  mkdir -p {INSTALL} /usr/local/nvidia /run/vm-root-home {" ".join("/" + k for k in KEPT)}
+  unshare --mount --propagation private -- sh -c 'mount --bind /root /run/vm-root-home &&
+    mount --rbind / /root && {"".join(f"mount --bind /run/vm-root-home/{k} /root/{k} && "
+                                      for k in KEPT)}
     mount --bind {INSTALL} /usr/local/nvidia && mount -t tmpfs none /lib/firmware &&
     exec "$@"' sh env ROOT_MOUNT_DIR=/root NVIDIA_INSTALL_DIR_CONTAINER=/usr/local/nvidia \
     {sys.executable} -m installer "$@"
