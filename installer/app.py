@@ -63,12 +63,14 @@ def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutco
     """Install (or confirm) the planned driver under the host lock."""
     started = time.monotonic()
     runner = runner or SubprocessRunner()
-    root = HostRoot(config.root)
-    layout = Layout.from_config(config, root)
+    # Refusals (bad version, unsupported host, no GPU, Secure Boot without keys) come from a
+    # read-only plan, before the install dir or its lock exist.
+    # Every step probes the host again when it runs, so the plan stays valid under the lock.
+    plan = build_plan(config, runner)
+    planner.require_go_ahead(plan)
+    layout = plan.context.layout
     layout.install_local.mkdir(parents=True, exist_ok=True)
     with state.HostLock(layout.lock_file, config.lock_timeout):
-        plan = build_plan(config, runner)
-        planner.require_gpus(plan)
         for decision in plan.decisions:
             log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
         outcomes = pipeline.execute(plan)
@@ -169,13 +171,13 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
             removed.append(str(READY_FILE))
         kernels = set(record.kernels if record else ()) | {host.kernel_release(root)}
         for kernel in sorted(kernels):
-            target = root.local(layout.host_modules_dir(kernel))
+            target = root.local_resolved(layout.host_modules_dir(kernel))
             if target.exists():
                 remove_tree(target)
                 removed.append(str(layout.host_modules_dir(kernel)))
                 runner.run(modules.depmod_argv(root, kernel), check=False, timeout=300)
         if record:
-            fw = root.local(layout.host_firmware_dir(record.version))
+            fw = root.local_resolved(layout.host_firmware_dir(record.version))
             if fw.exists():
                 remove_tree(fw)
                 removed.append(str(layout.host_firmware_dir(record.version)))

@@ -20,7 +20,10 @@ SHIPPED = "installer/data/releases.json"
 
 # Digits and dots only, 2 or 3 components, a 3-digit major: the value ends up in URLs,
 # file names and argv, so nothing looser is accepted anywhere.
-VERSION_RE = re.compile(r"^(?P<major>[1-9]\d{2})\.(?P<minor>\d{1,3})(?:\.(?P<patch>\d{1,3}))?$")
+# re.ASCII: \d would otherwise accept any Unicode digit (Arabic-Indic, fullwidth, ...).
+VERSION_RE = re.compile(
+    r"^(?P<major>[1-9]\d{2})\.(?P<minor>\d{1,3})(?:\.(?P<patch>\d{1,3}))?$", re.ASCII
+)
 
 _URL_SCHEMES = ("http://", "https://", "file://")
 
@@ -166,6 +169,9 @@ def parse(data: bytes | str, source: str, *, remote: bool = False) -> Catalog:
     A `remote` catalog (fetched over http(s)) may name http(s) runfile URLs only."""
     try:
         document = json.loads(data)
+    except RecursionError as exc:
+        raise CatalogUnavailable(f"catalog {source} is nested too deeply to be a releases.json"
+                                 ) from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise CatalogUnavailable(f"catalog {source} is not valid JSON: {exc}") from exc
     try:

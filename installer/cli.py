@@ -22,6 +22,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 TERMINATION_LOG_ENV = "NVIDIA_INSTALLER_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_LIMIT = 4096
 
 
 def settings_options(func: F) -> F:
@@ -157,14 +158,27 @@ def uninstall(**options: Any) -> None:
 
 def report_error(error: InstallerError) -> None:
     """`error[<reference>]: message` + `hint:` on stderr and in Kubernetes' termination log."""
-    text = f"error[{error.reference}]: {error.message}"
-    if error.hint:
-        text += f"\nhint: {error.hint}"
+    hint = f"\nhint: {error.hint}" if error.hint else ""
+    text = f"error[{error.reference}]: {error.message}{hint}"
     click.echo(text, err=True)
     path = Path(os.environ.get(TERMINATION_LOG_ENV, DEFAULT_TERMINATION_LOG))
     if path.is_file():
         with contextlib.suppress(OSError):
-            path.write_text(text[-4000:] + "\n")
+            path.write_bytes(termination_message(f"error[{error.reference}]: {error.message}",
+                                                 hint))
+
+
+def termination_message(head: str, tail: str) -> bytes:
+    """`head` cut at its end, then `tail` (the hint), within Kubernetes' 4096-byte limit:
+    the reference at the start always survives."""
+    ending = tail.encode("utf-8", errors="replace") + b"\n"
+    data = head.encode("utf-8", errors="replace")
+    if len(data) + len(ending) > TERMINATION_LIMIT:
+        ending = (b"\n[... cut to fit the termination message]" + ending)[-TERMINATION_LIMIT // 2:]
+        ending = ending.decode("utf-8", errors="ignore").encode()
+        # Never end inside a multi-byte UTF-8 sequence.
+        data = data[: TERMINATION_LIMIT - len(ending)].decode("utf-8", errors="ignore").encode()
+    return data + ending
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -312,7 +312,32 @@ def _required_host_path(value: str, setting: Setting) -> PurePosixPath:
     path = _host_abs_path(value, setting)
     if path is None or path == PurePosixPath("/"):
         raise ConfigError(f"{setting.env} must be an absolute directory other than /")
-    return path
+    return check_build_path(setting.env, path)
+
+
+# Paths that reach make (M=, --tmpdir) and shells: make expands `$(...)` and splits on spaces,
+# so only characters with no meaning to make or sh are allowed.
+_BUILD_PATH = re.compile(r"^/[A-Za-z0-9._+@/-]*$", re.ASCII)
+
+
+def check_build_path(what: str, path: PurePosixPath | Path) -> PurePosixPath:
+    """`path` unchanged if it is safe to pass to make and sh; else ConfigError naming `what`."""
+    if not _BUILD_PATH.fullmatch(str(path)):
+        raise ConfigError(
+            f"{what}={str(path)!r} holds characters that make or the shell would interpret "
+            "(spaces, $, quotes, ...)",
+            hint="Use a path of letters, digits and '/', '.', '_', '+', '@', '-' only.",
+        )
+    return PurePosixPath(path)
+
+
+def _build_path(value: str, setting: Setting) -> PurePosixPath | None:
+    path = _host_abs_path(value, setting)
+    return None if path is None else check_build_path(setting.env, path)
+
+
+def _root(value: str, setting: Setting) -> Path:
+    return Path(str(check_build_path(setting.env, PurePosixPath(value or "/"))))
 
 
 def _url(value: str, setting: Setting) -> str | None:
@@ -386,7 +411,7 @@ def _redact(url: str) -> str:
 
 
 _PARSERS: dict[str, Callable[[str, Setting], object]] = {
-    "root": lambda v, s: Path(v or "/"),
+    "root": _root,
     "version": _version,
     "branch_path": lambda v, s: _branch_path(v, s),
     "download_url": _url,
@@ -401,7 +426,7 @@ _PARSERS: dict[str, Callable[[str, Setting], object]] = {
     "module_args": _module_args,
     "signing_key": _host_abs_path,
     "signing_cert": _host_abs_path,
-    "cache_dir": _host_abs_path,
+    "cache_dir": _build_path,
     "catalog": _optional_text,
     "dnf_repo_url": _url,
     "fetch_headers": _choice("auto", "true", "false"),

@@ -317,3 +317,15 @@ class ArtifactInvalid(RegistryUnavailable):
         "The artifact in the registry does not match what it claims (a digest, its key or the "
         "kernel's vermagic differ): delete its tag and publish it again from a good build."
     )
+
+
+# issue 9
+class RunfileMismatch(InstallerError):
+    reference = "runfile-mismatch"
+    exit_code = 25
+    default_hint = (
+        "The download URL or mirror serves another driver than the planned version: point "
+        "NVIDIA_DRIVER_DOWNLOAD_URL (or the mirror) at the planned version's .run, or set "
+        "NVIDIA_DRIVER_VERSION to the file's version. The file was removed from the cache and "
+        "nothing on the host was changed."
+    )

@@ -46,7 +46,7 @@ class Layout:
         try:
             rel = host_path.relative_to(self.install_host)
         except ValueError:
-            return self.root.local(host_path)
+            return self.root.local_resolved(host_path)
         return self.install_local.joinpath(*rel.parts)
 
     @property
@@ -116,7 +116,8 @@ def _local_install_dir(config: Config, root: HostRoot) -> Path:
     root it may be hidden when it sits on another mount. Use the container mount when it is
     there and is the same directory (or the root path does not exist), else the root path.
     """
-    via_root = root.local(config.install_dir_host)
+    # Host symlinks resolve inside the root (/var/lib/nvidia -> /srv/nvidia is the host's /srv).
+    via_root = root.local_resolved(config.install_dir_host)
     if root.is_bare:
         return via_root
     container = config.install_dir_container

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from installer import catalog, host, kernel, steps, versions
-from installer.config import Config
+from installer.config import Config, check_build_path
 from installer.delivery.urls import redact_url
 from installer.errors import ConfigError, NoNvidiaGpu
 from installer.hostroot import HostRoot
@@ -33,6 +33,9 @@ def make_plan(
     """
     root = HostRoot(config.root)
     layout = Layout.from_config(config, root)
+    # Host symlinks may lead the install dir or cache somewhere make would misread.
+    check_build_path("the install dir as reached here", layout.install_local)
+    check_build_path("the cache dir as reached here", layout.cache_local)
     facts = host.gather(root, kernel_override=config.kernel_release,
                         free_space_path=layout.install_local)
     running = host.kernel_release(root)
@@ -110,11 +113,15 @@ def _steps(ctx: Context) -> list[Step]:
     # install-module-files; the packages' files fill versions/<ver> instead of nvidia-installer.
     dnf_source = ctx.target.source == "dnf"
     plan += dnf.dnf_steps(ctx) if dnf_source else runfile.runfile_steps(ctx)
+    # Stage everything on the host first, so the old driver is unloaded and the new one
+    # loaded back to back (issue 9).
+    if load:
+        plan.append(steps.driver_free_step(ctx))
+    if not dnf_source:
+        plan += [steps.module_files_step(ctx), steps.firmware_step(ctx)]
     if load:
         plan.append(steps.unload_old_step(ctx))
     plan.append(steps.activate_step(ctx))
-    if not dnf_source:
-        plan.append(steps.module_files_step(ctx))
     plan.append(steps.ld_cache_step(ctx))
     if load:
         plan += [steps.load_step(ctx), steps.device_nodes_step(ctx), steps.verify_step(ctx)]
@@ -125,6 +132,14 @@ def _steps(ctx: Context) -> list[Step]:
 def require_gpus(plan: Plan) -> None:
     if plan.blockers:
         raise NoNvidiaGpu("; ".join(plan.blockers))
+
+
+def require_go_ahead(plan: Plan) -> None:
+    """Raise what refuses this plan outright (read-only: nothing on the host has changed)."""
+    require_gpus(plan)
+    refusal = steps.secure_boot_refusal(plan.context)
+    if refusal is not None:
+        raise refusal
 
 
 def _flavour_reason(setting: str, flavour: str) -> str:

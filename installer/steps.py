@@ -11,6 +11,7 @@ from pathlib import Path
 
 from installer import host, ldcache, modules, state
 from installer.errors import (
+    InstallFailed,
     NouveauActive,
     SecureBootKeysMissing,
 )
@@ -24,16 +25,24 @@ COMPLETE_MARKER = ".complete"
 NOUVEAU_BLACKLIST_TEXT = "blacklist nouveau\noptions nouveau modeset=0\n"
 
 
+def secure_boot_refusal(ctx: Context) -> SecureBootKeysMissing | None:
+    if ctx.facts.secure_boot.enabled is not True or ctx.config.signing_key is not None:
+        return None
+    return SecureBootKeysMissing(
+        "Secure Boot is enabled on this node and no module signing key is configured: "
+        "the kernel would reject the unsigned NVIDIA modules after a long compile "
+        f"({ctx.facts.secure_boot.detail})",
+    )
+
+
 def secure_boot_step(ctx: Context) -> Step:
     def satisfied() -> bool:
-        return ctx.facts.secure_boot.enabled is not True or ctx.config.signing_key is not None
+        return secure_boot_refusal(ctx) is None
 
     def apply() -> None:
-        raise SecureBootKeysMissing(
-            "Secure Boot is enabled on this node and no module signing key is configured: "
-            "the kernel would reject the unsigned NVIDIA modules after a long compile "
-            f"({ctx.facts.secure_boot.detail})",
-        )
+        refusal = secure_boot_refusal(ctx)
+        if refusal is not None:
+            raise refusal
 
     return Step("check-secure-boot", "refuse before compiling if Secure Boot would reject "
                 "unsigned modules", satisfied, apply)
@@ -158,13 +167,13 @@ def module_files_step(ctx: Context) -> Step:
     def satisfied() -> bool:
         if not _modules_dir_writable(ctx, target.kernel):
             return True
-        local = ctx.root.local(host_dir)
+        local = ctx.root.local_resolved(host_dir)
         return (local / ".installer-stamp").is_file() and (
             (local / ".installer-stamp").read_text() == stamp
         ) and modules.ko_files(local) == modules.ko_files(build)
 
     def apply() -> None:
-        local = ctx.root.local(host_dir)
+        local = ctx.root.local_resolved(host_dir)
         fresh = local.with_name(local.name + ".new")
         old = local.with_name(local.name + ".old")
         for leftover in (fresh, old):
@@ -180,30 +189,82 @@ def module_files_step(ctx: Context) -> Step:
         if old.exists():
             shutil.rmtree(old)
         ctx.runner.run(modules.depmod_argv(ctx.root, target.kernel), timeout=300)
-        _install_firmware(ctx)
         log.info("installed modules into %s and ran depmod", host_dir)
 
-    return Step("install-module-files", f"modules into {host_dir} (+ depmod) and firmware",
+    return Step("install-module-files", f"modules into {host_dir} (+ depmod)",
                 satisfied, apply)
 
 
 def _modules_dir_writable(ctx: Context, kernel: str) -> bool:
-    base = ctx.root.local(f"/lib/modules/{kernel}")
+    base = ctx.root.local_resolved(f"/lib/modules/{kernel}")
     return base.is_dir() and os.access(base, os.W_OK)
 
 
-def _install_firmware(ctx: Context) -> None:
+def firmware_step(ctx: Context) -> Step:
+    """versions/<ver>/firmware onto the host's /lib/firmware/nvidia/<ver>, where the kernel's
+    firmware loader looks (open modules and GSP mode fail to start without it)."""
+    host_dir = ctx.layout.host_firmware_dir(ctx.target.version)
     source = ctx.layout.version_dir(ctx.target.version) / "firmware"
-    if not source.is_dir() or not any(source.iterdir()):
-        return
-    dest = ctx.root.local(ctx.layout.host_firmware_dir(ctx.target.version))
+
+    def files() -> list[Path]:
+        return sorted(p for p in source.glob("*") if p.is_file()) if source.is_dir() else []
+
+    def missing() -> list[Path]:
+        dest = ctx.root.local_resolved(host_dir)
+        return [item for item in files() if not _same_file(item, dest / item.name)]
+
+    def satisfied() -> bool:
+        return not missing()
+
+    def apply() -> None:
+        dest = ctx.root.local_resolved(host_dir)
+        try:
+            for item in missing():
+                dest.mkdir(parents=True, exist_ok=True)
+                write_atomic(dest / item.name, item.read_bytes(), 0o644)
+                os.utime(dest / item.name, ns=(item.stat().st_atime_ns, item.stat().st_mtime_ns))
+        except OSError as exc:
+            raise InstallFailed(
+                f"could not put the GSP firmware of {ctx.target.version} into {host_dir} on the "
+                f"host: {exc}",
+                hint="The kernel loads it from the host's /lib/firmware: make that directory "
+                "writable for the installer (ROOT_MOUNT_DIR mounted read-write).") from exc
+        log.info("installed GSP firmware into %s: %s", host_dir,
+                 ", ".join(p.name for p in files()))
+
+    return Step("install-firmware", f"GSP firmware into {host_dir} on the host",
+                satisfied, apply)
+
+
+def _same_file(source: Path, dest: Path) -> bool:
     try:
-        dest.mkdir(parents=True, exist_ok=True)
-        for item in source.iterdir():
-            if item.is_file():
-                shutil.copy2(item, dest / item.name)
-    except OSError as exc:
-        log.warning("could not install GSP firmware into %s: %s", dest, exc)
+        a, b = source.stat(), dest.stat()
+    except OSError:
+        return False
+    return a.st_size == b.st_size and a.st_mtime_ns == b.st_mtime_ns
+
+
+def driver_free_step(ctx: Context) -> Step:
+    """Refuse an upgrade while the loaded driver is held, before anything is staged on the
+    host (the unload right before the load checks again)."""
+
+    def satisfied() -> bool:
+        if unload_old_step(ctx).is_satisfied():
+            return True  # nothing will be unloaded
+        busy = [name for name, count in modules.loaded_modules(ctx.root).items()
+                if name in modules.UNLOAD_ORDER and count > 0]
+        return not busy and not _holders(ctx)
+
+    def apply() -> None:
+        raise modules.in_use_error(_holders(ctx), modules.loaded_modules(ctx.root))
+
+    return Step("check-driver-free", "refuse before staging when the loaded driver is in use",
+                satisfied, apply)
+
+
+def _holders(ctx: Context) -> list[str]:
+    return [f"pid {h.pid} ({h.command}) holds {h.path}"
+            for h in host.holders_of(ctx.root, "/dev/nvidia")]
 
 
 def ld_cache_step(ctx: Context) -> Step:

@@ -29,7 +29,7 @@ from installer.host import Flavour, PciGpu
 ALIASES = ("auto", "latest", "production", "lts")
 # COS's installer calls the GPU-aware choice "default"; accepted so its settings keep working.
 _ALIAS_SYNONYMS = {"default": "auto"}
-_BRANCH_RE = re.compile(r"^[rR]?([1-9]\d{2})$")
+_BRANCH_RE = re.compile(r"^[rR]?([1-9]\d{2})$", re.ASCII)
 
 # Open kernel modules were first published with R515; NVIDIA made them the default in R560.
 FIRST_OPEN_BRANCH = 515

@@ -118,7 +118,11 @@ def hidden_headers_argv(argv: list[str]) -> list[str]:
     the host root's relocated copies can make a build work."""
     found = debian_headers()
     trees = ["/usr/src"] + ([found[1][2]] if found else [])
-    return private_mounts_argv([f"mount -t tmpfs none {t}" for t in trees], argv)
+    mounts = [f"mount -t tmpfs none {t}" for t in trees]
+    # The installer's own /lib/firmware (a container's, not the host root's): whatever lands
+    # there is lost, as in a DaemonSet, and never reaches this machine.
+    mounts.append("{ [ ! -d /lib/firmware ] || mount -t tmpfs none /lib/firmware; }")
+    return private_mounts_argv(mounts, argv)
 
 
 def installer_argv(*args: str) -> list[str]:

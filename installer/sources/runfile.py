@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import mmap
 import os
+import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from installer import delivery, kernel
 from installer.config import Config
-from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed
+from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
+from installer.layout import Layout
 from installer.plan import Context, Step
 from installer.steps import COMPLETE_MARKER, remove_tree
 
@@ -35,8 +40,92 @@ def extract_argv(runfile: Path, target: Path, tmpdir: Path) -> list[str]:
     return ["sh", str(runfile), "--extract-only", "--target", str(target), "--tmpdir", str(tmpdir)]
 
 
-def is_extracted(directory: Path) -> bool:
-    return (directory / "nvidia-installer").is_file() and (directory / ".extracted").is_file()
+EXTRACTED_MARKER = ".extracted"
+
+
+def is_extracted(directory: Path, version: str) -> bool:
+    """A whole tree of `version`: its marker names the version and so do its own files."""
+    marker = directory / EXTRACTED_MARKER
+    return (
+        (directory / "nvidia-installer").is_file()
+        and marker.is_file()
+        and marker.read_text() == version + "\n"
+        and (directory / f"libnvidia-ml.so.{version}").is_file()
+    )
+
+
+# --- what a .run says it is (reference/nvidia-runfile.md) ----------------------------------
+
+HEADER_BYTES = 64 << 10
+_LABEL_LINE = re.compile(rb'^label="[^"\n]*Linux-(?P<arch>[A-Za-z0-9_]+) (?P<version>[^"\s]+)"$',
+                         re.MULTILINE)
+_VERSION_LINE = re.compile(rb'^version="?(?P<version>[^"\s]*)"?$', re.MULTILINE)
+_INSTALLER_VERSION = re.compile(r"nvidia-installer:\s+version\s+(\S+)")
+
+
+@dataclass(frozen=True)
+class HeaderIdentity:
+    """What the .run's shell header names: its label's arch and version, its version line."""
+
+    label_arch: str | None
+    label_version: str | None
+    version_line: str | None
+
+
+def header_identity(runfile: Path) -> HeaderIdentity:
+    with runfile.open("rb") as handle:
+        head = handle.read(HEADER_BYTES)
+    label = _LABEL_LINE.search(head)
+    version = _VERSION_LINE.search(head)
+    return HeaderIdentity(
+        label.group("arch").decode("ascii", "replace") if label else None,
+        label.group("version").decode("ascii", "replace") if label else None,
+        version.group("version").decode("ascii", "replace") if version else None,
+    )
+
+
+def version_string_argv(runfile: Path) -> list[str]:
+    return ["sh", str(runfile), "--version-string"]
+
+
+def archive_problems(header: HeaderIdentity, version_string: str, version: str,
+                     arch: str) -> list[str]:
+    """How the archive's own words differ from the planned version and arch (empty: none)."""
+    problems = []
+    if version_string != version:
+        problems.append(f"--version-string prints {version_string or 'nothing'!r}")
+    if header.label_version is None:
+        problems.append("its header has no NVIDIA driver label")
+    else:
+        if header.label_version != version:
+            problems.append(f"its label names version {header.label_version}")
+        if header.label_arch != arch:
+            problems.append(f"its label names architecture {header.label_arch}")
+    if header.version_line is not None and header.version_line != version:
+        problems.append(f"its header's version line says {header.version_line}")
+    return problems
+
+
+def tree_problems(directory: Path, installer_says: str, version: str) -> list[str]:
+    """How an extracted tree differs from `version` (empty: none)."""
+    problems = []
+    found = _INSTALLER_VERSION.search(installer_says)
+    if found is None or found.group(1) != version:
+        said = found.group(1) if found else "no version"
+        problems.append(f"its nvidia-installer --version says {said}")
+    if not (directory / f"libnvidia-ml.so.{version}").is_file():
+        problems.append(f"it has no libnvidia-ml.so.{version}")
+    return problems
+
+
+def module_version_matches(ko: Path, version: str) -> bool:
+    """The module's .modinfo names `version` (MODULE_VERSION), read without running modinfo."""
+    try:
+        with ko.open("rb") as handle, mmap.mmap(handle.fileno(), 0,
+                                                access=mmap.ACCESS_READ) as data:
+            return data.find(b"\0version=" + version.encode() + b"\0") >= 0
+    except (OSError, ValueError):
+        return False
 
 
 def module_type_args(version: str, flavour: str) -> list[str]:
@@ -78,6 +167,9 @@ def build_modules_argv(req: BuildRequest) -> list[str]:
         "--skip-depmod",
         "--no-nouveau-check",
         "--no-rebuild-initramfs",
+        # Whether this pass writes the GSP firmware is undocumented: never into the image's
+        # own /lib/firmware (the firmware reaches the host from the extracted tree).
+        f"--override-file-type-destination=FIRMWARE:{req.tmpdir}/firmware-of-module-pass",
         f"--concurrency-level={jobs}",
         f"--log-file-name={req.log_file}",
         f"--tmpdir={req.tmpdir}",
@@ -136,15 +228,43 @@ def runfile_steps(ctx: Context) -> list[Step]:
 
 def _built(ctx: Context) -> bool:
     t = ctx.target
-    return (ctx.layout.module_build(t.version, t.kernel, t.flavour) / COMPLETE_MARKER).is_file()
+    build = ctx.layout.module_build(t.version, t.kernel, t.flavour)
+    # A marker alone is not trusted: the module itself must be of the planned version.
+    return (build / COMPLETE_MARKER).is_file() and module_version_matches(build / "nvidia.ko",
+                                                                          t.version)
 
 
 def _userspace_done(ctx: Context) -> bool:
-    return (ctx.layout.version_dir(ctx.target.version) / COMPLETE_MARKER).is_file()
+    version = ctx.target.version
+    final = ctx.layout.version_dir(version)
+    return (final / COMPLETE_MARKER).is_file() and (
+        final / "lib64" / f"libnvidia-ml.so.{version}").is_file()
 
 
 def _runfile_needed(ctx: Context) -> bool:
     return not (_built(ctx) and _userspace_done(ctx))
+
+
+@contextlib.contextmanager
+def scratch(layout: Layout) -> Iterator[Path]:
+    """cache/tmp, emptied before and after a command: what a killed or failed build or
+    extraction left there never stays (the host lock makes this run its only user)."""
+    remove_tree(layout.tmp)
+    layout.tmp.mkdir(parents=True)
+    try:
+        yield layout.tmp
+    finally:
+        remove_tree(layout.tmp)
+
+
+def drop_cached_runfile(layout: Layout, name: str) -> None:
+    """Forget a .run that failed extraction or identification: the file, its sidecars, and
+    any tree extracted from it, so no later run reuses them."""
+    if layout.downloads.is_dir():
+        for path in layout.downloads.iterdir():
+            if path.name.startswith(name):
+                remove_tree(path)
+    log.info("dropped %s from the cache", name)
 
 
 def fetch_step(ctx: Context) -> Step:
@@ -153,7 +273,7 @@ def fetch_step(ctx: Context) -> Step:
     def satisfied() -> bool:
         return (
             not _runfile_needed(ctx)
-            or is_extracted(ctx.layout.extracted(ctx.target.version))
+            or is_extracted(ctx.layout.extracted(ctx.target.version), ctx.target.version)
             or delivery.find_cached(ctx.layout.downloads, name, sha256=ctx.config.sha256)
             is not None
         )
@@ -166,31 +286,55 @@ def fetch_step(ctx: Context) -> Step:
 
 
 def extract_step(ctx: Context) -> Step:
-    directory = ctx.layout.extracted(ctx.target.version)
+    t, layout = ctx.target, ctx.layout
+    directory = layout.extracted(t.version)
+    name = runfile_name(t.version, ctx.facts.arch)
 
     def satisfied() -> bool:
-        return not _runfile_needed(ctx) or is_extracted(directory)
+        return not _runfile_needed(ctx) or is_extracted(directory, t.version)
 
-    def apply() -> None:
-        runfile = ctx.runfile or ctx.layout.downloads / runfile_name(ctx.target.version,
-                                                                     ctx.facts.arch)
-        staging = directory.with_name(f".{directory.name}.tmp")
+    def refuse(runfile: Path, problems: list[str]) -> RunfileMismatch:
         remove_tree(staging)
         remove_tree(directory)
-        ctx.layout.tmp.mkdir(parents=True, exist_ok=True)
-        staging.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            ctx.runner.run(extract_argv(runfile, staging, ctx.layout.tmp), timeout=600)
-        except CommandFailed as exc:
-            remove_tree(staging)
-            raise InstallFailed(f"extracting {runfile.name} failed: {exc.output_tail}",
-                                hint="The file may be damaged: delete it from the cache "
-                                f"({ctx.layout.downloads}) and run again.") from exc
-        (staging / ".extracted").write_text(ctx.target.version + "\n")
-        os.replace(staging, directory)
-        log.info("extracted %s", runfile.name)
+        drop_cached_runfile(layout, name)
+        return RunfileMismatch(
+            f"{runfile.name} is not the {ctx.facts.arch} driver {t.version} that was planned: "
+            + "; ".join(problems))
 
-    return Step("extract-runfile", "extract the .run once into the cache", satisfied, apply)
+    def apply() -> None:
+        runfile = ctx.runfile or layout.downloads / name
+        remove_tree(staging)
+        remove_tree(directory)
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        said = ctx.runner.run(version_string_argv(runfile), check=False, timeout=120)
+        problems = archive_problems(header_identity(runfile),
+                                    (said.output.strip().splitlines() or [""])[-1].strip(),
+                                    t.version, ctx.facts.arch)
+        if problems:
+            raise refuse(runfile, problems)
+        with scratch(layout) as tmp:
+            try:
+                ctx.runner.run(extract_argv(runfile, staging, tmp), timeout=600)
+            except CommandFailed as exc:
+                remove_tree(staging)
+                drop_cached_runfile(layout, name)
+                raise InstallFailed(
+                    f"extracting {runfile.name} failed: {exc.output_tail}",
+                    hint="The file was damaged and is removed from the cache: run again to "
+                    "download it anew.") from exc
+        installer = ctx.runner.run([str(staging / "nvidia-installer"), "--version"],
+                                   check=False, timeout=120)
+        problems = tree_problems(staging, installer.output, t.version)
+        if problems:
+            raise refuse(runfile, problems)
+        (staging / EXTRACTED_MARKER).write_text(t.version + "\n")
+        os.replace(staging, directory)
+        log.info("extracted %s (version %s, %s, as planned)", runfile.name, t.version,
+                 ctx.facts.arch)
+
+    staging = directory.with_name(f".{directory.name}.tmp")
+    return Step("extract-runfile", "identify the .run as the planned version, extract it once "
+                "into the cache", satisfied, apply)
 
 
 def headers_step(ctx: Context) -> Step:
@@ -226,36 +370,41 @@ def build_step(ctx: Context) -> Step:
         staging = final.with_name(f".{final.name}.tmp")
         remove_tree(staging)
         staging.mkdir(parents=True)
-        layout.tmp.mkdir(parents=True, exist_ok=True)
         log_file = layout.install_local / "nvidia-installer-build.log"
-        request = BuildRequest(
-            extracted=layout.extracted(t.version),
-            version=t.version,
-            kernel=t.kernel,
-            flavour=t.flavour,
-            kernel_source=str(t.headers.host_path),
-            install_path=staging,
-            log_file=log_file,
-            tmpdir=layout.tmp,
-            signing_key=ctx.root.local(ctx.config.signing_key) if ctx.config.signing_key else None,
-            signing_cert=ctx.root.local(ctx.config.signing_cert) if ctx.config.signing_cert
-            else None,
-        )
         env, note = kernel.matching_compiler(
             ctx.runner, kernel.kernel_gcc_major(ctx.root.read_text("/proc/version")))
         log.info("building %s modules for kernel %s (%s)", t.flavour, t.kernel, note)
-        argv = kernel.with_host_trees(ctx.root, t.headers, build_modules_argv(request))
-        try:
-            ctx.runner.run(argv, env=env, stream=True, timeout=3600)
-        except CommandFailed as exc:
-            remove_tree(staging)
-            raise ModuleBuildFailed(
-                f"building the {t.flavour} kernel modules of {t.version} for kernel {t.kernel} "
-                f"failed (exit {exc.returncode}); last lines of {log_file.name}:\n"
-                + _tail(log_file, exc.output_tail),
-            ) from exc
+        with scratch(layout) as tmp:
+            request = BuildRequest(
+                extracted=layout.extracted(t.version),
+                version=t.version,
+                kernel=t.kernel,
+                flavour=t.flavour,
+                kernel_source=str(t.headers.host_path),
+                install_path=staging,
+                log_file=log_file,
+                tmpdir=tmp,
+                signing_key=ctx.root.local(ctx.config.signing_key) if ctx.config.signing_key
+                else None,
+                signing_cert=ctx.root.local(ctx.config.signing_cert) if ctx.config.signing_cert
+                else None,
+            )
+            argv = kernel.with_host_trees(ctx.root, t.headers, build_modules_argv(request))
+            try:
+                ctx.runner.run(argv, env=env, stream=True, timeout=3600)
+            except CommandFailed as exc:
+                remove_tree(staging)
+                raise ModuleBuildFailed(
+                    f"building the {t.flavour} kernel modules of {t.version} for kernel "
+                    f"{t.kernel} failed (exit {exc.returncode}); last lines of "
+                    f"{log_file.name}:\n" + _tail(log_file, exc.output_tail),
+                ) from exc
         if not (staging / "nvidia.ko").is_file():
+            remove_tree(staging)
             raise ModuleBuildFailed(f"the build left no nvidia.ko in {staging}")
+        if not module_version_matches(staging / "nvidia.ko", t.version):
+            remove_tree(staging)
+            raise ModuleBuildFailed(f"the built nvidia.ko is not version {t.version}")
         (staging / COMPLETE_MARKER).write_text(f"{t.version} {t.kernel} {t.flavour}\n")
         final.parent.mkdir(parents=True, exist_ok=True)
         remove_tree(final)
@@ -285,16 +434,19 @@ def userspace_step(ctx: Context) -> Step:
         staging = final.with_name(f".{final.name}.tmp")
         remove_tree(staging)
         staging.mkdir(parents=True)
-        layout.tmp.mkdir(parents=True, exist_ok=True)
-        argv = install_userspace_argv(layout.extracted(t.version), staging,
-                                      layout.installer_log, layout.tmp)
-        try:
-            ctx.runner.run(argv, stream=True, timeout=1800)
-        except CommandFailed as exc:
-            remove_tree(staging)
-            raise InstallFailed(
-                f"nvidia-installer failed to install the user-space files of {t.version}: "
-                + _tail(layout.installer_log, exc.output_tail)) from exc
+        extracted = layout.extracted(t.version)
+        with scratch(layout) as tmp:
+            argv = install_userspace_argv(extracted, staging, layout.installer_log, tmp)
+            try:
+                ctx.runner.run(argv, stream=True, timeout=1800)
+            except CommandFailed as exc:
+                remove_tree(staging)
+                raise InstallFailed(
+                    f"nvidia-installer failed to install the user-space files of {t.version}: "
+                    + _tail(layout.installer_log, exc.output_tail)) from exc
+        copied = copy_firmware(extracted, staging / "firmware")
+        if copied:
+            log.info("GSP firmware from the extracted tree: %s", ", ".join(copied))
         # Soname links (libnvidia-ml.so.1 -> .so.<ver>) before the switch, so an interrupted
         # run never leaves an active version without them.
         ctx.runner.run(["ldconfig", "-n", str(staging / "lib64")], timeout=120)
@@ -305,3 +457,19 @@ def userspace_step(ctx: Context) -> Step:
 
     return Step("install-userspace", "nvidia-smi, libraries and firmware into versions/<ver>",
                 satisfied, apply)
+
+
+def copy_firmware(extracted: Path, dest: Path) -> list[str]:
+    """The tree's firmware/gsp_*.bin into `dest`, whichever nvidia-installer pass (if any)
+    would have written them. Returns the names copied. The dir exists afterwards even for
+    drivers without GSP firmware."""
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for source in sorted((extracted / "firmware").glob("gsp_*.bin")):
+        target = dest / source.name
+        if target.is_file() and target.stat().st_size == source.stat().st_size:
+            continue
+        shutil.copyfile(source, target)
+        os.chmod(target, 0o644)
+        copied.append(source.name)
+    return copied

@@ -103,7 +103,13 @@ def test_cold_install_produces_the_gke_layout(host: tuple[Path, str], served: An
         "nvidia-uvm.ko",
         "nvidia.ko",
     ]
-    assert (root / "lib/firmware/nvidia" / A / "gsp_ga10x.bin").is_file()
+    # GSP firmware from the extracted tree, whichever nvidia-installer pass writes it (the
+    # kit's module pass, into the installer's own /lib/firmware, a tmpfs here): on the host.
+    for name in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
+        assert (inst / "versions" / A / "firmware" / name).is_file()
+        host_fw = machine.file(str(root / "lib/firmware/nvidia" / A / name))
+        assert host_fw.is_file and host_fw.mode == 0o644
+        assert host_fw.content == (inst / "versions" / A / "firmware" / name).read_bytes()
 
     host_modules = root / "lib/modules" / kernel / "updates/nvidia-driver-installer"
     assert (host_modules / "nvidia.ko").is_file()
@@ -238,6 +244,43 @@ def test_sigkill_during_an_upgrade_leaves_a_whole_install_and_the_next_run_finis
     assert os.readlink(inst / "current") == f"versions/{B}"
     assert json.loads((inst / "state.json").read_text())["version"] == B
     assert not list(inst.rglob(".*.tmp"))
+
+
+def test_a_run_of_another_version_changes_nothing_and_is_dropped_from_the_cache(
+    host: tuple[Path, str], served: Any
+) -> None:
+    """A DaemonSet that bumps the version but not the URL (issue 9)."""
+    root, _ = host
+    base, _, _ = served
+    ok(run_installer(env_for(host, served, A), "run"))
+    inst = install_dir(root)
+    # What a killed compile leaves in the scratch dir: the next build must not keep it.
+    leftover = inst / "cache/tmp/nvidia-installer-build.Zx81Qa/kernel-open"
+    leftover.mkdir(parents=True)
+    (leftover / "nv-main.o").write_bytes(b"\x7fELF")
+    before = tree_snapshot(root)
+    wrong = env_for(host, served, B,
+                    NVIDIA_DRIVER_DOWNLOAD_URL=f"{base}/{A}/NVIDIA-Linux-x86_64-{A}.run")
+    for _ in range(2):  # the file is dropped each time: no cached marker makes it stick
+        result = run_installer(wrong, "run")
+        assert result.returncode == 25, result.stderr
+        assert "error[runfile-mismatch]" in result.stderr
+        assert f"NVIDIA-Linux-x86_64-{B}.run is not the x86_64 driver {B}" in result.stderr
+        assert f"--version-string prints '{A}'" in result.stderr
+        assert f"its label names version {A}" in result.stderr
+        assert "step build-modules" not in result.stderr
+    after = tree_snapshot(root)
+    cache = str((inst / "cache").relative_to(root))
+    changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+    assert all(p.startswith(cache) or p.endswith(".installer.lock") for p in changed), changed
+    assert not list((inst / "cache/downloads").glob(f"*{B}*"))
+    assert not (inst / "cache/extracted" / B).exists()
+    assert os.readlink(inst / "current") == f"versions/{A}"
+
+    ok(run_installer(env_for(host, served, B), "run"))
+    assert os.readlink(inst / "current") == f"versions/{B}"
+    assert (root / "lib/firmware/nvidia" / B / "gsp_ga10x.bin").is_file()
+    assert not (inst / "cache/tmp").exists()
 
 
 def test_missing_headers_name_the_package_and_kernel(tmp_path: Path, served: Any) -> None:

@@ -1,13 +1,13 @@
 # NVIDIA's .run parses its own options anywhere on the command line and forwards every other
 # argument to ./nvidia-installer; stock makeself stops at the first unknown one. This block
 # turns NVIDIA's spelling into makeself's before makeself's own option loop runs.
-nv_version="@VERSION@"
+version="@VERSION@"
 nv_target_os="Linux"
 nv_target_arch="x86_64"
 
 case "$1" in
 --version-string)
-    echo "$nv_version"
+    echo "$version"
     exit 0
     ;;
 --target-directory)

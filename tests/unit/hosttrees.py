@@ -218,3 +218,13 @@ def make_host(
     write_proc_modules(root, list(modules))
     set_secure_boot(root, secure_boot)
     return host_root(root)
+
+
+def root_env(root: Path, **env: str) -> dict[str, str]:
+    """Settings for a host root under `root`: the container-side install dir points at a path
+    that does not exist, so a real /usr/local/nvidia on the test machine is never used."""
+    return {
+        "ROOT_MOUNT_DIR": str(root),
+        "NVIDIA_INSTALL_DIR_CONTAINER": str(root.parent / f"{root.name}-no-container-mount"),
+        **env,
+    }

@@ -270,3 +270,16 @@ def test_catalog_is_a_value() -> None:
     assert isinstance(loaded, Catalog)
     with pytest.raises(AttributeError):
         loaded.source = "y"  # type: ignore[misc]
+
+
+def test_deeply_nested_catalog_is_catalog_unavailable_not_a_traceback() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(CatalogUnavailable) as err:
+        catalog.parse(deep, "http://127.0.0.1/releases.json")
+    assert err.value.reference == "catalog-unavailable"
+    assert "nested too deeply" in err.value.message
+
+
+def test_versions_in_a_catalog_are_ascii_digits_only() -> None:
+    assert not catalog.is_version("5\u0665\u0660.\u0665\u0664.\u0661\u0665")
+    assert catalog.is_version("550.54.15")

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hosttrees import make_host
+from hosttrees import make_host, root_env
 
 from installer import cli
 
@@ -28,10 +28,7 @@ def test_known_errors_print_reference_and_hint_and_fill_the_termination_log(
     code = invoke(
         monkeypatch,
         ["plan"],
-        {
-            "ROOT_MOUNT_DIR": str(tmp_path / "empty"),
-            "NVIDIA_INSTALLER_TERMINATION_LOG": str(termination),
-        },
+        root_env(tmp_path / "empty", NVIDIA_INSTALLER_TERMINATION_LOG=str(termination)),
     )
     err = capsys.readouterr().err
     assert code == 14
@@ -56,7 +53,7 @@ def test_plan_on_a_host_without_gpu_explains_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64")
-    code = invoke(monkeypatch, ["plan", "--version", "550"], {"ROOT_MOUNT_DIR": str(tmp_path)})
+    code = invoke(monkeypatch, ["plan", "--version", "550"], root_env(tmp_path))
     out = capsys.readouterr().out
     assert code == 0
     assert "gpu: none found in /sys/bus/pci/devices" in out
@@ -69,7 +66,7 @@ def test_status_is_json(
 ) -> None:
     make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64")
     code = invoke(
-        monkeypatch, ["status", "--log-format", "json"], {"ROOT_MOUNT_DIR": str(tmp_path)}
+        monkeypatch, ["status", "--log-format", "json"], root_env(tmp_path)
     )
     assert code == 0
     status = json.loads(capsys.readouterr().out)
@@ -95,6 +92,23 @@ def test_verify_without_a_record_expects_only_an_exact_pin(
     make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64")
     seen: dict[str, object] = {}
     monkeypatch.setattr(verify, "verify", lambda **kwargs: seen.update(kwargs))
-    app.verify_installed(from_env({"ROOT_MOUNT_DIR": str(tmp_path),
-                                   "NVIDIA_DRIVER_VERSION": version}))
+    app.verify_installed(from_env(root_env(tmp_path, NVIDIA_DRIVER_VERSION=version)))
     assert seen["expected_version"] == expected
+
+
+def test_termination_log_keeps_the_reference_of_a_long_message_within_4096_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from installer.errors import ModuleBuildFailed
+
+    termination = tmp_path / "termination-log"
+    termination.write_text("")
+    monkeypatch.setenv("NVIDIA_INSTALLER_TERMINATION_LOG", str(termination))
+    long_tail = "\n".join(f"cc1: error: ünsupported option {i}" for i in range(400))
+    cli.report_error(ModuleBuildFailed("building failed; last lines:\n" + long_tail))
+    data = termination.read_bytes()
+    assert data.startswith(b"error[module-build-failed]: building failed")
+    assert len(data) <= 4096
+    data.decode("utf-8")  # not cut inside a character
+    assert b"\nhint: See the compiler output" in data
+    assert "option 399\nhint:" in capsys.readouterr().err  # stderr keeps everything

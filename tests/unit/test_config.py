@@ -82,6 +82,13 @@ def test_mirrors_and_module_args_are_parsed() -> None:
         ({"NVIDIA_KERNEL_RELEASE": "6.1; rm -rf /"}, "NVIDIA_KERNEL_RELEASE"),
         ({"NVIDIA_INSTALLER_ALLOW_NO_GPU": "maybe"}, "NVIDIA_INSTALLER_ALLOW_NO_GPU"),
         ({"NVIDIA_MODULE_SIGNING_KEY": "/k.priv"}, "NVIDIA_MODULE_SIGNING_CERT"),
+        # Paths that reach make's M=/--tmpdir (issue 9): make would evaluate $(...).
+        ({"NVIDIA_INSTALL_DIR_HOST": "/var/lib/$(reboot)"}, "NVIDIA_INSTALL_DIR_HOST"),
+        ({"NVIDIA_INSTALL_DIR_HOST": "/var/lib/nvidia driver"}, "NVIDIA_INSTALL_DIR_HOST"),
+        ({"NVIDIA_INSTALL_DIR_CONTAINER": "/usr/local/`id`"}, "NVIDIA_INSTALL_DIR_CONTAINER"),
+        ({"NVIDIA_INSTALLER_CACHE_DIR": "/var/cache/a b"}, "NVIDIA_INSTALLER_CACHE_DIR"),
+        ({"ROOT_MOUNT_DIR": "/ro ot"}, "ROOT_MOUNT_DIR"),
+        ({"NVIDIA_INSTALL_DIR_HOST": "/var/lib/nvidia\n"}, "NVIDIA_INSTALL_DIR_HOST"),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], fragment: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from fakes import FakeRunner
-from hosttrees import make_host
+from hosttrees import make_host, root_env
 
 from installer import pipeline, planner
 from installer.config import from_env
@@ -28,7 +28,7 @@ def plan_for(
     tmp_path: Path, runner: FakeRunner, distro: str = "rocky-9", kernel: str = KERNEL, **env: str
 ) -> Plan:
     make_host(tmp_path, distro=distro, kernel=kernel, gpus=[0x2330])
-    config = from_env({"ROOT_MOUNT_DIR": str(tmp_path), **env})
+    config = from_env(root_env(tmp_path, **env))
 
     def no_fetch(*args: object) -> Path:
         raise AssertionError("no download expected")
@@ -76,6 +76,7 @@ def test_auto_on_rocky_with_the_cuda_repo_file_picks_dnf(tmp_path: Path) -> None
         "install-kernel-devel",
         "install-driver-packages",
         "populate-install-dir",
+        "check-driver-free",
         "unload-old-driver",
         "activate-install",
         "configure-ld-cache",

@@ -80,6 +80,7 @@ def test_build_argv_builds_only_modules_into_the_cache() -> None:
         "--skip-depmod",
         "--no-nouveau-check",
         "--no-rebuild-initramfs",
+        "--override-file-type-destination=FIRMWARE:/c/tmp/firmware-of-module-pass",
         "--concurrency-level=2",
         "--log-file-name=/i/build.log",
         "--tmpdir=/c/tmp",

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 from fakes import FakeRunner
-from hosttrees import make_host, write_proc_modules
+from hosttrees import make_host, root_env, write_proc_modules
 
 from installer import pipeline, steps
 from installer.config import from_env
@@ -31,7 +31,7 @@ def context(
         modules=list(modules),
         secure_boot=secure_boot,
     )
-    config = from_env({"ROOT_MOUNT_DIR": str(tmp_path), **env})
+    config = from_env(root_env(tmp_path, **env))
     layout = Layout.from_config(config, root)
     facts = host.gather(root, free_space_path=tmp_path)
     target = Target(

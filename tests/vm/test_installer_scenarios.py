@@ -1,9 +1,13 @@
 """`installer run` for real in a booted kernel: cold install, re-run, reboot, upgrade (held and
 free), no GPU, modprobe.d options. Three boots share one persistent state disk:
 
-1. two simulated H100s: cold install of A, state checks, re-run, verify --json;
-2. reboot: reload from the compiled-module cache, upgrade to B refused while /dev/nvidia0 is
-   held (A keeps working), then upgrade to B once released;
+1. two simulated H100s: cold install of A (open modules) in the DaemonSet's view (the host's /
+   at /root, the install dir at /usr/local/nvidia, the container's own /lib/firmware), state
+   checks, re-run, verify --json; then the open nvidia.ko refuses to start once the GSP
+   firmware the installer put on the host is moved away;
+2. reboot: reload from the compiled-module cache, a download URL serving A's .run for B is
+   refused before anything changes, upgrade to B refused while /dev/nvidia0 is held (A keeps
+   working), then upgrade to B once released (staged first: unload and load back to back);
 3. the GPUs gone: the installer refuses, and so does the module itself.
 """
 
@@ -29,6 +33,10 @@ A = "580.105.08"
 B = "580.126.20"
 GPUS = [FakeGpu("0000:00:04.0", "0x2330"), FakeGpu("0000:00:05.0", "0x2330")]
 INSTALL = "/home/kubernetes/bin/nvidia"
+# The DaemonSet's host mount at /root hides this machine's /root: keep what the guest runs from
+# there (a pyenv python, a checkout) at its path inside that view.
+KEPT = sorted({Path(p).parts[2] for p in (sys.executable, str(REPO))
+               if len(Path(p).parts) > 2 and Path(p).parts[1] == "root"})
 
 PRELUDE = f"""
 ip link set lo up
@@ -40,6 +48,17 @@ done
 export PYTHONPATH={REPO} NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000
 export NVIDIA_INSTALL_DIR_HOST={INSTALL}
 installer() {{ {sys.executable} -m installer "$@"; }}
+# The DaemonSet's view: host / at /root (ROOT_MOUNT_DIR), the install dir mounted at
+# /usr/local/nvidia, and the container's own /lib/firmware, which the kernel never reads.
+daemonset() {{
+  mkdir -p {INSTALL} /usr/local/nvidia /run/vm-root-home {" ".join("/" + k for k in KEPT)}
+  unshare --mount --propagation private -- sh -c 'mount --bind /root /run/vm-root-home &&
+    mount --rbind / /root && {"".join(f"mount --bind /run/vm-root-home/{k} /root/{k} && "
+                                      for k in KEPT)}
+    mount --bind {INSTALL} /usr/local/nvidia && mount -t tmpfs none /lib/firmware &&
+    exec "$@"' sh env ROOT_MOUNT_DIR=/root NVIDIA_INSTALL_DIR_CONTAINER=/usr/local/nvidia \
+    {sys.executable} -m installer "$@"
+}}
 step() {{ echo "@@ $1"; rc=0; shift; "$@" 2>&1 || rc=$?; echo "exit=$rc"; }}
 state() {{
   echo "@@ $1"
@@ -59,10 +78,16 @@ state() {{
 FIRST_BOOT = PRELUDE + f"""
 echo "options nvidia NVreg_RestrictProfilingToAdminUsers=0" > /etc/modprobe.d/test-nvidia.conf
 export NVIDIA_DRIVER_VERSION={A}
-step cold installer run
+step cold daemonset run
 state after-cold
-step rerun installer run
+echo "@@ host-firmware"; ls /lib/firmware/nvidia/{A}
+step rerun daemonset run
 step verify installer verify --json
+rmmod nvidia_modeset nvidia_uvm nvidia
+mv /lib/firmware/nvidia/{A} /lib/firmware/nvidia/{A}.aside
+step load-without-host-firmware modprobe nvidia
+dmesg -t | grep 'NVRM: ' | tail -n 2
+mv /lib/firmware/nvidia/{A}.aside /lib/firmware/nvidia/{A}
 """
 
 SECOND_BOOT = PRELUDE + f"""
@@ -70,12 +95,17 @@ state after-reboot
 export NVIDIA_DRIVER_VERSION={A}
 step reboot-run installer run
 state after-reboot-run
+step wrong-file env NVIDIA_DRIVER_VERSION={B} \
+  NVIDIA_DRIVER_DOWNLOAD_URL=http://127.0.0.1:8000/{A}/NVIDIA-Linux-x86_64-{A}.run \
+  {sys.executable} -m installer run
+state after-wrong-file
 exec 3</dev/nvidia0
 step upgrade-held env NVIDIA_DRIVER_VERSION={B} {sys.executable} -m installer run
 state while-held
 step smi-while-held {INSTALL}/bin/nvidia-smi --query-gpu=driver_version --format=csv,noheader
 exec 3<&-
-step upgrade env NVIDIA_DRIVER_VERSION={B} {sys.executable} -m installer run
+step upgrade env NVIDIA_DRIVER_VERSION={B} NVIDIA_INSTALLER_LOG_FORMAT=json \
+  {sys.executable} -m installer run
 state after-upgrade
 """
 
@@ -137,10 +167,22 @@ def assert_driver_state(section: str, version: str) -> None:
 def test_cold_install_loads_verifies_and_signals_ready(boots: Boots) -> None:
     cold = boots.first.section("cold")
     assert exit_of(cold) == 0, cold
+    assert "reached here at /usr/local/nvidia" in cold  # the DaemonSet's view
     assert "step build-modules: compile open modules" in cold
     state = boots.first.section("after-cold")
     assert_driver_state(state, A)
     assert f"DRIVER_VERSION={A}" in state
+
+
+def test_open_modules_start_because_the_gsp_firmware_reached_the_host(boots: Boots) -> None:
+    cold = boots.first.section("cold")
+    assert f"installed GSP firmware into /lib/firmware/nvidia/{A}" in cold, cold
+    assert boots.first.section("host-firmware").split() == ["gsp_ga10x.bin", "gsp_tu10x.bin"]
+    # The control: the same module without the host's firmware does not start.
+    refused = boots.first.section("load-without-host-firmware")
+    assert exit_of(refused) != 0, refused
+    assert "NVRM: RmFetchGspRmImages: No firmware image found" in refused
+    assert f"firmware nvidia/{A}/gsp_ga10x.bin: -2" in refused
 
 
 def test_modprobe_d_option_reaches_the_loaded_module(boots: Boots) -> None:
@@ -173,6 +215,17 @@ def test_reboot_reloads_from_the_cache_without_a_build(boots: Boots) -> None:
     assert_driver_state(boots.second.section("after-reboot-run"), A)
 
 
+def test_a_run_of_another_version_is_refused_before_anything_changes(boots: Boots) -> None:
+    wrong = boots.second.section("wrong-file")
+    assert exit_of(wrong) == 25, wrong
+    assert "error[runfile-mismatch]" in wrong
+    assert f"--version-string prints '{A}'" in wrong
+    assert "step unload-old-driver" not in wrong and "step build-modules" not in wrong
+    state = boots.second.section("after-wrong-file")
+    assert_driver_state(state, A)
+    assert f"DRIVER_VERSION={A}" in state
+
+
 def test_upgrade_while_held_names_the_holder_and_keeps_the_old_driver(boots: Boots) -> None:
     held = boots.second.section("upgrade-held")
     assert exit_of(held) == 34, held
@@ -191,6 +244,30 @@ def test_upgrade_in_place_replaces_the_driver(boots: Boots) -> None:
     state = boots.second.section("after-upgrade")
     assert_driver_state(state, B)
     assert f"DRIVER_VERSION={B}" in state
+
+
+def test_upgrade_stages_everything_then_unloads_and_loads_back_to_back(boots: Boots) -> None:
+    events = [json.loads(line) for line in boots.second.section("upgrade").splitlines()
+              if line.startswith("{")]
+    messages = [e["message"] for e in events]
+    first_unload = next(i for i, m in enumerate(messages) if m.startswith("unloaded "))
+    loaded = messages.index("loaded nvidia-modeset")
+    staged = [m for m in messages[:first_unload]
+              if m.startswith(("installed modules into", "step install-firmware"))]
+    assert len(staged) == 2, messages
+    between = [m for m in messages[first_unload:loaded] if m.startswith("step ")]
+    quick = ("step unload-old-driver", "step activate-install", "step configure-ld-cache",
+             "step load-modules")
+    assert all(m.startswith(quick) for m in between), between
+    gap = _seconds(events[loaded]["time"]) - _seconds(events[first_unload]["time"])
+    print(f"\nupgrade: no driver loaded from {events[first_unload]['time']} to "
+          f"{events[loaded]['time']} ({gap:.3f} s)")
+
+
+def _seconds(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
 
 
 def test_without_gpus_the_installer_and_the_module_refuse(boots: Boots) -> None:

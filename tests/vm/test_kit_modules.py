@@ -72,9 +72,15 @@ exec 3<&-
 echo "@@ unloaded"
 rmmod nvidia
 {NOTHING_REGISTERED}
-echo "@@ open-h100-version"
+echo "@@ open-h100-no-firmware"
 mkdir /tmp/h100-only && cp -r /sys/bus/pci/devices/{H100.address} /tmp/h100-only/
 mount --bind /tmp/h100-only /sys/bus/pci/devices
+insmod $VM_FILES/open-550/nvidia.ko 2>&1 || echo "insmod exit $?"
+dmesg -t | grep 'NVRM: ' | tail -n 2
+{NOTHING_REGISTERED}
+echo "@@ open-h100-version"
+mkdir -p /lib/firmware/nvidia/550.54.15
+echo "fake GSP firmware" > /lib/firmware/nvidia/550.54.15/gsp_ga10x.bin
 insmod $VM_FILES/open-550/nvidia.ko
 cat /proc/driver/nvidia/version
 rmmod nvidia
@@ -152,6 +158,17 @@ def test_version_files_name_the_built_version(two_gpus: VmResult) -> None:
     )
     assert second.startswith("GCC version:  gcc version ")
     assert two_gpus.section("sys-version") == "550.54.15"
+
+
+def test_open_flavour_starts_only_when_the_kernel_loads_its_gsp_firmware(
+    two_gpus: VmResult,
+) -> None:
+    refused = two_gpus.section("open-h100-no-firmware")
+    assert "insmod exit 1" in refused
+    assert "NVRM: RmFetchGspRmImages: No firmware image found" in refused
+    assert (f"NVRM: GPU {H100.address}: RmInitAdapter failed! "
+            "(firmware nvidia/550.54.15/gsp_ga10x.bin: -2)") in refused
+    assert refused.splitlines()[-1] == "registered:"
 
 
 def test_open_flavour_version_names_the_build(two_gpus: VmResult) -> None:

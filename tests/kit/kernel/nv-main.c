@@ -1,4 +1,5 @@
 /* Fake nvidia.ko: stands in for NVIDIA's driver at the hardware boundary of tests. */
+#include <linux/firmware.h>
 #include <linux/init.h>
 #include <linux/module.h>
 #include <linux/moduleparam.h>
@@ -26,6 +27,40 @@ int nvfake_gpu_count(void)
 }
 EXPORT_SYMBOL(nvfake_gpu_count);
 
+#if NV_FLAVOUR_OPEN
+
+/* GA10x and newer (Hopper, Ada, Blackwell) boot gsp_ga10x.bin; Turing and GA100 gsp_tu10x.bin. */
+#define NV_FIRST_GA10X_DEVICE 0x2200
+
+/*
+ * Like the open module, whose GSP-RM runs on the GPU: nothing starts unless the kernel's
+ * firmware loader finds nvidia/<version>/gsp_*.bin (in the host's /lib/firmware).
+ */
+static int nv_gsp_firmware_check(const struct nv_gpu *gpu)
+{
+	const struct firmware *fw;
+	char name[64];
+	int ret;
+
+	snprintf(name, sizeof(name), "nvidia/%s/%s", NV_VERSION_STRING,
+		 gpu->device < NV_FIRST_GA10X_DEVICE ? "gsp_tu10x.bin" : "gsp_ga10x.bin");
+	ret = request_firmware_direct(&fw, name, NULL);
+	if (ret) {
+		pr_err("NVRM: RmFetchGspRmImages: No firmware image found\n");
+		pr_err("NVRM: GPU %s: RmInitAdapter failed! (firmware %s: %d)\n",
+		       gpu->address, name, ret);
+		return ret;
+	}
+	release_firmware(fw);
+	return 0;
+}
+#else
+static int nv_gsp_firmware_check(const struct nv_gpu *gpu)
+{
+	return 0;
+}
+#endif
+
 static int __init nv_init(void)
 {
 	int i, ret;
@@ -41,6 +76,9 @@ static int __init nv_init(void)
 	}
 	for (i = 0; i < nv_gpu_count; i++) {
 		ret = nv_gpu_check_supported(&nv_gpus[i]);
+		if (ret)
+			return ret;
+		ret = nv_gsp_firmware_check(&nv_gpus[i]);
 		if (ret)
 			return ret;
 	}

@@ -85,6 +85,7 @@ def install(options: Options, manifest: Manifest, package_dir: str, log: Log) ->
     installed: list[str] = []
     if with_modules:
         installed += install_kernel_modules(options, manifest, package_dir, target, log)
+        installed += userspace.install_files(package_dir, manifest, options, log, firmware=True)
     if with_userspace:
         installed += userspace.install_files(package_dir, manifest, options, log)
         userspace.run_ldconfig(log)

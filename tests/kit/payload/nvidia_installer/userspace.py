@@ -42,10 +42,16 @@ def make_dirs(path: str) -> None:
         os.chmod(directory, 0o755)
 
 
-def install_files(package_dir: str, manifest: Manifest, options: Options, log: Log) -> list[str]:
+def install_files(
+    package_dir: str, manifest: Manifest, options: Options, log: Log, firmware: bool = False
+) -> list[str]:
+    """The user-space files, or with `firmware` only the GSP firmware (the kernel-module pass
+    writes it: a `--no-kernel-modules` install leaves it out)."""
     dirs = destinations(options, manifest.version)
     installed = []
     for entry in manifest.entries:
+        if (entry.file_type == "FIRMWARE") != firmware:
+            continue
         if options.no_nvidia_modprobe and os.path.basename(entry.path) == "nvidia-modprobe":
             continue
         directory = os.path.join(dirs[entry.file_type], entry.subdir)
@@ -56,7 +62,7 @@ def install_files(package_dir: str, manifest: Manifest, options: Options, log: L
         os.chmod(partial, entry.mode)
         os.replace(partial, destination)
         installed.append(destination)
-    log.info(f"Installed {len(installed)} user-space files.")
+    log.info(f"Installed {len(installed)} {'firmware' if firmware else 'user-space'} files.")
     return installed
 
 
