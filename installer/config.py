@@ -130,7 +130,8 @@ SETTINGS: tuple[Setting, ...] = (
         "fetch_headers",
         "NVIDIA_INSTALLER_FETCH_HEADERS",
         "auto",
-        "Install missing kernel headers in the image: auto (only in a container), true, false.",
+        "Fetch missing kernel headers from the host's package sources (or the headers mirror) "
+        "into the cache: auto or true (yes), false (no).",
     ),
     Setting("retries", "NVIDIA_INSTALLER_RETRIES", "5", "Download attempts per mirror."),
     Setting(
@@ -165,6 +166,22 @@ SETTINGS: tuple[Setting, ...] = (
         "/dev/termination-log",
         "Where a failure's reference and hint are written for `kubectl describe pod` "
         "(only if the file exists, as Kubernetes creates it).",
+    ),
+    # issue 12
+    Setting(
+        "headers_mirror",
+        "NVIDIA_INSTALLER_HEADERS_MIRROR",
+        "",
+        "Mirror of the host's package archive for kernel headers (air-gapped nodes): replaces "
+        "the URI of every apt source (suites, components, keys kept), or each dnf repo's "
+        "baseurl with <mirror>/<repo id>/ (reposync's layout).",
+    ),
+    Setting(
+        "rocky_vault",
+        "NVIDIA_INSTALLER_ROCKY_VAULT",
+        "https://dl.rockylinux.org/vault/rocky",
+        "Rocky Linux's vault: kernel-devel of older minor releases (<vault>/<minor>/BaseOS and "
+        "AppStream).",
     ),
 )
 
@@ -208,6 +225,8 @@ class Config:
     allow_no_gpu: bool = False
     log_format: str = "text"
     termination_log: str = "/dev/termination-log"
+    headers_mirror: str | None = None
+    rocky_vault: str = "https://dl.rockylinux.org/vault/rocky"
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def module_args_for(self, module: str) -> list[str]:
@@ -354,6 +373,8 @@ _PARSERS: dict[str, Callable[[str, Setting], object]] = {
     "allow_no_gpu": _switch,
     "log_format": _choice("text", "json"),
     "termination_log": _text,
+    "headers_mirror": _url,
+    "rocky_vault": lambda v, s: _url(v, s) or "",
 }
 
 
