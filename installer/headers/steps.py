@@ -44,6 +44,10 @@ def headers_step(ctx: Context, built: Callable[[], bool]) -> Step:
         return built() or t.headers is not None
 
     def apply() -> None:
+        # A kernel whose gcc is known already (/proc/version) fails before fetching anything.
+        major, source = kernel_gcc(ctx)
+        if major is not None and compiler.choose(ctx.runner, major) is None:
+            raise compiler.missing_error(t.kernel, major, source, ctx.runner)
         t.headers = fetch.obtain(ctx.root, ctx.config, ctx.facts, ctx.layout, ctx.runner)
 
     return Step("kernel-headers", f"headers for kernel {t.kernel} (host, image, cache, or "

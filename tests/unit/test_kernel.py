@@ -3,8 +3,6 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-import pytest
-
 from installer import kernel
 from installer.hostroot import HostRoot
 
