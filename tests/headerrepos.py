@@ -45,6 +45,13 @@ def make_key(dest: Path) -> Key:
     return Key(home, keyring)
 
 
+def _link_copy(src: Path, dest: Path) -> None:
+    """A copy of a large read-only tree as hard links where the filesystem allows."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["cp", "-al", str(src), str(dest)], check=False).returncode != 0:
+        shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
+
+
 # --- apt --------------------------------------------------------------------------------
 
 
@@ -115,7 +122,7 @@ def ubuntu_shape_debs(work: Path, kernel: str, base_package: str, gcc_version: i
     version = kernel.rsplit("-", 1)[0] + ".1"
     base = work / "base"
     base_dir = base / "usr/src" / base_package
-    shutil.copytree(common_tree, base_dir, symlinks=True)
+    _link_copy(Path(common_tree), base_dir)
     flavour = work / "flavour"
     flavour_dir = flavour / "usr/src" / f"linux-headers-{kernel}"
     flavour_dir.mkdir(parents=True)
@@ -189,7 +196,7 @@ def kernel_devel_rpm(work: Path, kernel: str, key: Key) -> Path:
     version, release = kernel.rsplit(".", 1)[0].split("-", 1)
     tree = work / "tree"
     dest = tree / "usr/src/kernels" / kernel
-    shutil.copytree(common_tree, dest, symlinks=True)
+    _link_copy(Path(common_tree), dest)
     for entry in Path(arch_tree).iterdir():
         if entry.name in ("Makefile", "scripts", "tools"):
             continue
@@ -199,6 +206,8 @@ def kernel_devel_rpm(work: Path, kernel: str, key: Key) -> Path:
         else:
             shutil.copy2(entry, target)
     for name in ("scripts", "tools"):
+        if (dest / name).is_symlink():
+            (dest / name).unlink()
         shutil.copytree(Path(kbuild_tree) / name, dest / name, symlinks=True, dirs_exist_ok=True)
     spec = work / "kernel-devel.spec"
     spec.write_text(f"""Name: kernel-devel
@@ -218,10 +227,11 @@ cp -a {dest} %{{buildroot}}/usr/src/kernels/
 """)
     top = work / "rpmbuild"
     run("rpmbuild", "-bb", "--quiet", f"--define=_topdir {top}",
-        "--define=_binary_payload w1.gzdio", "--define=__os_install_post %{nil}",
+        "--define=_binary_payload w1.gzdio", "--define=_build_id_links none",
+        "--define=__os_install_post %{nil}",
         "--define=debug_package %{nil}", str(spec))
     rpm = next((top / "RPMS").rglob("*.rpm"))
-    run("rpmsign", "--addsign", f"--define=_gpg_path {key.home}",
+    run("rpmsign", "--addsign", f"--define=_gpg_path {key.home}", "--define=__gpg /usr/bin/gpg",
         f"--define=_gpg_name {KEY_NAME}", str(rpm))
     return rpm
 

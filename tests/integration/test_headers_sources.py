@@ -54,7 +54,7 @@ DEBIAN_K = debian_headers()[0] if debian_headers() else "6.1.0-56-amd64"
 JAMMY_K, JAMMY_BASE = "5.15.0-105-generic", "linux-headers-5.15.0-105"
 NOBLE_K, NOBLE_BASE = "6.8.0-1008-aws", "linux-aws-headers-6.8.0-1008"
 ROCKY9_K = "5.14.0-427.13.1.el9_4.x86_64"
-ROCKY8_OLD_K = "4.18.0-513.24.1.el8_9.x86_64"
+ROCKY8_K = "4.18.0-513.24.1.el8_9.x86_64"
 UNREACHABLE = "http://127.0.0.1:9"
 VERSION = "580.105.08"
 GCC9 = ("Linux version 5.4.0-200-generic (buildd@lcy02-amd64-023) (gcc version 9.4.0 (Ubuntu "
@@ -79,12 +79,12 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
                 ubuntu_shape_debs(work / "jammy", JAMMY_K, JAMMY_BASE, 110400), key)
     publish_apt(www / "ubuntu", "noble",
                 ubuntu_shape_debs(work / "noble", NOBLE_K, NOBLE_BASE, 130200), key)
-    publish_dnf(www / "rocky/9/AppStream/x86_64/os",
-                [kernel_devel_rpm(work / "rpm9", ROCKY9_K, key)])
-    publish_dnf(www / "vault/8.9/AppStream/x86_64/os",
-                [kernel_devel_rpm(work / "rpm8", ROCKY8_OLD_K, key)])
-    for sub in ("rocky/9/BaseOS/x86_64/os", "rocky/8/BaseOS/x86_64/os",
-                "rocky/8/AppStream/x86_64/os", "vault/8.9/BaseOS/x86_64/os"):
+    rpm = kernel_devel_rpm(work / "rpm9", ROCKY9_K, key)
+    # 9.4's kernel is in the current repos for a 9.4 host, and only in the vault for a 9.5 one.
+    publish_dnf(www / "rocky/9.4/AppStream/x86_64/os", [rpm])
+    publish_dnf(www / "vault/9.4/AppStream/x86_64/os", [rpm])
+    for sub in ("rocky/9.4/BaseOS/x86_64/os", "rocky/9.5/BaseOS/x86_64/os",
+                "rocky/9.5/AppStream/x86_64/os", "vault/9.4/BaseOS/x86_64/os"):
         publish_dnf(www / sub, [])
     kit.build_runfile(VERSION, www / "runfiles" / VERSION)
     with serve_directory(www) as (base, requests):
@@ -123,9 +123,8 @@ def test_ubuntu_2204_both_packages_from_the_hosts_one_line_sources(archive: Any,
     assert headers.unpacked_root == cache / "root"
     assert (cache / ".complete").read_text().split() == [f"linux-headers-{JAMMY_K}", JAMMY_BASE]
     flavour = cache / "root/usr/src" / f"linux-headers-{JAMMY_K}"
-    assert os.readlink(flavour / "Kbuild") == f"../{JAMMY_BASE}/Kbuild"
-    assert (flavour / "Kbuild").is_file() and (cache / "root/usr/src" / JAMMY_BASE / "Makefile"
-                                               ).is_file()
+    assert os.readlink(flavour / "Makefile") == f"../{JAMMY_BASE}/Makefile"
+    assert (flavour / "Makefile").is_file() and (flavour / ".config").is_file()
     assert os.readlink(cache / "root/lib/modules" / JAMMY_K / "build") == (
         f"/usr/src/linux-headers-{JAMMY_K}")
     assert sorted(os.listdir(cache)) == [".complete", "root"]
@@ -172,36 +171,58 @@ def test_headers_that_exist_nowhere_name_package_kernel_and_sources(archive: Any
     assert "/etc/apt/sources.list" in message
 
 
+def rocky_host(tmp_path: Path, base: str, key: Key, minor: str) -> Path:
+    root = tmp_path / "host"
+    make_host(root, distro="rocky-9", kernel=ROCKY9_K)
+    text = (root / "etc/os-release").read_text()
+    (root / "etc/os-release").write_text(text.replace('"9.4"', f'"{minor}"'))
+    # The repos of the host's minor (what Rocky's mirrorlist hands a node of that minor).
+    rocky_repos(root, 9, base, key, {"baseos": f"rocky/{minor}/BaseOS/$basearch/os/",
+                                     "appstream": f"rocky/{minor}/AppStream/$basearch/os/"})
+    return root
+
+
 def test_rocky_9_kernel_devel_from_the_hosts_repos_signature_checked(archive: Any,
                                                                      tmp_path: Path) -> None:
     base, _, key, requests = archive
-    root = tmp_path / "host"
-    make_host(root, distro="rocky-9", kernel=ROCKY9_K)
-    rocky_repos(root, 9, base, key, {"baseos": "rocky/$releasever/BaseOS/$basearch/os/",
-                                     "appstream": "rocky/$releasever/AppStream/$basearch/os/"})
+    root = rocky_host(tmp_path, base, key, "9.4")
     requests.clear()
     headers = obtain(root, ROCKY9_K, NVIDIA_INSTALLER_ROCKY_VAULT=UNREACHABLE)
     tree = cache_of(root, ROCKY9_K) / "root/usr/src/kernels" / ROCKY9_K
-    assert headers.host_path == Path(f"/usr/src/kernels/{ROCKY9_K}")
-    assert (tree / "Makefile").is_file() and (tree / "scripts").is_dir()
-    assert any(r.startswith("/rocky/9/AppStream/x86_64/os/repodata/") for r in requests)
+    assert str(headers.host_path) == f"/usr/src/kernels/{ROCKY9_K}"
+    assert (tree / "Makefile").is_file() and (tree / "scripts/mod/modpost").is_file()
+    assert (cache_of(root, ROCKY9_K) / ".complete").read_text().split() == [
+        f"kernel-devel-{ROCKY9_K}"]
+    assert any(r.startswith("/rocky/9.4/AppStream/x86_64/os/") and r.endswith(".rpm")
+               for r in requests)
     assert_host_package_state_untouched(root)
 
 
-def test_rocky_8_older_minor_comes_from_the_vault(archive: Any, tmp_path: Path) -> None:
+def test_rocky_older_minor_comes_from_the_vault(archive: Any, tmp_path: Path) -> None:
     base, _, key, requests = archive
-    root = tmp_path / "host"
-    make_host(root, distro="rocky-8", kernel=ROCKY8_OLD_K)
-    (root / "etc/os-release").write_text((root / "etc/os-release").read_text()
-                                         .replace('"8.9"', '"8.10"'))
-    rocky_repos(root, 8, base, key, {"baseos": "rocky/$releasever/BaseOS/$basearch/os/",
-                                     "appstream": "rocky/$releasever/AppStream/$basearch/os/"})
+    root = rocky_host(tmp_path, base, key, "9.5")
     requests.clear()
-    obtain(root, ROCKY8_OLD_K, NVIDIA_INSTALLER_ROCKY_VAULT=f"{base}/vault")
-    assert (cache_of(root, ROCKY8_OLD_K) / "root/usr/src/kernels" / ROCKY8_OLD_K
-            / "Makefile").is_file()
-    assert any(r.startswith("/vault/8.9/AppStream/x86_64/os/") and r.endswith(".rpm")
+    obtain(root, ROCKY9_K, NVIDIA_INSTALLER_ROCKY_VAULT=f"{base}/vault")
+    assert (cache_of(root, ROCKY9_K) / "root/usr/src/kernels" / ROCKY9_K / "Makefile").is_file()
+    assert any(r.startswith("/vault/9.4/AppStream/x86_64/os/") and r.endswith(".rpm")
                for r in requests)
+
+
+def test_rocky_8_plan_names_the_vault_of_the_kernels_minor(tmp_path: Path) -> None:
+    root = tmp_path / "host"
+    make_host(root, distro="rocky-8", kernel=RUNNING_KERNEL, gpus=(0x2330,))
+    (root / "etc/yum.repos.d").mkdir(parents=True)
+    (root / "etc/yum.repos.d/Rocky-BaseOS.repo").write_text(
+        "[baseos]\nname=Rocky Linux $releasever - BaseOS\nmirrorlist=https://mirrors.rockylinux"
+        ".org/mirrorlist?arch=$basearch&repo=BaseOS-$releasever\ngpgcheck=1\nenabled=1\n"
+        "gpgkey=file:///etc/pki/rpm-gpg/RPM-GPG-KEY-rockyofficial\n")
+    env = installer_env(root, ROCKY8_K, NVIDIA_DRIVER_VERSION=VERSION,
+                        NVIDIA_DRIVER_SOURCE="runfile", NVIDIA_INSTALLER_FETCH_HEADERS="true")
+    plan = run_installer(env, "plan")
+    assert plan.returncode == 0, plan.stderr
+    assert (f"kernel-headers: fetch kernel-devel-{ROCKY8_K} (from the host's package sources "
+            "(/etc/yum.repos.d/Rocky-BaseOS.repo) and Rocky's vault for 8.9 "
+            "(https://dl.rockylinux.org/vault/rocky)") in plan.stdout
 
 
 def test_rhel_repos_with_an_untrusted_signature_fail_and_leave_nothing(archive: Any,
@@ -218,7 +239,7 @@ def test_rhel_repos_with_an_untrusted_signature_fail_and_leave_nothing(archive: 
     (root / "etc/yum.repos.d").mkdir(parents=True)
     (root / "etc/yum.repos.d/redhat.repo").write_text(
         "[rhel-9-for-x86_64-appstream-rpms]\nname=Red Hat Enterprise Linux 9 - AppStream\n"
-        f"baseurl={base}/rocky/$releasever/AppStream/$basearch/os\nenabled=1\ngpgcheck=1\n"
+        f"baseurl={base}/rocky/9.4/AppStream/$basearch/os\nenabled=1\ngpgcheck=1\n"
         "gpgkey=file:///etc/pki/rpm-gpg/RPM-GPG-KEY-redhat-release\n"
         "sslclientcert=/etc/pki/entitlement/1.pem\nsslclientkey=/etc/pki/entitlement/1-key.pem\n")
     with pytest.raises(HeadersFetchFailed) as info:
