@@ -102,12 +102,12 @@ def publish_apt(www: Path, suite: str, debs: list[Path], key: Key, arch: str = "
 
 
 def build_deb(tree: Path, out: Path, control: dict[str, str]) -> Path:
-    """dpkg-deb of `tree` with the given control fields (fast gzip: a test archive)."""
+    """dpkg-deb of `tree` with the given control fields (uncompressed: a test archive)."""
     (tree / "DEBIAN").mkdir(parents=True, exist_ok=True)
     (tree / "DEBIAN/control").write_text("".join(f"{k}: {v}\n" for k, v in control.items()))
     deb = out / f"{control['Package']}_{control['Version']}_{control['Architecture']}.deb"
     out.mkdir(parents=True, exist_ok=True)
-    run("dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "--build", str(tree), str(deb))
+    run("dpkg-deb", "--root-owner-group", "-Znone", "--build", str(tree), str(deb))
     return deb
 
 
