@@ -46,10 +46,10 @@ def make_key(dest: Path) -> Key:
 
 
 def _link_copy(src: Path, dest: Path) -> None:
-    """A copy of a large read-only tree as hard links where the filesystem allows."""
+    """A real copy (hard links would let tar see ctimes change when other processes link the
+    same system files)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    if subprocess.run(["cp", "-al", str(src), str(dest)], check=False).returncode != 0:
-        shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
+    shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
 
 
 # --- apt --------------------------------------------------------------------------------
