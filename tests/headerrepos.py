@@ -139,11 +139,11 @@ def ubuntu_shape_debs(work: Path, kernel: str, base_package: str, gcc_version: i
     for entry in base_dir.iterdir():
         if not (flavour_dir / entry.name).exists():
             os.symlink(f"../{base_package}/{entry.name}", flavour_dir / entry.name)
-    config = flavour_dir / ".config"
-    text = config.read_text()
-    lines = [f"CONFIG_GCC_VERSION={gcc_version}" if line.startswith("CONFIG_GCC_VERSION=")
-             else line for line in text.splitlines()]
-    config.write_text("\n".join(lines) + "\n")
+    for config in (flavour_dir / ".config", flavour_dir / "include/config/auto.conf"):
+        text = config.read_text()
+        lines = [f"CONFIG_GCC_VERSION={gcc_version}" if line.startswith("CONFIG_GCC_VERSION=")
+                 else line for line in text.splitlines()]
+        config.write_text("\n".join(lines) + "\n")
     modules = flavour / "lib/modules" / kernel
     modules.mkdir(parents=True)
     os.symlink(f"/usr/src/linux-headers-{kernel}", modules / "build")

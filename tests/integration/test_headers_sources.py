@@ -333,12 +333,12 @@ def test_fetching_off_and_no_headers_plan_says_so_and_run_downloads_nothing(
     assert requests == []
 
 
-@pytest.mark.parametrize(("distro", "kernel", "proc_version", "tag"), [
-    ("ubuntu-20.04", "5.4.0-200-generic", GCC9, "ubuntu20.04"),
-    ("ubuntu-24.04", "6.8.0-45-generic", GCC13, "ubuntu24.04"),
-])
+@pytest.mark.parametrize(("distro", "kernel", "proc_version", "major", "tag"), [
+    ("ubuntu-20.04", "5.4.0-200-generic", GCC9, 9, "ubuntu20.04"),
+    ("ubuntu-24.04", "6.8.0-45-generic", GCC13, 13, "ubuntu24.04"),
+], ids=["older-host", "newer-host"])
 def test_host_release_other_than_the_images_names_compiler_and_tag(
-        archive: Any, tmp_path: Path, distro: str, kernel: str, proc_version: str,
+        archive: Any, tmp_path: Path, distro: str, kernel: str, proc_version: str, major: int,
         tag: str) -> None:
     """This image (Debian 12, gcc 12) on an older and a newer Ubuntu: the kernel's gcc is
     known from /proc/version, so plan says so and run fails before downloading anything."""
@@ -350,7 +350,6 @@ def test_host_release_other_than_the_images_names_compiler_and_tag(
     env = installer_env(root, kernel, NVIDIA_DRIVER_VERSION=VERSION,
                         NVIDIA_DRIVER_MIRRORS=f"{base}/runfiles",
                         NVIDIA_INSTALLER_FETCH_HEADERS="true")
-    major = proc_version.split("gcc")[1].split(".")[0].strip(" -version(")
     plan = run_installer(env, "plan")
     assert "compiler: missing" in plan.stdout, plan.stdout
     assert f"use the installer image tag {tag}" in plan.stdout
