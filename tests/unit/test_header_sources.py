@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakes import FakeRunner
@@ -164,3 +165,64 @@ def test_plan_source_says_why_headers_cannot_be_had(tmp_path: Path,
     monkeypatch.setattr(fetch.shutil, "which", lambda name: None)
     no_tool = _plan_source(tmp_path, "5.4.0-200-generic")
     assert no_tool.tool is None and "this image has no apt-get" in no_tool.where
+
+
+def _runfile_context(tmp_path: Path, runner: FakeRunner, **env: str) -> Any:
+    from installer.config import from_env as config_from
+    from installer.host import gather as gather_facts
+    from installer.layout import Layout
+    from installer.plan import Context, Target
+
+    root = make_host(tmp_path, distro="ubuntu-20.04", kernel="5.4.0-200-generic", gpus=[0x2330])
+    (tmp_path / "proc/version").write_text(
+        "Linux version 5.4.0-200-generic (buildd@lcy02-amd64-023) (gcc version 9.4.0 (Ubuntu "
+        "9.4.0-1ubuntu1~20.04.2)) #220-Ubuntu SMP\n")
+    config = config_from({"ROOT_MOUNT_DIR": str(tmp_path), **env})
+    target = Target("580.105.08", 580, "open", "5.4.0-200-generic", "runfile", [], None, True,
+                    ("0000:00:04.0",))
+
+    def no_fetch(urls: list[str], dest: Path, name: str) -> Path:
+        raise AssertionError("the driver must not be downloaded")
+
+    return Context(config, root, Layout.from_config(config, root), runner,
+                   gather_facts(root, free_space_path=tmp_path), target, no_fetch)
+
+
+def test_headers_and_compiler_are_settled_before_the_driver_download(tmp_path: Path) -> None:
+    from installer.sources import runfile
+
+    ctx = _runfile_context(tmp_path, FakeRunner())
+    names = [step.name for step in runfile.runfile_steps(ctx)]
+    assert names[:3] == ["kernel-headers", "check-compiler", "fetch-runfile"]
+
+
+def test_missing_headers_stop_the_run_before_the_download(tmp_path: Path) -> None:
+    from installer import pipeline
+    from installer.errors import KernelHeadersMissing
+    from installer.plan import Plan
+    from installer.sources import runfile
+
+    ctx = _runfile_context(tmp_path, FakeRunner().on("gcc", "-dumpversion", output="9.4.0\n"),
+                           NVIDIA_INSTALLER_FETCH_HEADERS="false")
+    with pytest.raises(KernelHeadersMissing, match=r"linux-headers-5\.4\.0-200-generic: fetching "
+                       r"is off"):
+        pipeline.execute(Plan(ctx, [], runfile.runfile_steps(ctx)))
+
+
+def test_a_compiler_the_image_lacks_stops_the_run_before_fetching_headers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from installer import compiler, pipeline
+    from installer.errors import CompilerMissing
+    from installer.plan import Plan
+    from installer.sources import runfile
+
+    monkeypatch.setattr(compiler.shutil, "which",
+                        lambda name: "/usr/bin/gcc" if name == "gcc" else None)
+    runner = FakeRunner().on("gcc", "-dumpversion", output="12\n")
+    ctx = _runfile_context(tmp_path, runner)
+    with pytest.raises(CompilerMissing, match=r"built with gcc 9 \(/proc/version\)") as info:
+        pipeline.execute(Plan(ctx, [], runfile.runfile_steps(ctx)))
+    assert info.value.hint == ("Compiler gcc-9: use the installer image tag ubuntu20.04, which "
+                               "carries gcc-9.")
+    assert [c.argv[0] for c in runner.calls] == ["gcc"] * len(runner.calls)
+    assert not (tmp_path / "var/lib/nvidia/cache/headers").exists()
