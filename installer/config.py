@@ -130,7 +130,8 @@ SETTINGS: tuple[Setting, ...] = (
         "fetch_headers",
         "NVIDIA_INSTALLER_FETCH_HEADERS",
         "auto",
-        "Install missing kernel headers in the image: auto (only in a container), true, false.",
+        "Fetch missing kernel headers from the host's package sources (or the headers mirror) "
+        "into the cache: auto or true (yes), false (no).",
     ),
     Setting("retries", "NVIDIA_INSTALLER_RETRIES", "5", "Download attempts per mirror."),
     Setting(
@@ -207,6 +208,22 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "Password or token for the module registry (from a Kubernetes Secret; never logged).",
     ),
+    # issue 12
+    Setting(
+        "headers_mirror",
+        "NVIDIA_INSTALLER_HEADERS_MIRROR",
+        "",
+        "Mirror of the host's package archive for kernel headers (air-gapped nodes): replaces "
+        "the URI of every apt source (suites, components, keys kept), or each dnf repo's "
+        "baseurl with <mirror>/<repo id>/ (reposync's layout).",
+    ),
+    Setting(
+        "rocky_vault",
+        "NVIDIA_INSTALLER_ROCKY_VAULT",
+        "https://dl.rockylinux.org/vault/rocky",
+        "Rocky Linux's vault: kernel-devel of older minor releases (<vault>/<minor>/BaseOS and "
+        "AppStream).",
+    ),
 )
 
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
@@ -255,6 +272,10 @@ class Config:
     module_registry_push: bool = False
     module_registry_username: str | None = None
     module_registry_password: str | None = field(default=None, repr=False)
+
+
+    headers_mirror: str | None = None
+    rocky_vault: str = "https://dl.rockylinux.org/vault/rocky"
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def module_args_for(self, module: str) -> list[str]:
@@ -443,6 +464,8 @@ _PARSERS: dict[str, Callable[[str, Setting], object]] = {
     "module_registry_push": _switch,
     "module_registry_username": _optional_text,
     "module_registry_password": _optional_text,
+    "headers_mirror": _url,
+    "rocky_vault": lambda v, s: _url(v, s) or "",
 }
 
 

@@ -142,7 +142,7 @@ class KernelHeadersMissing(InstallerError):
     reference = "kernel-headers-missing"
     exit_code = 30
     default_hint = (
-        "Install the headers package named above on the host, or let the image install it."
+        "Install the headers package named above on the host, or configure a source that has it."
     )
 
 
@@ -268,6 +268,22 @@ class CommandNotFound(InstallerError):
         "The image lacks a tool the installer needs; use the published image or install it."
     )
 
+
+
+# issue 12
+class CompilerMissing(InstallerError):
+    reference = "compiler-missing"
+    exit_code = 43
+    default_hint = "Use the installer image tag named above, which carries that compiler."
+
+
+class HeadersFetchFailed(InstallerError):
+    reference = "headers-fetch-failed"
+    exit_code = 44
+    default_hint = (
+        "Check the host's package sources and keys (or NVIDIA_INSTALLER_HEADERS_MIRROR); nothing "
+        "was changed on the host."
+    )
 
 def all_error_types() -> list[type[InstallerError]]:
     """Every error class, for the README table and the uniqueness test."""

@@ -1,20 +1,12 @@
-"""Kernel headers for the target kernel: find them, make them usable here, match the compiler."""
+"""Kernel header trees: find them on the host, in the image or the cache; make them visible."""
 
 from __future__ import annotations
 
-import logging
-import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from installer.errors import CommandFailed, KernelHeadersMissing
+from installer.errors import KernelHeadersMissing
 from installer.hostroot import HostRoot
-from installer.runner import Runner
-
-log = logging.getLogger(__name__)
-
-_GCC_IN_PROC_VERSION = re.compile(r"gcc[^)]*?\)?\s*(?:version\s+)?(\d+)\.(\d+)(?:\.\d+)?")
 
 
 @dataclass(frozen=True)
@@ -25,6 +17,9 @@ class Headers:
     host_path: PurePosixPath
     binds: tuple[PurePosixPath, ...]
     in_container: bool = False
+    # Where the trees lie here when they are not the host root's (headers unpacked into the
+    # install dir's cache): `binds` are then taken from below this directory.
+    unpacked_root: Path | None = None
 
 
 def candidate_paths(kernel: str) -> tuple[PurePosixPath, ...]:
@@ -47,6 +42,14 @@ def find_headers(root: HostRoot, kernel: str) -> Headers | None:
         if (local / "Makefile").is_file() and (local / "include").is_dir():
             return Headers(resolved, _trees_to_bind(root, resolved))
     return None
+
+
+def find_unpacked_headers(tree_root: Path, kernel: str) -> Headers | None:
+    """Headers unpacked from packages under `tree_root` (a root-shaped directory)."""
+    found = find_headers(HostRoot(tree_root), kernel)
+    if found is None:
+        return None
+    return Headers(found.host_path, found.binds, unpacked_root=tree_root)
 
 
 def find_container_headers(kernel: str) -> Headers | None:
@@ -73,6 +76,8 @@ def _trees_to_bind(root: HostRoot, headers: PurePosixPath) -> tuple[PurePosixPat
 def with_host_trees(root: HostRoot, headers: Headers, argv: list[str]) -> list[str]:
     """Wrap `argv` so it runs in a private mount namespace with the host's header trees
     bind-mounted at their own absolute paths (nothing changes outside that namespace)."""
+    if headers.unpacked_root is not None:
+        root = HostRoot(headers.unpacked_root)
     if root.is_bare or headers.in_container or not headers.binds:
         return argv
     script = ["set -e"]
@@ -89,60 +94,16 @@ def with_host_trees(root: HostRoot, headers: Headers, argv: list[str]) -> list[s
     ]
 
 
-def install_headers(runner: Runner, package_manager: str, family: str, kernel: str) -> Headers:
-    """Install the exact headers package inside the image; KernelHeadersMissing if it can't."""
-    package = headers_package(family, kernel)
-    if package_manager == "apt":
-        commands = [["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends",
-                                           package]]
-    else:
-        commands = [["dnf", "install", "-y", package]]
-    env = {"DEBIAN_FRONTEND": "noninteractive"}
-    try:
-        for argv in commands:
-            runner.run(argv, env=env, stream=True, timeout=900)
-    except CommandFailed as exc:
-        raise missing_headers_error(kernel, family, tried=f"`{' '.join(exc.argv)}` failed:\n"
-                                    + exc.output_tail) from exc
-    found = find_container_headers(kernel)
-    if found is None:
-        raise missing_headers_error(kernel, family, tried=f"{package} installed but no tree found")
-    return found
-
-
 def missing_headers_error(kernel: str, family: str, tried: str = "") -> KernelHeadersMissing:
+    """kernel-headers-missing naming the package, the kernel and every place looked at."""
     package = headers_package(family, kernel)
     where = ", ".join(str(p) for p in candidate_paths(kernel))
-    message = f"no kernel headers for kernel {kernel} (looked in {where} on the host)"
+    message = f"no kernel headers for kernel {kernel}: looked in {where} on the host"
     if tried:
-        message += f"; installing {package} in the image: {tried}"
+        message += f"; {package}: {tried}"
     return KernelHeadersMissing(
         message,
-        hint=f"Install {package} on the host (it must match the running kernel exactly), "
-        "or let the installer fetch it: NVIDIA_INSTALLER_FETCH_HEADERS=true.",
+        hint=f"Install {package} on the host (it must match the kernel exactly), configure a "
+        "package source that has it, or set NVIDIA_INSTALLER_HEADERS_MIRROR to a mirror of the "
+        "host's package archive.",
     )
-
-
-def kernel_gcc_major(proc_version: str | None) -> int | None:
-    """The gcc major the kernel was built with, from /proc/version."""
-    if not proc_version:
-        return None
-    match = _GCC_IN_PROC_VERSION.search(proc_version)
-    return int(match.group(1)) if match else None
-
-
-def matching_compiler(runner: Runner, kernel_major: int | None) -> tuple[dict[str, str], str]:
-    """Environment that selects a gcc matching the kernel's, and a note for the log."""
-    result = runner.run(["gcc", "-dumpversion"], check=False)
-    found = result.output.strip().split(".")[0]
-    ours = int(found) if found.isdigit() else None
-    if kernel_major is None or ours == kernel_major:
-        return {}, f"gcc {ours} (kernel built with gcc {kernel_major})"
-    versioned = f"gcc-{kernel_major}"
-    if shutil.which(versioned):
-        return {"CC": versioned}, f"using {versioned} to match the kernel (default gcc is {ours})"
-    log.warning(
-        "compiler mismatch: the kernel was built with gcc %s but this image has gcc %s; "
-        "the module build may fail (install gcc-%s in the image)", kernel_major, ours, kernel_major,
-    )
-    return {}, f"gcc {ours} differs from the kernel's gcc {kernel_major}"

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from installer import catalog, host, kernel, steps, versions
+from installer import catalog, compiler, host, kernel, steps, versions
 from installer.config import Config, check_build_path
 from installer.delivery.urls import redact_url
 from installer.errors import ConfigError, NoNvidiaGpu
+from installer.headers import fetch as header_fetch
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Plan, Step, Target
@@ -73,9 +74,10 @@ def make_plan(
                                            catalog=shipped_or_custom)
         urls = runfile.download_urls(config, resolution.version, facts.arch, default_url)
         decisions.append(Decision("download", redact_url(urls[0]), _url_reason(config, urls)))
-        headers = kernel.find_headers(root, facts.kernel_release) or (
-            kernel.find_container_headers(facts.kernel_release))
-        decisions.append(_headers_decision(headers, facts.kernel_release, facts.distro.family))
+        headers = (kernel.find_headers(root, facts.kernel_release)
+                   or header_fetch.cached(layout, facts.kernel_release)
+                   or kernel.find_container_headers(facts.kernel_release))
+        decisions += header_decisions(config, root, layout, runner, facts, headers, running)
     else:
         package = kernel.headers_package("rhel", facts.kernel_release)
         decisions.append(Decision("kernel-headers", package,
@@ -187,12 +189,49 @@ def _url_reason(config: Config, urls: list[str]) -> str:
     return f"tried in order: {tried}" if len(urls) > 1 else "default location"
 
 
-def _headers_decision(headers: kernel.Headers | None, release: str, family: str) -> Decision:
+def header_decisions(config: Config, root: HostRoot, layout: Layout, runner: Runner,
+                     facts: host.HostFacts, headers: kernel.Headers | None,
+                     running: str) -> list[Decision]:
+    """Where the headers and the compiler come from, or why they cannot be had (issue 12)."""
+    release = facts.kernel_release
+    major: int | None = None
+    gcc_from = ""
     if headers is None:
-        package = kernel.headers_package(family, release)
-        return Decision("kernel-headers", "missing",
-                        f"no headers for {release} on the host; {package} will be installed in "
-                        "the image if allowed (NVIDIA_INSTALLER_FETCH_HEADERS), unless modules "
-                        "are already built")
-    where = "in the image" if headers.in_container else "on the host"
-    return Decision("kernel-headers", str(headers.host_path), f"found {where}")
+        source = header_fetch.plan_source(root, config, facts)
+        if source.tool is None:
+            first = Decision("kernel-headers", "missing",
+                             f"no headers for {release} on the host, in the cache or the image, "
+                             f"and {source.package} cannot be fetched: {source.where}; "
+                             "`run` fails before downloading the driver")
+        else:
+            first = Decision("kernel-headers", f"fetch {source.package}",
+                             f"from {source.where} with the image's {source.tool}, before the "
+                             f"driver download; unpacked into "
+                             f"{layout.cache_host}/headers/{release} (the host's package "
+                             "database is not touched)")
+    else:
+        if headers.unpacked_root is not None:
+            where = f"fetched by an earlier run into {layout.cache_host}/headers/{release}"
+            tree = headers.unpacked_root.joinpath(*headers.host_path.parts[1:])
+        elif headers.in_container:
+            where, tree = "in the image", Path(str(headers.host_path))
+        else:
+            where, tree = "on the host", root.local(headers.host_path)
+        first = Decision("kernel-headers", str(headers.host_path), f"found {where}")
+        major = compiler.headers_gcc_major(tree)
+        gcc_from = "the headers' CONFIG_GCC_VERSION"
+    if major is None and release == running:
+        major = compiler.kernel_gcc_major(root.read_text("/proc/version"))
+        gcc_from = "/proc/version"
+    if major is None:
+        return [first, Decision("compiler", "from the headers",
+                                "the kernel's gcc is read from the headers' config once they "
+                                "are fetched; checked before the driver download")]
+    chosen = compiler.choose(runner, major)
+    if chosen is None:
+        error = compiler.missing_error(release, major, gcc_from, runner)
+        return [first, Decision("compiler", "missing",
+                                f"{error.message}; `run` fails before downloading the driver. "
+                                f"{error.hint}")]
+    return [first, Decision("compiler", chosen.env.get("CC", "gcc"),
+                            f"{chosen.note}; kernel built with gcc {major} ({gcc_from})")]

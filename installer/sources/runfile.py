@@ -15,6 +15,7 @@ from pathlib import Path
 from installer import delivery, kernel
 from installer.config import Config
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
+from installer.headers import steps as header_steps
 from installer.layout import Layout
 from installer.plan import Context, Step
 from installer.steps import COMPLETE_MARKER, remove_tree
@@ -222,8 +223,10 @@ def install_userspace_argv(
 def runfile_steps(ctx: Context) -> list[Step]:
     from installer.sources import prebuilt  # issue 14: modules from a registry, when set
 
-    return [fetch_step(ctx), extract_step(ctx), *prebuilt.pull_steps(ctx), headers_step(ctx),
-            build_step(ctx), *prebuilt.publish_steps(ctx), userspace_step(ctx)]
+    # Headers and compiler first: a node that cannot build fails before the large download.
+    return [headers_step(ctx), compiler_step(ctx), fetch_step(ctx), extract_step(ctx),
+            *prebuilt.pull_steps(ctx), build_step(ctx), *prebuilt.publish_steps(ctx),
+            userspace_step(ctx)]
 
 
 def _built(ctx: Context) -> bool:
@@ -338,24 +341,11 @@ def extract_step(ctx: Context) -> Step:
 
 
 def headers_step(ctx: Context) -> Step:
-    t = ctx.target
-
-    def satisfied() -> bool:
-        return _built(ctx) or t.headers is not None
-
-    def apply() -> None:
-        fetch = ctx.config.fetch_headers
-        allowed = fetch == "true" or (fetch == "auto" and not ctx.root.is_bare)
-        family = ctx.facts.distro.family
-        if not allowed:
-            raise kernel.missing_headers_error(t.kernel, family)
-        t.headers = kernel.install_headers(ctx.runner, _image_package_manager(), family, t.kernel)
-
-    return Step("kernel-headers", f"headers for kernel {t.kernel}", satisfied, apply)
+    return header_steps.headers_step(ctx, lambda: _built(ctx))
 
 
-def _image_package_manager() -> str:
-    return "apt" if shutil.which("apt-get") else "dnf"
+def compiler_step(ctx: Context) -> Step:
+    return header_steps.compiler_step(ctx, lambda: _built(ctx))
 
 
 def build_step(ctx: Context) -> Step:
@@ -371,8 +361,8 @@ def build_step(ctx: Context) -> Step:
         remove_tree(staging)
         staging.mkdir(parents=True)
         log_file = layout.install_local / "nvidia-installer-build.log"
-        env, note = kernel.matching_compiler(
-            ctx.runner, kernel.kernel_gcc_major(ctx.root.read_text("/proc/version")))
+        chosen = header_steps.build_compiler(ctx)
+        env, note = chosen.env, chosen.note
         log.info("building %s modules for kernel %s (%s)", t.flavour, t.kernel, note)
         with scratch(layout) as tmp:
             request = BuildRequest(

@@ -3,11 +3,7 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-import pytest
-from fakes import FakeRunner
-
 from installer import kernel
-from installer.errors import KernelHeadersMissing
 from installer.hostroot import HostRoot
 
 K = "6.1.0-56-amd64"
@@ -53,45 +49,25 @@ def test_a_bare_host_needs_no_namespace(tmp_path: Path) -> None:
     assert kernel.with_host_trees(HostRoot(Path("/")), headers, ["a"]) == ["a"]
 
 
-@pytest.mark.parametrize(("text", "major"), [
-    ("Linux version 6.1.0-56-amd64 (debian-kernel@lists.debian.org) (gcc-12 (Debian "
-     "12.2.0-14+deb12u1) 12.2.0, GNU ld (GNU Binutils for Debian) 2.40) #1 SMP", 12),
-    ("Linux version 5.15.0-105-generic (buildd@lcy02-amd64-007) (gcc (Ubuntu "
-     "11.4.0-1ubuntu1~22.04) 11.4.0, GNU ld (GNU Binutils for Ubuntu) 2.38) #115-Ubuntu", 11),
-    ("Linux version 5.14.0-427.13.1.el9_4.x86_64 (mockbuild@iad1-prod-build001.bld.equ.rockylinux"
-     ".org) (gcc (GCC) 11.4.1 20231218 (Red Hat 11.4.1-3), GNU ld version 2.35.2-43.el9) #1", 11),
-    (None, None),
-])
-def test_kernel_gcc_from_proc_version(text: str | None, major: int | None) -> None:
-    assert kernel.kernel_gcc_major(text) == major
+def test_missing_headers_name_the_package_the_kernel_and_the_sources_tried() -> None:
+    error = kernel.missing_headers_error(K, "debian", tried="tried the host's package sources "
+                                         "(/etc/apt/sources.list)")
+    assert error.reference == "kernel-headers-missing"
+    assert f"no kernel headers for kernel {K}" in error.message
+    assert f"linux-headers-{K}: tried the host's package sources (/etc/apt/sources.list)" in (
+        error.message)
+    assert f"/usr/src/linux-headers-{K}" in error.message
+    assert f"linux-headers-{K}" in error.hint
 
 
-def test_compiler_mismatch_is_a_warning_naming_both(caplog: pytest.LogCaptureFixture,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kernel.shutil, "which", lambda name: None)
-    env, note = kernel.matching_compiler(FakeRunner().on("gcc", output="12\n"), 13)
-    assert env == {}
-    assert "differs from the kernel's gcc 13" in note
-    assert "gcc 13" in caplog.text and "gcc 12" in caplog.text
-
-
-def test_matching_versioned_gcc_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kernel.shutil, "which", lambda name: f"/usr/bin/{name}")
-    env, _ = kernel.matching_compiler(FakeRunner().on("gcc", output="12\n"), 11)
-    assert env == {"CC": "gcc-11"}
-
-
-def test_missing_headers_package_names_package_and_kernel() -> None:
-    runner = FakeRunner().on("apt-get", "update").on(
-        "apt-get", "install", returncode=100,
-        output=f"E: Unable to locate package linux-headers-{K}")
-    with pytest.raises(KernelHeadersMissing) as info:
-        kernel.install_headers(runner, "apt", "debian", K)
-    assert runner.argvs()[-1] == ["apt-get", "install", "-y", "--no-install-recommends",
-                                  f"linux-headers-{K}"]
-    assert f"no kernel headers for kernel {K}" in info.value.message
-    assert "Unable to locate package" in info.value.message
-    assert f"linux-headers-{K}" in info.value.hint
+def test_unpacked_headers_bind_their_own_trees(tmp_path: Path) -> None:
+    debian_like_headers(tmp_path / "cache")
+    found = kernel.find_unpacked_headers(tmp_path / "cache", K)
+    assert found is not None and found.unpacked_root == tmp_path / "cache"
+    argv = kernel.with_host_trees(HostRoot(Path("/")), found, ["make"])
+    assert argv[9:] == [str(tmp_path / "cache/usr/lib/linux-kbuild-6.1"),
+                        "/usr/lib/linux-kbuild-6.1", str(tmp_path / "cache/usr/src"), "/usr/src",
+                        "make"]
 
 
 def test_rhel_headers_package_is_kernel_devel() -> None:

@@ -1,0 +1,1 @@
+"""Kernel headers from the host's own package sources, unpacked into the install dir's cache."""

@@ -1,0 +1,187 @@
+"""RHEL-family headers (kernel-devel) through the image's dnf, reading the host's repos, vars and
+keys with a private config, cache and rpm database (the host's are never touched)."""
+
+from __future__ import annotations
+
+import configparser
+import io
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from installer.host import Distro
+from installer.hostroot import HostRoot
+from installer.runner import Result, Runner
+
+REPOS_DIR = PurePosixPath("/etc/yum.repos.d")
+VARS_DIRS = (PurePosixPath("/etc/dnf/vars"), PurePosixPath("/etc/yum/vars"))
+_PATH_KEYS = ("gpgkey", "sslcacert", "sslclientcert", "sslclientkey")
+_EL_MINOR = re.compile(r"\.el(\d+)_(\d+)")
+VAULT_REPOS = ("BaseOS", "AppStream")
+
+
+def repo_files(root: HostRoot) -> list[PurePosixPath]:
+    local = root.local_resolved(REPOS_DIR)
+    if not local.is_dir():
+        return []
+    return [REPOS_DIR / p.name for p in sorted(local.iterdir())
+            if p.suffix == ".repo" and p.is_file()]
+
+
+def _reroot(root: HostRoot, value: str) -> str:
+    """`file:///etc/pki/...` and `/etc/pki/...` as this process reaches them."""
+    out = []
+    for item in value.replace(",", " ").split():
+        if item.startswith("file:///"):
+            item = "file://" + str(root.local_resolved(item[len("file://"):]))
+        elif item.startswith("/"):
+            item = str(root.local_resolved(item))
+        out.append(item)
+    return " ".join(out)
+
+
+def _parser() -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    return parser
+
+
+def rewrite_repos(text: str, root: HostRoot, mirror: str | None) -> str:
+    """A repo file for our private dnf: key and certificate paths re-rooted, unreachable repos
+    skipped rather than fatal, and every baseurl replaced by `<mirror>/<repo id>/` when set."""
+    parser = _parser()
+    parser.read_string(text)
+    for section in parser.sections():
+        repo = parser[section]
+        for key in _PATH_KEYS:
+            if key in repo:
+                repo[key] = _reroot(root, repo[key])
+        repo["skip_if_unavailable"] = "1"
+        if mirror:
+            for key in ("mirrorlist", "metalink"):
+                repo.pop(key, None)
+            repo["baseurl"] = f"{mirror.rstrip('/')}/{section}/"
+    out = io.StringIO()
+    parser.write(out)
+    return out.getvalue()
+
+
+def kernel_minor(kernel: str, distro: Distro) -> str:
+    """The minor release a RHEL-family kernel belongs to (`.el8_9` -> 8.9)."""
+    match = _EL_MINOR.search(kernel)
+    return f"{match.group(1)}.{match.group(2)}" if match else distro.version_id
+
+
+def vault_repos(vault: str, minor: str, gpgkey: str) -> str:
+    """Rocky's vault repos of one minor release (older minors' kernels live only there)."""
+    lines = []
+    for name in VAULT_REPOS:
+        lines += [
+            f"[headers-vault-{minor}-{name.lower()}]",
+            f"name=Rocky Linux {minor} {name} (vault)",
+            f"baseurl={vault.rstrip('/')}/{minor}/{name}/$basearch/os/",
+            "enabled=1",
+            f"gpgcheck={'1' if gpgkey else '0'}",
+            *([f"gpgkey={gpgkey}"] if gpgkey else []),
+            "skip_if_unavailable=1",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def enabled_keys(repo_texts: list[str]) -> list[str]:
+    """Key files (`file://`, already re-rooted) of the enabled repos that check signatures."""
+    keys: list[str] = []
+    for text in repo_texts:
+        parser = _parser()
+        parser.read_string(text)
+        for section in parser.sections():
+            repo = parser[section]
+            if repo.get("enabled", "1").strip() not in ("1", "true", "yes", "True"):
+                continue
+            if repo.get("gpgcheck", "0").strip() not in ("1", "true", "yes", "True"):
+                continue
+            for key in repo.get("gpgkey", "").split():
+                if key.startswith("file://") and key[7:] not in keys:
+                    keys.append(key[7:])
+    return keys
+
+
+def releasever(root: HostRoot, distro: Distro) -> str:
+    """What dnf on the host substitutes for $releasever (a locked minor, else the major)."""
+    for vars_dir in VARS_DIRS:
+        text = root.read_text(vars_dir / "releasever")
+        if text and text.strip():
+            return text.strip()
+    return str(distro.major)
+
+
+@dataclass(frozen=True)
+class PrivateDnf:
+    work: Path
+    config: Path
+    releasever: str
+    vars_dirs: tuple[str, ...]
+    keys: tuple[str, ...]
+
+    def argv(self, *args: str) -> list[str]:
+        return ["dnf", f"--config={self.config}", f"--releasever={self.releasever}",
+                f"--setopt=varsdir={','.join(self.vars_dirs)}", "-y", "-q", *args]
+
+    def rpm_argv(self, *args: str) -> list[str]:
+        return ["rpm", f"--dbpath={self.work / 'rpmdb'}", *args]
+
+
+def prepare(root: HostRoot, work: Path, distro: Distro, kernel: str, *, mirror: str | None,
+            vault: str) -> PrivateDnf:
+    """Write the private dnf config and the re-rooted repo files under `work`; read only the
+    host."""
+    repos = work / "repos"
+    repos.mkdir(parents=True, exist_ok=True)
+    texts = []
+    for path in repo_files(root):
+        text = rewrite_repos(root.local_resolved(path).read_text(errors="replace"), root, mirror)
+        (repos / path.name).write_text(text)
+        texts.append(text)
+    if distro.id == "rocky" and vault and not mirror:
+        major = distro.major
+        key = f"/etc/pki/rpm-gpg/RPM-GPG-KEY-{'rockyofficial' if major == 8 else f'Rocky-{major}'}"
+        local_key = root.local_resolved(key)
+        text = vault_repos(vault, kernel_minor(kernel, distro),
+                           f"file://{local_key}" if local_key.is_file() else "")
+        (repos / "headers-vault.repo").write_text(text)
+        texts.append(text)
+    config = work / "dnf.conf"
+    config.write_text("\n".join([
+        "[main]",
+        f"reposdir={repos}",
+        f"cachedir={work / 'cache'}",
+        f"persistdir={work / 'persist'}",
+        f"logdir={work / 'log'}",
+        "keepcache=0",
+        "install_weak_deps=0",
+        "",
+    ]))
+    vars_dirs = tuple(str(root.local_resolved(d)) for d in VARS_DIRS)
+    return PrivateDnf(work, config, releasever(root, distro), vars_dirs,
+                      tuple(enabled_keys(texts)))
+
+
+def download(runner: Runner, dnf: PrivateDnf, package: str, dest: Path) -> Result:
+    dest.mkdir(parents=True, exist_ok=True)
+    return runner.run(dnf.argv("download", f"--destdir={dest}", package), check=False,
+                      timeout=1800)
+
+
+def verify_argvs(dnf: PrivateDnf, rpms: list[Path]) -> list[list[str]]:
+    """Import the repos' keys into a private rpm database, then check each package's
+    signature and digests against them (dnf download alone checks none)."""
+    argvs = [dnf.rpm_argv("--import", key) for key in dnf.keys]
+    return [*argvs, dnf.rpm_argv("--checksig", *map(str, rpms))]
+
+
+def unpack_argv(rpm: Path, tree: Path) -> list[str]:
+    """Unpack an rpm's files only (no scriptlets, no rpm database)."""
+    return ["sh", "-c", 'cd "$2" && rpm2cpio "$1" > .payload.cpio && '
+            'cpio -idm --quiet --no-absolute-filenames < .payload.cpio; rc=$?; '
+            'rm -f .payload.cpio; exit $rc', "sh", str(rpm), str(tree)]

@@ -1,0 +1,261 @@
+"""Signed package repositories of kernel headers, shaped like Debian's, Ubuntu's and Rocky's, and
+host roots whose package sources point at them (served on 127.0.0.1 by the tests)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hostkit import debian_headers
+
+DEB_DIRS = (Path(os.environ.get("INSTALLER_TEST_DEBS", "/var/cache/installer-test/debs")),
+            Path("/var/cache/apt/archives"))
+KEY_NAME = "installer test archive <archive@example.invalid>"
+
+
+def run(*argv: str, cwd: Path | None = None) -> str:
+    done = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, f"{argv}: {done.stdout}{done.stderr}"
+    return done.stdout
+
+
+@dataclass(frozen=True)
+class Key:
+    """A throwaway signing key: its gpg home and its public keyring (binary, as apt wants)."""
+
+    home: Path
+    keyring: Path
+
+
+def make_key(dest: Path) -> Key:
+    home = dest / "gnupg"
+    home.mkdir(parents=True, mode=0o700)
+    run("gpg", "--homedir", str(home), "--batch", "--passphrase", "", "--quick-gen-key",
+        KEY_NAME, "rsa2048", "sign", "never")
+    keyring = dest / "archive-keyring.gpg"
+    keyring.write_bytes(subprocess.run(["gpg", "--homedir", str(home), "--export"],
+                                       capture_output=True, check=True).stdout)
+    run("gpg", "--homedir", str(home), "--armor", "--export", "--output", str(dest / "key.asc"))
+    return Key(home, keyring)
+
+
+def _link_copy(src: Path, dest: Path) -> None:
+    """A real copy (hard links would let tar see ctimes change when other processes link the
+    same system files)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
+
+
+# --- apt --------------------------------------------------------------------------------
+
+
+def real_debian_debs(kernel: str) -> list[Path] | None:
+    """Debian's own header packages of the installed headers (apt's cache or install-deps')."""
+    base = kernel.removesuffix("-amd64")
+    kbuild = ".".join(base.split(".")[:2])
+    names = (f"linux-headers-{kernel}_", f"linux-headers-{base}-common_", f"linux-kbuild-{kbuild}_")
+    for directory in DEB_DIRS:
+        found = [sorted(directory.glob(f"{n}*.deb")) for n in names] if directory.is_dir() else []
+        if found and all(found):
+            return [f[-1] for f in found]
+    return None
+
+
+def publish_apt(www: Path, suite: str, debs: list[Path], key: Key, arch: str = "amd64") -> None:
+    """A Debian-style archive: pool/, dists/<suite>/main/binary-<arch>/Packages(.gz), and a
+    Release with its hashes, signed as InRelease and Release.gpg."""
+    pool = www / "pool/main"
+    pool.mkdir(parents=True, exist_ok=True)
+    for deb in debs:
+        if not (pool / deb.name).exists():
+            os.link(deb, pool / deb.name) if deb.stat().st_dev == pool.stat().st_dev else (
+                shutil.copy2(deb, pool / deb.name))
+    dist = www / "dists" / suite
+    binary = dist / "main" / f"binary-{arch}"
+    binary.mkdir(parents=True, exist_ok=True)
+    packages = run("dpkg-scanpackages", "--multiversion", "pool/main", "/dev/null", cwd=www)
+    (binary / "Packages").write_text(packages)
+    (binary / "Packages.gz").write_bytes(gzip.compress(packages.encode(), mtime=0))
+    lines = [
+        "Origin: installer-test", "Label: installer-test", f"Suite: {suite}",
+        f"Codename: {suite}",
+        f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S UTC', time.gmtime())}",
+        f"Architectures: {arch}", "Components: main", "SHA256:",
+    ]
+    for path in sorted(binary.iterdir()):
+        data = path.read_bytes()
+        lines.append(f" {hashlib.sha256(data).hexdigest()} {len(data)} "
+                     f"{path.relative_to(dist)}")
+    release = dist / "Release"
+    release.write_text("\n".join(lines) + "\n")
+    for out in ("InRelease", "Release.gpg"):
+        (dist / out).unlink(missing_ok=True)
+    gpg = ("gpg", "--homedir", str(key.home), "--batch", "--yes")
+    run(*gpg, "--clearsign", "--output", str(dist / "InRelease"), str(release))
+    run(*gpg, "--detach-sign", "--armor", "--output", str(dist / "Release.gpg"), str(release))
+
+
+def build_deb(tree: Path, out: Path, control: dict[str, str]) -> Path:
+    """dpkg-deb of `tree` with the given control fields (uncompressed: a test archive)."""
+    (tree / "DEBIAN").mkdir(parents=True, exist_ok=True)
+    (tree / "DEBIAN/control").write_text("".join(f"{k}: {v}\n" for k, v in control.items()))
+    deb = out / f"{control['Package']}_{control['Version']}_{control['Architecture']}.deb"
+    out.mkdir(parents=True, exist_ok=True)
+    run("dpkg-deb", "--root-owner-group", "-Znone", "--build", str(tree), str(deb))
+    return deb
+
+
+def ubuntu_shape_debs(work: Path, kernel: str, base_package: str, gcc_version: int) -> list[Path]:
+    """Ubuntu's two packages from the real Debian header trees: `linux-headers-<kernel>` (the
+    flavour's generated files, its own kbuild scripts, relative links for the rest) depending
+    on `base_package` (the common tree in /usr/src/<base_package>), as Ubuntu lays them out.
+    `gcc_version` (e.g. 110400) is the CONFIG_GCC_VERSION the flavour's config records."""
+    found = debian_headers()
+    assert found is not None
+    _, (arch_tree, common_tree, kbuild_tree) = found
+    version = kernel.rsplit("-", 1)[0] + ".1"
+    base = work / "base"
+    base_dir = base / "usr/src" / base_package
+    _link_copy(Path(common_tree), base_dir)
+    flavour = work / "flavour"
+    flavour_dir = flavour / "usr/src" / f"linux-headers-{kernel}"
+    flavour_dir.mkdir(parents=True)
+    for entry in Path(arch_tree).iterdir():
+        if entry.name in ("Makefile", "scripts", "tools"):
+            continue
+        dest = flavour_dir / entry.name
+        if entry.is_dir():
+            shutil.copytree(entry, dest, symlinks=True)
+        else:
+            shutil.copy2(entry, dest)
+    for name in ("scripts", "tools"):
+        shutil.copytree(Path(kbuild_tree) / name, flavour_dir / name, symlinks=True)
+    for entry in base_dir.iterdir():
+        if not (flavour_dir / entry.name).exists():
+            os.symlink(f"../{base_package}/{entry.name}", flavour_dir / entry.name)
+    for config in (flavour_dir / ".config", flavour_dir / "include/config/auto.conf"):
+        text = config.read_text()
+        lines = [f"CONFIG_GCC_VERSION={gcc_version}" if line.startswith("CONFIG_GCC_VERSION=")
+                 else line for line in text.splitlines()]
+        config.write_text("\n".join(lines) + "\n")
+    modules = flavour / "lib/modules" / kernel
+    modules.mkdir(parents=True)
+    os.symlink(f"/usr/src/linux-headers-{kernel}", modules / "build")
+    common = {"Version": version, "Maintainer": "test <test@example.invalid>",
+              "Section": "devel", "Priority": "optional",
+              "Description": "Header files related to Linux kernel (test archive)"}
+    out = work / "debs"
+    return [
+        build_deb(base, out, {"Package": base_package, "Architecture": "all", **common}),
+        build_deb(flavour, out, {"Package": f"linux-headers-{kernel}", "Architecture": "amd64",
+                                 "Depends": f"{base_package}, libc6 (>= 2.34), libelf1",
+                                 **common}),
+    ]
+
+
+def apt_sources(root: Path, base: str, suite: str, key: Key, *, deb822: bool) -> None:
+    """The host's sources pointing at `base`: Ubuntu 24.04's deb822 file with Signed-By, or the
+    one-line sources.list with the key in trusted.gpg.d (Ubuntu 20.04/22.04, Debian 12)."""
+    if deb822:
+        keyring = root / "usr/share/keyrings/test-archive-keyring.gpg"
+        keyring.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(key.keyring, keyring)
+        parts = root / "etc/apt/sources.list.d"
+        parts.mkdir(parents=True, exist_ok=True)
+        (root / "etc/apt/sources.list").write_text(
+            "# Ubuntu sources have moved to /etc/apt/sources.list.d/ubuntu.sources\n")
+        (parts / "ubuntu.sources").write_text(
+            f"Types: deb deb-src\nURIs: {base}\nSuites: {suite} {suite}-updates\n"
+            "Components: main\n"
+            "Signed-By: /usr/share/keyrings/test-archive-keyring.gpg\n")
+    else:
+        trusted = root / "etc/apt/trusted.gpg.d"
+        trusted.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(key.keyring, trusted / "test-archive.gpg")
+        (root / "etc/apt/sources.list").write_text(
+            f"deb {base} {suite} main\n# deb-src {base} {suite} main\n"
+            f"deb {base} {suite}-updates main\n")
+
+
+# --- dnf --------------------------------------------------------------------------------
+
+
+def kernel_devel_rpm(work: Path, kernel: str, key: Key) -> Path:
+    """kernel-devel-<kernel> as EL ships it: one flat tree in /usr/src/kernels/<kernel>
+    (the real Debian trees merged: top Makefile, generated files, built kbuild scripts),
+    signed with `key`."""
+    found = debian_headers()
+    assert found is not None
+    _, (arch_tree, common_tree, kbuild_tree) = found
+    version, release = kernel.rsplit(".", 1)[0].split("-", 1)
+    tree = work / "tree"
+    dest = tree / "usr/src/kernels" / kernel
+    _link_copy(Path(common_tree), dest)
+    for entry in Path(arch_tree).iterdir():
+        if entry.name in ("Makefile", "scripts", "tools"):
+            continue
+        target = dest / entry.name
+        if entry.is_dir():
+            shutil.copytree(entry, target, symlinks=True, dirs_exist_ok=True)
+        else:
+            shutil.copy2(entry, target)
+    for name in ("scripts", "tools"):
+        if (dest / name).is_symlink():
+            (dest / name).unlink()
+        shutil.copytree(Path(kbuild_tree) / name, dest / name, symlinks=True, dirs_exist_ok=True)
+    spec = work / "kernel-devel.spec"
+    spec.write_text(f"""Name: kernel-devel
+Version: {version}
+Release: {release}
+Summary: Development package for building kernel modules to match the kernel
+License: GPLv2
+BuildArch: x86_64
+AutoReqProv: no
+%description
+Test archive copy.
+%install
+mkdir -p %{{buildroot}}/usr/src/kernels
+cp -a {dest} %{{buildroot}}/usr/src/kernels/
+%files
+/usr/src/kernels/{kernel}
+""")
+    top = work / "rpmbuild"
+    run("rpmbuild", "-bb", "--quiet", f"--define=_topdir {top}",
+        "--define=_binary_payload w1.gzdio", "--define=_build_id_links none",
+        "--define=__os_install_post %{nil}",
+        "--define=debug_package %{nil}", str(spec))
+    rpm = next((top / "RPMS").rglob("*.rpm"))
+    run("rpmsign", "--addsign", f"--define=_gpg_path {key.home}", "--define=__gpg /usr/bin/gpg",
+        f"--define=_gpg_name {KEY_NAME}", str(rpm))
+    return rpm
+
+
+def publish_dnf(www: Path, rpms: list[Path]) -> None:
+    www.mkdir(parents=True, exist_ok=True)
+    for rpm in rpms:
+        shutil.copy2(rpm, www / rpm.name)
+    run("createrepo_c", "--quiet", str(www))
+
+
+def rocky_repos(root: Path, major: int, base: str, key: Key, repos: dict[str, str]) -> None:
+    """Rocky's repo files (`[baseos]`, `[appstream]`: id -> URL path) and its key in
+    /etc/pki/rpm-gpg, as rocky-repos installs them."""
+    key_name = "RPM-GPG-KEY-rockyofficial" if major == 8 else f"RPM-GPG-KEY-Rocky-{major}"
+    pki = root / "etc/pki/rpm-gpg"
+    pki.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(key.home.parent / "key.asc", pki / key_name)
+    lines = []
+    for repo_id, path in repos.items():
+        lines += [f"[{repo_id}]", f"name=Rocky Linux $releasever - {repo_id}",
+                  f"baseurl={base}/{path}", "gpgcheck=1", "enabled=1", "countme=1",
+                  f"gpgkey=file:///etc/pki/rpm-gpg/{key_name}", ""]
+    (root / "etc/yum.repos.d").mkdir(parents=True, exist_ok=True)
+    (root / "etc/yum.repos.d/rocky.repo").write_text("\n".join(lines))
+    (root / "etc/dnf/vars").mkdir(parents=True, exist_ok=True)
+    (root / "etc/dnf/vars/contentdir").write_text("pub/rocky\n")
