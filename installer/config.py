@@ -166,6 +166,15 @@ SETTINGS: tuple[Setting, ...] = (
         "Where a failure's reference and hint are written for `kubectl describe pod` "
         "(only if the file exists, as Kubernetes creates it).",
     ),
+    # issue 10
+    Setting(
+        "dnf_enable_epel",
+        "NVIDIA_DNF_ENABLE_EPEL",
+        "false",
+        "dnf source, DKMS streams: install epel-release (from the host's repos) when no EPEL "
+        "repo is enabled, for `dkms`. Off: adding a third-party repo is the operator's call.",
+        flag_is_switch=True,
+    ),
 )
 
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
@@ -209,6 +218,7 @@ class Config:
     log_format: str = "text"
     termination_log: str = "/dev/termination-log"
     extra: Mapping[str, str] = field(default_factory=dict)
+    dnf_enable_epel: bool = False
 
     def module_args_for(self, module: str) -> list[str]:
         """`param=value` strings for one module (names compare with - and _ alike)."""
@@ -354,6 +364,7 @@ _PARSERS: dict[str, Callable[[str, Setting], object]] = {
     "allow_no_gpu": _switch,
     "log_format": _choice("text", "json"),
     "termination_log": _text,
+    "dnf_enable_epel": _switch,
 }
 
 

@@ -278,3 +278,26 @@ def all_error_types() -> list[type[InstallerError]]:
         found.append(cls)
         pending.extend(cls.__subclasses__())
     return sorted(found, key=lambda c: c.exit_code)
+
+
+# issue 10
+class DkmsUnavailable(InstallerError):
+    reference = "dkms-unavailable"
+    exit_code = 52
+    default_hint = (
+        "NVIDIA's -dkms kmod packages require `dkms`, which comes from EPEL: enable EPEL on the "
+        "host (Rocky: `dnf install epel-release`; RHEL: the EPEL release RPM) or set "
+        "NVIDIA_DNF_ENABLE_EPEL=true, or use a precompiled stream (NVIDIA_DRIVER_VERSION=<branch> "
+        "on a kernel NVIDIA ships a kmod for). The host's packages were left as they were."
+    )
+
+
+class ModuleMetadataMissing(InstallerError):
+    reference = "module-metadata-missing"
+    exit_code = 53
+    default_hint = (
+        "The configured repo has no nvidia-driver module metadata (modules.yaml) or not the "
+        "stream asked for: check NVIDIA_DNF_REPO_URL / the .repo file points at NVIDIA's CUDA "
+        "repo for this EL release, and that the version or branch exists there "
+        "(`dnf module list nvidia-driver`)."
+    )
