@@ -13,7 +13,7 @@ from kit.rpm import DEFAULT_SPEC, KERNEL, V565, V580A, V580B, modules_yaml, prec
 from test_dnf_plan import add_repo_file, cache_metadata, decision, plan_for, rpm_answer, step
 
 from installer import pipeline
-from installer.errors import ModuleBuildFailed, ModuleMetadataMissing
+from installer.errors import ModuleBuildFailed, ModuleMetadataMissing, RepoUnavailable
 from installer.host import Distro
 from installer.runner import Result
 from installer.sources import dnf, dnf_metadata
@@ -106,3 +106,23 @@ def test_dkms_failure_is_module_build_failed_and_undoes_the_transaction(tmp_path
     argvs = runner.argvs()
     assert [str(tmp_path), "dkms", "install", "-m", "nvidia", "-v", V565, "-k"] == argvs[-2][1:9]
     assert argvs[-1][-3:] == ["history", "undo", "7"]
+
+
+def test_epel_is_added_only_when_the_setting_asks_and_none_is_enabled(tmp_path: Path) -> None:
+    add_repo_file(tmp_path)
+    runner = rpm_answer({}).on(
+        "dnf", returncode=1, output="No match for argument: epel-release\n"
+    )
+    plan = plan_for(tmp_path, runner, NVIDIA_DNF_ENABLE_EPEL="true")
+    names = [s.name for s in plan.steps]
+    assert names.index("enable-epel") == names.index("add-dnf-repo") + 1
+    epel = step(plan, "enable-epel")
+    assert not epel.is_satisfied()
+    with pytest.raises(RepoUnavailable) as info:
+        pipeline.run_step(epel)
+    assert info.value.exit_code == 51 and "epel-release" in info.value.message
+    assert runner.argvs()[-1][-2:] == ["install", "epel-release"]
+    (tmp_path / "etc/yum.repos.d/epel.repo").write_text(
+        "[epel]\nbaseurl=https://dl.fedoraproject.org/pub/epel/9/Everything/x86_64/\n"
+    )
+    assert epel.is_satisfied()
