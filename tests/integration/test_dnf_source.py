@@ -332,6 +332,22 @@ def test_dkms_build_failure_undoes_the_transaction(
     assert not list((root / "lib/modules" / KERNEL).rglob("nvidia*"))
 
 
+def test_dkms_failure_on_an_upgrade_puts_the_old_driver_back(
+    root: Path, repo_files: dict[str, str]
+) -> None:
+    ok(run_installer(env_for(root, repo_files["file"], V580A), "run"))
+    before = rpms(root)
+    extra = sorted(p.name for p in (root / "lib/modules" / KERNEL / "extra").iterdir())
+    result = run_installer(env_for(root, repo_files["file"], V565), "run")
+    assert result.returncode == 31, result.stderr[-3000:]
+    assert rpms(root) == before
+    assert stream(root) == "580-dkms"
+    assert sorted(p.name for p in (root / "lib/modules" / KERNEL / "extra").iterdir()) == extra
+    assert (root / f"var/lib/dkms/nvidia/{V580A}/{KERNEL}/x86_64/module/nvidia.ko").is_file()
+    assert os.readlink(inst(root) / "current") == f"versions/{V580A}"
+    assert not (inst(root) / "versions" / V565).exists()
+
+
 def test_without_epel_dkms_is_named_before_any_change(
     tmp_path: Path, extras: Path, repo_files: dict[str, str]
 ) -> None:
