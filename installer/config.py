@@ -224,6 +224,15 @@ SETTINGS: tuple[Setting, ...] = (
         "Rocky Linux's vault: kernel-devel of older minor releases (<vault>/<minor>/BaseOS and "
         "AppStream).",
     ),
+    # issue 10
+    Setting(
+        "dnf_enable_epel",
+        "NVIDIA_DNF_ENABLE_EPEL",
+        "false",
+        "dnf source, DKMS streams: install epel-release (from the host's repos) when no EPEL "
+        "repo is enabled, for `dkms`. Off: adding a third-party repo is the operator's call.",
+        flag_is_switch=True,
+    ),
 )
 
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
@@ -272,10 +281,9 @@ class Config:
     module_registry_push: bool = False
     module_registry_username: str | None = None
     module_registry_password: str | None = field(default=None, repr=False)
-
-
     headers_mirror: str | None = None
     rocky_vault: str = "https://dl.rockylinux.org/vault/rocky"
+    dnf_enable_epel: bool = False  # issue 10
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def module_args_for(self, module: str) -> list[str]:
@@ -466,6 +474,7 @@ _PARSERS: dict[str, Callable[[str, Setting], object]] = {
     "module_registry_password": _optional_text,
     "headers_mirror": _url,
     "rocky_vault": lambda v, s: _url(v, s) or "",
+    "dnf_enable_epel": _switch,
 }
 
 

@@ -345,3 +345,26 @@ class RunfileMismatch(InstallerError):
         "NVIDIA_DRIVER_VERSION to the file's version. The file was removed from the cache and "
         "nothing on the host was changed."
     )
+
+
+# issue 10
+class DkmsUnavailable(InstallerError):
+    reference = "dkms-unavailable"
+    exit_code = 52
+    default_hint = (
+        "NVIDIA's -dkms kmod packages require `dkms`, which comes from EPEL: enable EPEL on the "
+        "host (Rocky: `dnf install epel-release`; RHEL: the EPEL release RPM) or set "
+        "NVIDIA_DNF_ENABLE_EPEL=true, or use a precompiled stream (NVIDIA_DRIVER_VERSION=<branch> "
+        "on a kernel NVIDIA ships a kmod for). The host's packages were left as they were."
+    )
+
+
+class ModuleMetadataMissing(InstallerError):
+    reference = "module-metadata-missing"
+    exit_code = 53
+    default_hint = (
+        "The configured repo has no nvidia-driver module metadata (modules.yaml) or not the "
+        "stream asked for: check NVIDIA_DNF_REPO_URL / the .repo file points at NVIDIA's CUDA "
+        "repo for this EL release, and that the version or branch exists there "
+        "(`dnf module list nvidia-driver`)."
+    )

@@ -103,6 +103,11 @@ def make_plan(
         found = prebuilt.decision(ctx)
         if found is not None:
             decisions.append(found)
+    if source == "dnf":
+        # Issue 10: the stream and version dnf will install replace the catalog's version.
+        extra = dnf.plan_decisions(ctx)
+        topics = {d.topic for d in extra}
+        decisions = [d for d in decisions if d.topic not in topics] + extra
     return Plan(ctx, decisions, _steps(ctx), blockers)
 
 
@@ -172,8 +177,9 @@ def _source_reason(config: Config, facts: host.HostFacts, source: str) -> str:
         why = ("NVIDIA_DRIVER_SOURCE=dnf" if config.source == "dnf" else
                f"auto on {facts.distro}: "
                f"{dnf.repo_evidence(HostRoot(config.root), config)}")
-        how = ("module streams nvidia-driver:<branch>-dkms|-open (latest-dkms|open-dkms for "
-               "'latest')" if facts.distro.major < 10 else
+        how = ("module streams nvidia-driver:<branch>|latest (precompiled, when NVIDIA ships a "
+               "kmod for the exact kernel) or <branch>-dkms|-open|latest-dkms|open-dkms (DKMS)"
+               if facts.distro.major < 10 else
                "packages with a version lock (EL10 has no module streams)")
         return f"{why}; the distro's packages through dnf: {how}"
     if facts.distro.family == "rhel":

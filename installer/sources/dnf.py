@@ -1,11 +1,14 @@
-"""The RHEL family's packages: NVIDIA's CUDA repo, kernel-devel for the target kernel, the
-nvidia-driver module stream (EL8/9) or version-locked packages (EL10), in one dnf transaction
-against the host's rpm database, then the install dir filled from the installed packages."""
+"""The RHEL family's packages: NVIDIA's CUDA repo, then one dnf transaction against the host's
+rpm database: the nvidia-driver module stream (EL8/9; precompiled when NVIDIA ships a kmod for the
+exact kernel, else DKMS with kernel-devel) or version-locked packages (EL10); DKMS made to build
+for the target kernel; the install dir filled from the packages' and DKMS's files."""
 
 from __future__ import annotations
 
 import logging
+import lzma
 import os
+import re
 import shutil
 from pathlib import Path, PurePosixPath
 
@@ -13,17 +16,22 @@ from installer import modules, versions
 from installer.config import Config
 from installer.errors import (
     CommandFailed,
+    DkmsUnavailable,
     DownloadFailed,
+    InstallerError,
     InstallFailed,
     KernelHeadersMissing,
+    ModuleBuildFailed,
+    ModuleMetadataMissing,
     PackageManagerFailed,
     RepoUnavailable,
 )
 from installer.host import Distro
 from installer.hostroot import HostRoot
-from installer.plan import Context, Step
+from installer.plan import Context, Decision, Step
 from installer.sources import dnf_commands as cmd
-from installer.sources.dnf_commands import DnfTarget
+from installer.sources import dnf_metadata
+from installer.sources.dnf_commands import Choice, DnfTarget
 from installer.steps import COMPLETE_MARKER
 
 log = logging.getLogger(__name__)
@@ -36,6 +44,7 @@ _REPO_DOWN = (
     "Curl error",
 )
 _NO_MATCH = "No match for argument"
+_NO_DKMS = re.compile(r"nothing provides (?:\S+ )?dkms\b|No match for argument: dkms\b")
 
 
 # --- choosing the source (used by the planner) -------------------------------------------
@@ -68,14 +77,101 @@ def target_of(ctx: Context) -> DnfTarget:
 
 
 def dnf_steps(ctx: Context) -> list[Step]:
-    """add-dnf-repo, install-kernel-devel, install-driver-packages, [lock-driver-version],
-    populate-install-dir."""
+    """add-dnf-repo, [enable-epel], install-driver-packages (EL8/9: one transaction with
+    kernel-devel, then DKMS for the target kernel), or on EL10 install-kernel-devel,
+    install-driver-packages, lock-driver-version; then populate-install-dir."""
     dt = target_of(ctx)
-    plan = [repo_step(ctx), kernel_devel_step(ctx), transaction_step(ctx, dt)]
+    plan = [repo_step(ctx)]
+    if ctx.config.dnf_enable_epel:
+        plan.append(epel_step(ctx))
     if dt.stream is None:
-        plan.append(versionlock_step(ctx, dt))
+        plan += [kernel_devel_step(ctx), transaction_step(ctx, dt), versionlock_step(ctx, dt)]
+    else:
+        plan.append(stream_transaction_step(ctx, dt))
     plan.append(populate_step(ctx, dt))
     return plan
+
+
+def _cache_dir(ctx: Context) -> Path:
+    if ctx.root.is_bare:
+        return ctx.root.local("/var/cache/dnf")
+    return ctx.layout.cache_local / "dnf"
+
+
+def plan_decisions(ctx: Context) -> list[Decision]:
+    """What `plan` can say offline about the stream and version dnf will install: from the
+    module metadata dnf cached on an earlier run, else how it will be chosen."""
+    dt = target_of(ctx)
+    if dt.stream is None:
+        return []
+    streams = dnf_metadata.read_cached(_cache_dir(ctx))
+    kernel = ctx.target.kernel
+    if streams is None:
+        options = " or ".join(s for s in (dt.precompiled_stream, dt.stream) if s)
+        return [
+            Decision(
+                "dnf-stream",
+                f"{cmd.MODULE}:{options}",
+                "chosen when run, from the repo's module metadata (not cached here yet): the "
+                f"precompiled stream when NVIDIA ships a kmod for kernel {kernel}, else DKMS; "
+                "the version is the stream's newest unless pinned",
+            )
+        ]
+    try:
+        choice = choose(dt, kernel, streams)
+    except ModuleMetadataMissing as exc:
+        return [Decision("dnf-stream", "unavailable", exc.message)]
+    ctx.target.version = choice.version
+    return [
+        Decision("dnf-stream", f"{cmd.MODULE}:{choice.stream}", choice.reason),
+        Decision(
+            "version",
+            choice.version,
+            f"what dnf installs from stream {choice.stream} (the repo's cached module metadata)",
+        ),
+    ]
+
+
+def choose(dt: DnfTarget, kernel: str, streams: dnf_metadata.Streams) -> Choice:
+    """The stream and version for a request: the pin, else the newest the DKMS stream (or the
+    precompiled one) offers; precompiled when NVIDIA ships that version's kmod for `kernel`.
+    Raises ModuleMetadataMissing when the repo offers neither."""
+    assert dt.stream is not None
+    dkms_versions = streams.versions(dt.stream)
+    pre = dt.precompiled_stream
+    pre_versions = streams.versions(pre) if pre else []
+    if dt.pinned:
+        version = dt.pinned
+    elif dkms_versions or pre_versions:
+        version = (dkms_versions or pre_versions)[-1]
+    else:
+        raise ModuleMetadataMissing(
+            f"the repo's module metadata has no stream {cmd.MODULE}:{dt.stream}"
+            + (f" or {pre}" if pre else "")
+            + f" (streams there: {', '.join(sorted(streams.packages)) or 'none'})"
+        )
+    if pre and version in pre_versions:
+        kmod = cmd.precompiled_kmod(version, kernel)
+        if streams.has(pre, version, kmod):
+            return Choice(
+                pre,
+                version,
+                kmod,
+                True,
+                f"precompiled stream {pre}: NVIDIA ships {kmod} for kernel {kernel} (no "
+                "compiler, kernel-devel or EPEL; NVIDIA-signed)",
+            )
+        why = f"NVIDIA ships no precompiled kmod of {version} for kernel {kernel} ({kmod})"
+    elif pre:
+        why = f"precompiled stream {pre} has no {version}"
+    else:
+        why = "the open flavour comes from DKMS streams only"
+    if version not in dkms_versions:
+        offered = ", ".join(dkms_versions) or "nothing"
+        raise ModuleMetadataMissing(
+            f"version {version} is not in stream {cmd.MODULE}:{dt.stream} ({offered}) and {why}"
+        )
+    return Choice(dt.stream, version, dt.kmod, False, f"DKMS stream {dt.stream}: {why}")
 
 
 def _base(ctx: Context) -> list[str]:
@@ -225,11 +321,194 @@ def transaction_step(ctx: Context, dt: DnfTarget) -> Step:
                 f"dnf finished but the host is not on {what} of {where} ({', '.join(names)})"
             )
         ctx.target.version = version
+        _ensure_dkms(ctx, version)
         log.info("dnf: the host has %s %s", ", ".join(names), version)
 
     return Step(
         "install-driver-packages", f"one dnf transaction: {what} of {where}", satisfied, apply
     )
+
+
+def epel_step(ctx: Context) -> Step:
+    """NVIDIA_DNF_ENABLE_EPEL: epel-release from the host's repos (Rocky: extras), for dkms."""
+
+    def satisfied() -> bool:
+        entries = cmd.repo_entries(ctx.root)
+        enabled = any(e.enabled and e.repo_id.startswith("epel") for e in entries)
+        return enabled or cmd.all_installed(ctx.root, ctx.runner, ["dkms"])
+
+    def apply() -> None:
+        try:
+            ctx.runner.run(cmd.epel_argv(_base(ctx)), stream=True, timeout=1800)
+        except CommandFailed as exc:
+            raise RepoUnavailable(
+                "NVIDIA_DNF_ENABLE_EPEL is set but epel-release could not be installed from the "
+                f"host's repos ({cmd.repos_tried(ctx.root)}); dnf said:\n{exc.output_tail.strip()}",
+                hint="Enable the repo that has epel-release (Rocky: extras) or add EPEL yourself.",
+            ) from exc
+
+    return Step("enable-epel", "epel-release unless an EPEL repo is enabled (for dkms)",
+                satisfied, apply)
+
+
+def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
+    """EL8/9: one transaction to the chosen stream and version (with kernel-devel for DKMS),
+    then DKMS made to install for the target kernel; a DKMS failure undoes the transaction."""
+    root, runner, kernel = ctx.root, ctx.runner, ctx.target.kernel
+    assert dt.stream is not None
+    streams_named = " or ".join(s for s in (dt.precompiled_stream, dt.stream) if s)
+
+    def installed() -> Choice | None:
+        """The host's choice when it is on the target (for DKMS: built for the kernel)."""
+        state = cmd.module_state(root)
+        if state.state != "enabled" or state.stream is None:
+            return None
+        if state.stream not in (dt.stream, dt.precompiled_stream):
+            return None
+        found = cmd.installed_versions(root, runner, [*dt.userspace, dt.kmod, dt.other_kmod])
+        if dt.other_kmod in found or not set(dt.userspace) <= set(found):
+            return None
+        versions_found = {found[n] for n in dt.userspace}
+        if len(versions_found) != 1:
+            return None
+        version = versions_found.pop()
+        if dt.pinned and version != dt.pinned:
+            return None
+        if state.stream == dt.precompiled_stream:
+            kmod = cmd.precompiled_kmod(version, kernel)
+            if dt.kmod in found or not cmd.all_installed(root, runner, [kmod]):
+                return None
+            return Choice(state.stream, version, kmod, True, "installed")
+        built = root.local(cmd.DKMS_TREE / "nvidia" / version / kernel)
+        if found.get(dt.kmod) != version or not built.is_dir():
+            return None
+        if "nvidia" not in cmd.module_files(root, kernel):
+            return None
+        return Choice(state.stream, version, dt.kmod, False, "installed")
+
+    def satisfied() -> bool:
+        choice = installed()
+        if choice is None:
+            return False
+        ctx.target.version = choice.version
+        return True
+
+    def apply() -> None:
+        base = _base(ctx)
+        before = cmd.installed_versions(root, runner, [dt.kmod])
+        try:
+            runner.run(cmd.makecache_argv(base), stream=True, timeout=1800)
+        except CommandFailed as exc:
+            if any(marker in exc.output_tail for marker in _REPO_DOWN):
+                raise _repo_down(ctx, exc.output_tail) from exc
+            raise _transaction_failed("dnf makecache", exc.output_tail) from exc
+        streams = dnf_metadata.read_cached(_cache_dir(ctx))
+        if streams is None:
+            raise ModuleMetadataMissing(
+                f"no module metadata (modules.yaml) in the host's repos ({cmd.repos_tried(root)})"
+            )
+        choice = choose(dt, kernel, streams)
+        ctx.target.version = choice.version
+        log.info("dnf: %s %s from stream %s:%s (%s)", "installing", choice.version, cmd.MODULE,
+                 choice.stream, choice.reason)
+        first = cmd.last_transaction(root)
+        try:
+            runner.run(cmd.install_argv(base, dt, choice, kernel), stream=True, timeout=3600)
+        except CommandFailed as exc:
+            raise _install_error(ctx, choice, exc.output_tail) from exc
+        done = cmd.last_transaction(root)
+        try:
+            if not choice.precompiled:
+                _ensure_dkms(ctx, choice.version)
+            if "nvidia" not in cmd.module_files(root, kernel):
+                raise InstallFailed(
+                    f"after the transaction there is no nvidia module for kernel {kernel} under "
+                    f"/lib/modules/{kernel}/extra ({choice.kmod})"
+                )
+            if installed() is None:
+                raise InstallFailed(
+                    f"dnf finished but the host is not on {choice.version} of stream "
+                    f"{cmd.MODULE}:{choice.stream}"
+                )
+        except InstallerError:
+            if done > first:
+                _undo(ctx, done, before.get(dt.kmod))
+            raise
+        log.info("dnf: the host has %s %s (%s)", ", ".join(dt.userspace), choice.version,
+                 choice.kmod)
+
+    return Step(
+        "install-driver-packages",
+        f"one dnf transaction from stream {cmd.MODULE}:{streams_named}"
+        + (f" pinned to {dt.pinned}" if dt.pinned else "")
+        + "; DKMS streams with kernel-devel, then DKMS for the target kernel",
+        satisfied,
+        apply,
+    )
+
+
+def _install_error(ctx: Context, choice: Choice, output: str) -> InstallerError:
+    if any(marker in output for marker in _REPO_DOWN):
+        return _repo_down(ctx, output)
+    if _NO_DKMS.search(output):
+        return DkmsUnavailable(
+            f"{choice.kmod} requires dkms, which none of the host's repos provides "
+            f"({cmd.repos_tried(ctx.root)}); dkms comes from EPEL"
+        )
+    kernel = ctx.target.kernel
+    missing = [p for p in cmd.kernel_packages(kernel) if f"{_NO_MATCH}: {p}" in output]
+    if missing:
+        return KernelHeadersMissing(
+            f"{' and '.join(missing)} for kernel {kernel} is in none of the host's repos "
+            f"(tried: {cmd.repos_tried(ctx.root)})",
+            hint=f"DKMS needs kernel-devel for exactly the kernel {kernel}: enable the repo that "
+            "has it (for an older minor release, the vault or the matching --releasever), boot "
+            "a kernel whose kernel-devel is available, or use a precompiled stream; the host's "
+            "packages were left as they were.",
+        )
+    return _transaction_failed(
+        f"the dnf transaction for {choice.version} of stream {cmd.MODULE}:{choice.stream}", output
+    )
+
+
+def _ensure_dkms(ctx: Context, version: str) -> None:
+    """The -dkms kmod's %post builds for the running kernel only and swallows every error:
+    check DKMS's own status for the target kernel and install there when it did not."""
+    root, runner, kernel = ctx.root, ctx.runner, ctx.target.kernel
+    args = ["-m", "nvidia", "-v", version, "-k", kernel]
+    status = runner.run(cmd.dkms_argv(root, "status", *args), check=False, timeout=120)
+    if cmd.dkms_installed(status.output, version, kernel) and "nvidia" in cmd.module_files(
+        root, kernel
+    ):
+        log.info("DKMS has nvidia %s installed for %s", version, kernel)
+        return
+    log.info("DKMS has not installed nvidia %s for %s: dkms install", version, kernel)
+    try:
+        runner.run(cmd.dkms_argv(root, "install", *args), stream=True, timeout=3600)
+    except CommandFailed as exc:
+        make_log = cmd.make_log(version)
+        text = root.read_text(make_log) or "(no make.log)"
+        tail = "\n".join(text.splitlines()[-25:])
+        raise ModuleBuildFailed(
+            f"DKMS could not build nvidia {version} for kernel {kernel}: "
+            f"{exc.output_tail.strip()}\n--- {make_log} (last lines) ---\n{tail}",
+            hint=f"Check that kernel-devel-{kernel}, gcc and make on the host match the kernel; "
+            "the driver transaction was undone, the host's packages are as they were.",
+        ) from exc
+
+
+def _undo(ctx: Context, transaction: int, old_kmod_version: str | None) -> None:
+    """Undo this run's transaction; the old -dkms build is rebuilt for the target kernel
+    (the new package's %preun removed it from DKMS)."""
+    log.warning("undoing dnf transaction %d", transaction)
+    try:
+        ctx.runner.run(cmd.undo_argv(_base(ctx), transaction), stream=True, timeout=3600)
+    except CommandFailed as exc:
+        log.error("could not undo dnf transaction %d: %s", transaction, exc.output_tail.strip())
+        return
+    if old_kmod_version:
+        args = ["-m", "nvidia", "-v", old_kmod_version, "-k", ctx.target.kernel]
+        ctx.runner.run(cmd.dkms_argv(ctx.root, "install", *args), check=False, timeout=3600)
 
 
 def versionlock_step(ctx: Context, dt: DnfTarget) -> Step:
@@ -274,8 +553,9 @@ def _locked(versionlock_list: str, name: str, version: str) -> bool:
 
 def populate_step(ctx: Context, dt: DnfTarget) -> Step:
     """versions/<ver>/{bin,lib64} from the packages' files (GKE's layout that consumers mount),
-    and the kmod's modules in the module cache (the `drivers` link, the insmod fallback).
-    The modules stay where the kmod package put them; depmod makes modprobe find them."""
+    and the modules DKMS or the precompiled kmod put in /lib/modules/<k>/extra in the module
+    cache, uncompressed (the `drivers` link, the insmod fallback). The modules stay where they
+    are; depmod makes modprobe find them."""
     layout, t = ctx.layout, ctx.target
 
     def satisfied() -> bool:
@@ -287,13 +567,12 @@ def populate_step(ctx: Context, dt: DnfTarget) -> Step:
         version = t.version
         present = cmd.installed_versions(ctx.root, ctx.runner, list(cmd.USERSPACE_ALL))
         userspace = sorted(n for n, v in present.items() if v == version)
-        files = _package_files(ctx, [*userspace, dt.kmod])
         final = layout.version_dir(version)
         if not (final / COMPLETE_MARKER).is_file():
-            _fill_version_dir(ctx, files, final, version)
+            _fill_version_dir(ctx, _package_files(ctx, userspace), final, version)
         build = layout.module_build(version, t.kernel, t.flavour)
         if not (build / COMPLETE_MARKER).is_file():
-            _fill_module_dir(ctx, files, build)
+            _fill_module_dir(ctx, build)
         _retire_runfile_modules(ctx)
         if _writable(ctx.root.local(f"/lib/modules/{t.kernel}")):
             ctx.runner.run(modules.depmod_argv(ctx.root, t.kernel), timeout=300)
@@ -343,21 +622,27 @@ def _fill_version_dir(ctx: Context, files: list[PurePosixPath], final: Path, ver
     log.info("filled %s with %d files from the packages", final, count)
 
 
-def _fill_module_dir(ctx: Context, files: list[PurePosixPath], build: Path) -> None:
+def _fill_module_dir(ctx: Context, build: Path) -> None:
     t = ctx.target
-    prefix = f"/lib/modules/{t.kernel}/"
-    kos = [p for p in files if str(p).startswith(prefix) and p.name.endswith(".ko")]
-    if not any(p.name == "nvidia.ko" for p in kos):
+    found = cmd.module_files(ctx.root, t.kernel)
+    if "nvidia" not in found:
         raise InstallFailed(
-            f"the kmod package left no nvidia.ko for kernel {t.kernel} under {prefix}",
-            hint="DKMS builds for the kernel that runs; check `dkms status` on the node and "
-            "that kernel-devel matches it.",
+            f"no nvidia module for kernel {t.kernel} under /lib/modules/{t.kernel}/extra",
+            hint="DKMS builds for the running kernel; check `dkms status` on the node and "
+            "that kernel-devel matches the kernel.",
         )
     staging = build.with_name(f".{build.name}.tmp")
     _remove(staging)
     staging.mkdir(parents=True)
-    for path in kos:
-        _link_or_copy(ctx.root.local(path), staging / path.name)
+    for name, path in found.items():
+        dest = staging / f"{name}.ko"
+        if path.name.endswith(".ko.xz"):
+            with lzma.open(path) as packed, open(dest, "wb") as out:
+                shutil.copyfileobj(packed, out)
+        elif path.name.endswith(".ko.zst"):
+            ctx.runner.run(["zstd", "-d", "-q", "-f", "-o", str(dest), str(path)], timeout=120)
+        else:
+            _link_or_copy(path, dest)
     (staging / COMPLETE_MARKER).write_text(f"{t.version} {t.kernel} {t.flavour}\n")
     _remove(build)
     os.replace(staging, build)

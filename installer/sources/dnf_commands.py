@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import configparser
 import re
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -29,6 +30,11 @@ VERSIONLOCK_CONF = PurePosixPath("/etc/dnf/plugins/versionlock.conf")
 VERSIONLOCK_LIST = PurePosixPath("/etc/dnf/plugins/versionlock.list")
 REPOS_DIR = PurePosixPath("/etc/yum.repos.d")
 MODULE_STATE = PurePosixPath(f"/etc/dnf/modules.d/{MODULE}.module")
+DNF_HISTORY = PurePosixPath("/var/lib/dnf/history.sqlite")
+DKMS_TREE = PurePosixPath("/var/lib/dkms")
+# Module files DKMS and the precompiled kmods put in /lib/modules/<k>/extra.
+KO_SUFFIXES = (".ko", ".ko.xz", ".ko.zst")
+NVIDIA_MODULES = ("nvidia", "nvidia-modeset", "nvidia-uvm", "nvidia-drm", "nvidia-peermem")
 NVIDIA_REPO_URL = (
     "https://developer.download.nvidia.com/compute/cuda/repos/rhel{major}/{arch}/"
     "cuda-rhel{major}.repo"
@@ -46,6 +52,12 @@ class DnfTarget:
     branch: int
     pinned: str | None
     packages: tuple[str, ...]
+    # NVIDIA's precompiled stream for the same request (`latest`, `<branch>`); proprietary only.
+    precompiled_stream: str | None = None
+
+    @property
+    def userspace(self) -> tuple[str, ...]:
+        return tuple(n for n in self.packages if n not in KMOD.values())
 
     @property
     def kmod(self) -> str:
@@ -90,7 +102,34 @@ def dnf_target(
             names,
         )
     stream = stream_name(request_kind, request_value, branch, flavour)
-    return DnfTarget(stream, flavour, branch, version if request_kind == "exact" else None, names)
+    precompiled = None
+    if flavour == "proprietary":
+        latest = request_kind == "alias" and request_value == "latest"
+        precompiled = "latest" if latest else str(branch)
+    pinned = version if request_kind == "exact" else None
+    return DnfTarget(stream, flavour, branch, pinned, names, precompiled)
+
+
+def precompiled_kmod(version: str, kernel: str) -> str:
+    """NVIDIA's precompiled kmod for one driver version and one exact kernel:
+    kmod-nvidia-<driver>-<kernel version>-<kernel release without dist tag and arch>."""
+    kversion, _, rest = kernel.partition("-")
+    return f"kmod-nvidia-{version}-{kversion}-{rest.split('.el', 1)[0]}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The stream and version one transaction installs, and its kmod package."""
+
+    stream: str
+    version: str
+    kmod: str
+    precompiled: bool
+    reason: str
+
+    def specs(self, userspace: tuple[str, ...]) -> list[str]:
+        return [*(f"{name}-{self.version}" for name in userspace), self.kmod if self.precompiled
+                else f"{self.kmod}-{self.version}"]
 
 
 # --- argv --------------------------------------------------------------------------------
@@ -150,6 +189,87 @@ def transaction_argv(
         f"@{spec}",
         *target.specs(),
     ]
+
+
+def install_argv(
+    base: list[str], target: DnfTarget, choice: Choice, kernel: str
+) -> list[str]:
+    """One transaction: the stream's profile with the chosen version pinned, the kmod, and for
+    DKMS kernel-devel/kernel-headers of the target kernel, so either all of it lands or none.
+    `module_stream_switch` and `--allowerasing` let it replace another stream's packages."""
+    extra = [] if choice.precompiled else kernel_packages(kernel)
+    return [
+        *base,
+        "install",
+        "--allowerasing",
+        "--setopt=module_stream_switch=True",
+        f"@{MODULE}:{choice.stream}/{PROFILE}",
+        *choice.specs(target.userspace),
+        *extra,
+    ]
+
+
+def makecache_argv(base: list[str]) -> list[str]:
+    return [*base, "makecache"]
+
+
+def undo_argv(base: list[str], transaction: int) -> list[str]:
+    return [*base, "history", "undo", str(transaction)]
+
+
+def epel_argv(base: list[str]) -> list[str]:
+    return [*base, "install", "epel-release"]
+
+
+def dkms_argv(root: HostRoot, *args: str) -> list[str]:
+    """dkms of the host, run in the host root (it builds with the host's compiler and
+    kernel-devel, into the host's /var/lib/dkms and /lib/modules)."""
+    if root.is_bare:
+        return ["dkms", *args]
+    return ["chroot", str(root.root), "dkms", *args]
+
+
+def dkms_installed(status_output: str, version: str, kernel: str) -> bool:
+    """`dkms status` prints `nvidia/<v>, <k>, <arch>: installed` (older: `nvidia, <v>, ...`)."""
+    for line in status_output.splitlines():
+        head, _, state = line.rpartition(":")
+        fields = [f.strip() for f in head.replace("/", ",").split(",")]
+        if state.strip().startswith("installed") and fields[:3] == ["nvidia", version, kernel]:
+            return True
+    return False
+
+
+def make_log(version: str) -> PurePosixPath:
+    return DKMS_TREE / "nvidia" / version / "build" / "make.log"
+
+
+def last_transaction(root: HostRoot) -> int:
+    """The newest dnf history id of the host (0 without history); read from dnf's sqlite
+    history, so no dnf process starts."""
+    path = root.local(DNF_HISTORY)
+    if not path.is_file():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            row = db.execute("SELECT max(id) FROM trans").fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(row[0] or 0)
+
+
+def module_files(root: HostRoot, kernel: str) -> dict[str, Path]:
+    """NVIDIA's modules under /lib/modules/<k>/extra (DKMS: extra/, precompiled kmods:
+    extra/drivers/video/nvidia/), module name -> file, compressed or not."""
+    extra = root.local(f"/lib/modules/{kernel}/extra")
+    found: dict[str, Path] = {}
+    if not extra.is_dir():
+        return found
+    for path in sorted(extra.rglob("nvidia*")):
+        for suffix in KO_SUFFIXES:
+            name = path.name[: -len(suffix)] if path.name.endswith(suffix) else ""
+            if name in NVIDIA_MODULES and path.is_file() and name not in found:
+                found[name] = path
+    return found
 
 
 def versionlock_argv(base: list[str], names: tuple[str, ...], version: str) -> list[str]:

@@ -1,8 +1,11 @@
-"""`installer run` with the dnf source end to end: the real dnf and rpm against a Rocky 9.4 host
-root with an initialised rpm database, and a module-stream repo of the fake driver built by
-kit.rpm, served from file:// and http://127.0.0.1. Nothing is loaded here: the host root's
-running kernel differs from the kernel the packages are for (building ahead), as in
-test_run_runfile."""
+"""`installer run` with the dnf source end to end: the real dnf and rpm against Rocky 9.4 and 8.9
+host roots with an initialised rpm database, a module-stream repo of the fake driver built by
+kit.rpm (DKMS and precompiled streams, packages shaped like NVIDIA's), served from file:// and
+http://127.0.0.1, and a stand-in EPEL repo with dkms. rpm runs the packages' scriptlets chrooted
+into the root, which gets a shell from the kit's `kit-base` package first. Nothing is loaded
+here: the host root's running kernel differs from the kernel the packages are for (building
+ahead: DKMS's %post builds for `uname -r` and fails, swallowed, so the installer's `dkms install
+-k` does the work), as in test_run_runfile."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +25,21 @@ import testinfra
 from hostkit import GCC_LINE, INSTALL_DIR_HOST, RUNNING_KERNEL, installer_env, run_installer
 from hosttrees import make_host
 from httpfaults import serve_directory
-from kit.rpm import KERNEL, V575, V580A, V580B, build_repo, write_repo_file
+from kit.rpm import (
+    KERNEL,
+    KERNEL8,
+    V565,
+    V575,
+    V580A,
+    V580B,
+    build_extras,
+    build_repo,
+    install_base,
+    precompiled_kmod,
+    write_repo_file,
+)
 
-TOOLS = ("dnf", "rpm", "rpmbuild", "createrepo_c", "modifyrepo_c", "makeself")
+TOOLS = ("dnf", "rpm", "rpmbuild", "createrepo_c", "modifyrepo_c", "makeself", "busybox")
 pytestmark = [
     pytest.mark.skipif(
         any(shutil.which(t) is None for t in TOOLS), reason="needs " + ", ".join(TOOLS)
@@ -39,6 +55,11 @@ REPO_ID = "cuda-rhel9-x86_64"
 @pytest.fixture(scope="module")
 def repo() -> Path:
     return build_repo()
+
+
+@pytest.fixture(scope="module")
+def extras() -> Path:
+    return build_extras()
 
 
 @pytest.fixture(scope="module")
@@ -70,24 +91,34 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    """Rocky 9.4 with an H100, an empty rpm database and /etc/yum.repos.d."""
-    root = tmp_path / "host"
-    make_host(root, distro="rocky-9", kernel=RUNNING_KERNEL, gpus=(0x2330,))
+def make_root(path: Path, extras: Path, major: int = 9, epel: bool = True) -> Path:
+    """Rocky 9.4 (or 8.9) with an H100, an rpm database holding only kit-base (a shell for
+    scriptlets), /etc/yum.repos.d with EPEL enabled (or not)."""
+    root = path / "host"
+    make_host(root, distro=f"rocky-{major}", kernel=RUNNING_KERNEL, gpus=(0x2330,))
     with (root / "etc/os-release").open("a") as handle:
-        handle.write('PLATFORM_ID="platform:el9"\n')
+        handle.write(f'PLATFORM_ID="platform:el{major}"\n')
     subprocess.run(["rpm", "--root", str(root), "--initdb"], check=True)
     for directory in (
         "etc/yum.repos.d",
         "etc/ld.so.conf.d",
         "etc/modprobe.d",
-        f"lib/modules/{KERNEL}",
+        f"lib/modules/{KERNEL if major == 9 else KERNEL8}",
     ):
         (root / directory).mkdir(parents=True, exist_ok=True)
     (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
     (root / "proc/version").write_text(GCC_LINE.format(k=RUNNING_KERNEL))
+    (root / "dev").mkdir(exist_ok=True)
+    os.mknod(root / "dev/null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # what devtmpfs gives
+    install_base(root, extras)
+    if epel:
+        write_repo_file(root / "etc/yum.repos.d/epel.repo", f"file://{extras / 'epel'}", "epel")
     return root
+
+
+@pytest.fixture
+def root(tmp_path: Path, extras: Path) -> Path:
+    return make_root(tmp_path, extras)
 
 
 def env_for(
@@ -116,7 +147,7 @@ def rpms(root: Path) -> list[str]:
         text=True,
         check=True,
     ).stdout
-    return sorted(out.split())
+    return sorted(n for n in out.split() if not n.startswith("kit-base-"))
 
 
 def stream(root: Path) -> str:
@@ -132,49 +163,61 @@ def record(root: Path) -> dict[str, Any]:
     return dict(json.loads((inst(root) / "state.json").read_text()))
 
 
-def driver_rpms(version: str, kmod: str = "kmod-nvidia-latest-dkms") -> list[str]:
+def driver_rpms(
+    version: str, kmod: str = "kmod-nvidia-latest-dkms", kernel: str = KERNEL
+) -> list[str]:
+    """What the host has after a DKMS stream: with kernel-devel and dkms; a precompiled kmod
+    (kmod=None-like name starting kmod-nvidia-<v>-) comes alone."""
+    userspace = [f"nvidia-driver-{version}", f"nvidia-driver-cuda-{version}",
+                 f"nvidia-modprobe-{version}", f"{kmod}-{version}"]
+    if not kmod.endswith("-dkms"):
+        return sorted(userspace)
     return sorted(
         [
-            f"nvidia-driver-{version}",
-            f"nvidia-driver-cuda-{version}",
-            f"nvidia-modprobe-{version}",
-            f"{kmod}-{version}",
-            f"kernel-devel-{KERNEL.split('-')[0]}",
-            f"kernel-headers-{KERNEL.split('-')[0]}",
+            *userspace,
+            "dkms-3.0.13",
+            f"kernel-devel-{kernel.split('-')[0]}",
+            f"kernel-headers-{kernel.split('-')[0]}",
         ]
     )
 
 
-def test_branch_stream_over_http_gives_the_gke_layout(
+def test_dkms_stream_over_http_builds_with_dkms_and_gives_the_gke_layout(
     root: Path, repo_files: dict[str, str]
 ) -> None:
-    result = ok(run_installer(env_for(root, repo_files["http"], "580"), "run"))
+    # 580.105.08 has no precompiled kmod: the 580-dkms stream, DKMS builds for KERNEL.
+    result = ok(run_installer(env_for(root, repo_files["http"], V580A), "run"))
     machine = testinfra.get_host("local://")
 
-    assert rpms(root) == driver_rpms(V580B)
+    assert rpms(root) == driver_rpms(V580A)
     assert stream(root) == "580-dkms"
-    repo_file = machine.file(str(root / "etc/yum.repos.d/cuda-rhel9.repo"))
-    assert repo_file.is_file and "/repo" in repo_file.content_string
+    assert "DKMS stream 580-dkms" in result.stderr
     assert re.search(r"INFO\s+dnf: Complete!", result.stderr)  # dnf's output is in the log
+    # The package owns sources only; DKMS (run by the installer for KERNEL) made the modules,
+    # xz-compressed as EL9's kernel config asks, in extra/, owned by no package.
+    owned = subprocess.run(["rpm", "--root", str(root), "-ql", "kmod-nvidia-latest-dkms"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert f"/usr/src/nvidia-{V580A}/dkms.conf" in owned
+    assert not [f for f in owned if f.startswith("/lib/modules")]
+    assert f"DKMS has not installed nvidia {V580A} for {KERNEL}: dkms install" in result.stderr
+    extra = root / "lib/modules" / KERNEL / "extra"
+    assert sorted(p.name for p in extra.iterdir()) == [
+        "nvidia-modeset.ko.xz", "nvidia-uvm.ko.xz", "nvidia.ko.xz"]
+    assert (root / f"var/lib/dkms/nvidia/{V580A}/build/make.log").is_file()
+    assert (root / f"var/lib/dkms/nvidia/{V580A}/{KERNEL}/x86_64/module/nvidia.ko").is_file()
+    assert "extra/nvidia-uvm.ko.xz: extra/nvidia.ko.xz" in (
+        root / "lib/modules" / KERNEL / "modules.dep").read_text()
 
     i = inst(root)
-    assert machine.file(str(i / "current")).linked_to == str(i / "versions" / V580B)
+    assert machine.file(str(i / "current")).linked_to == str(i / "versions" / V580A)
     smi = machine.file(str(i / "bin/nvidia-smi"))
     assert smi.is_file and smi.mode & 0o111
     assert machine.file(str(i / "bin/nvidia-modprobe")).mode & 0o4000
-    assert os.readlink(i / "lib64/libnvidia-ml.so.1") == f"libnvidia-ml.so.{V580B}"
-    assert os.readlink(i / "lib64/libcuda.so.1") == f"libcuda.so.{V580B}"
-    assert sorted(p.name for p in (i / "drivers").glob("*.ko")) == [
-        "nvidia-modeset.ko",
-        "nvidia-uvm.ko",
-        "nvidia.ko",
-    ]
-    extra = root / "lib/modules" / KERNEL / "extra"
-    assert (extra / "nvidia.ko").is_file()
-    assert (
-        "extra/nvidia-uvm.ko: extra/nvidia.ko"
-        in (root / "lib/modules" / KERNEL / "modules.dep").read_text()
-    )
+    assert os.readlink(i / "lib64/libnvidia-ml.so.1") == f"libnvidia-ml.so.{V580A}"
+    assert os.readlink(i / "lib64/libcuda.so.1") == f"libcuda.so.{V580A}"
+    drivers = sorted((i / "drivers").glob("*.ko"))
+    assert [p.name for p in drivers] == ["nvidia-modeset.ko", "nvidia-uvm.ko", "nvidia.ko"]
+    assert (i / "drivers/nvidia.ko").read_bytes()[:4] == b"\x7fELF"  # uncompressed
     assert not (root / "lib/modules" / KERNEL / "updates").exists()
     assert (
         machine.file(str(root / "etc/ld.so.conf.d/nvidia-driver-installer.conf")).content_string
@@ -182,23 +225,39 @@ def test_branch_stream_over_http_gives_the_gke_layout(
     )
     rec = record(root)
     assert (rec["version"], rec["flavour"], rec["kernel"], rec["source"]) == (
-        V580B,
-        "proprietary",
-        KERNEL,
-        "dnf",
-    )
-    assert (i / ".cache").read_text() == (
-        f"CACHE_KERNEL_VERSION={KERNEL}\nCACHE_NVIDIA_DRIVER_VERSION={V580B}\n"
-    )
-    # The transaction ran against the host root, not this machine: dnf's log and history are
-    # the host's, its metadata cache is in the install dir.
+        V580A, "proprietary", KERNEL, "dnf")
     assert (root / "var/log/dnf.rpm.log").is_file()
     assert list((i / "cache/dnf").glob(f"{REPO_ID}-*/repodata"))
     assert not Path(INSTALL_DIR_HOST).exists()
 
 
-def test_rerun_runs_no_dnf_transaction(root: Path, repo_files: dict[str, str]) -> None:
+def test_precompiled_stream_is_preferred_for_a_kernel_nvidia_built_for(
+    root: Path, repo_files: dict[str, str]
+) -> None:
     env = env_for(root, repo_files["file"], "580")
+    result = ok(run_installer(env, "run"))
+    kmod = precompiled_kmod(V580B, KERNEL)
+    assert rpms(root) == sorted(
+        [f"nvidia-driver-{V580B}", f"nvidia-driver-cuda-{V580B}", f"nvidia-modprobe-{V580B}",
+         f"{kmod}-{V580B}"])
+    assert stream(root) == "580"
+    assert f"precompiled stream 580: NVIDIA ships {kmod}" in result.stderr
+    assert "dkms" not in " ".join(rpms(root)) and "kernel-devel" not in " ".join(rpms(root))
+    ghosts = root / "lib/modules" / KERNEL / "extra/drivers/video/nvidia"
+    assert sorted(p.name for p in ghosts.iterdir()) == [
+        "nvidia-modeset.ko", "nvidia-uvm.ko", "nvidia.ko"]
+    i = inst(root)
+    assert sorted(p.name for p in (i / "drivers").glob("*.ko")) == [
+        "nvidia-modeset.ko", "nvidia-uvm.ko", "nvidia.ko"]
+    assert record(root)["version"] == V580B
+    # The plan, now that dnf's metadata is cached, names the stream and the version dnf installs.
+    plan = ok(run_installer(env_for(root, repo_files["file"], "latest"), "plan"))
+    assert re.search(r"dnf-stream\s*:?\s+nvidia-driver:latest", plan.stdout), plan.stdout
+    assert re.search(rf"version\s*:?\s+{V580B}", plan.stdout), plan.stdout
+
+
+def test_rerun_runs_no_dnf_transaction_and_no_dkms(root: Path, repo_files: dict[str, str]) -> None:
+    env = env_for(root, repo_files["file"], V580A)
     ok(run_installer(env, "run"))
     db_before = _tree(root / "root/.rpmdb") or _tree(root / "var/lib/rpm")
     before = rpms(root)
@@ -206,6 +265,7 @@ def test_rerun_runs_no_dnf_transaction(root: Path, repo_files: dict[str, str]) -
     second = ok(run_installer(env, "run"))
     assert "every step was already satisfied" in second.stderr
     assert not re.search(r"INFO\s+dnf: ", second.stderr)  # no dnf output: dnf never ran
+    assert "dkms install" not in second.stderr and "DKMS has" not in second.stderr
     assert "step install-driver-packages: already satisfied" in second.stderr
     assert rpms(root) == before
     assert (_tree(root / "root/.rpmdb") or _tree(root / "var/lib/rpm")) == db_before
@@ -222,42 +282,81 @@ def _tree(path: Path) -> dict[str, int]:
     return {p.name: p.stat().st_mtime_ns for p in path.iterdir() if not p.name.endswith("-shm")}
 
 
-def test_exact_version_is_pinned_within_its_branch_stream(
-    root: Path, repo_files: dict[str, str]
+def test_rocky8_dkms_without_precompiled_kmod_and_uncompressed_modules(
+    tmp_path: Path, extras: Path, repo_files: dict[str, str]
 ) -> None:
-    ok(run_installer(env_for(root, repo_files["file"], V580A), "run"))
-    assert rpms(root) == driver_rpms(V580A)
+    root = make_root(tmp_path, extras, major=8)
+    env = env_for(root, repo_files["file"], "580")
+    env["NVIDIA_KERNEL_RELEASE"] = KERNEL8
+    result = ok(run_installer(env, "run"))
+    assert rpms(root) == driver_rpms(V580B, kernel=KERNEL8)
     assert stream(root) == "580-dkms"
-    assert os.readlink(inst(root) / "current") == f"versions/{V580A}"
-    # Then up to the newest of the stream, and back down: one transaction each.
-    ok(run_installer(env_for(root, repo_files["file"], V580B), "run"))
-    assert rpms(root) == driver_rpms(V580B)
-    ok(run_installer(env_for(root, repo_files["file"], V580A), "run"))
-    assert rpms(root) == driver_rpms(V580A)
-    assert record(root)["version"] == V580A
-
-
-def test_latest_alias_uses_the_latest_stream(root: Path, repo_files: dict[str, str]) -> None:
-    result = ok(run_installer(env_for(root, repo_files["file"], "latest"), "run"))
-    assert stream(root) == "latest-dkms"
-    assert rpms(root) == driver_rpms(V580B)
-    # The stream decides the version, not the catalog's newest (which the repo lacks).
+    assert f"NVIDIA ships no precompiled kmod of {V580B} for kernel {KERNEL8}" in result.stderr
+    extra = root / "lib/modules" / KERNEL8 / "extra"
+    assert sorted(p.name for p in extra.iterdir()) == [
+        "nvidia-modeset.ko", "nvidia-uvm.ko", "nvidia.ko"]
     assert record(root)["version"] == V580B
-    assert "latest-dkms" in result.stderr
 
 
-def test_switching_flavour_switches_stream_in_one_transaction(
+def test_exact_pins_and_upgrades_across_branches_and_flavours(
     root: Path, repo_files: dict[str, str]
 ) -> None:
-    ok(run_installer(env_for(root, repo_files["file"], "580"), "run"))
+    ok(run_installer(env_for(root, repo_files["file"], V580A), "run"))
+    assert rpms(root) == driver_rpms(V580A)
+    # Up to 580's newest: precompiled for this kernel, so the DKMS kmod and its build go.
+    ok(run_installer(env_for(root, repo_files["file"], V580B), "run"))
+    kmod = precompiled_kmod(V580B, KERNEL)
+    assert stream(root) == "580"
+    assert f"{kmod}-{V580B}" in rpms(root) and "kmod-nvidia-latest-dkms" not in str(rpms(root))
+    assert not (root / f"var/lib/dkms/nvidia/{V580A}").exists()  # %preun: dkms remove --all
+    assert not list((root / "lib/modules" / KERNEL / "extra").glob("*.ko.xz"))
+    # Then the open flavour: DKMS stream 580-open, one transaction.
     ok(run_installer(env_for(root, repo_files["file"], "580", "open"), "run"))
     assert stream(root) == "580-open"
     assert rpms(root) == driver_rpms(V580B, "kmod-nvidia-open-dkms")
     i = inst(root)
     assert os.readlink(i / "drivers") == f"cache/modules/{V580B}/{KERNEL}/open"
     assert record(root)["flavour"] == "open"
-    history = (root / "var/log/dnf.rpm.log").read_text()
-    assert "kmod-nvidia-latest-dkms" in history and "Erase" in history
+
+
+def test_dkms_build_failure_undoes_the_transaction(
+    root: Path, repo_files: dict[str, str]
+) -> None:
+    result = run_installer(env_for(root, repo_files["file"], V565), "run")
+    assert result.returncode == 31, result.stderr[-3000:]
+    assert "error[module-build-failed]" in result.stderr
+    assert f"/var/lib/dkms/nvidia/{V565}/build/make.log" in result.stderr
+    assert "No rule to make target" in result.stderr  # make.log's tail
+    assert rpms(root) == []  # kernel-devel, dkms and the driver all undone
+    assert not (inst(root) / "current").exists()
+    assert not list((root / "lib/modules" / KERNEL).rglob("nvidia*"))
+
+
+def test_dkms_failure_on_an_upgrade_puts_the_old_driver_back(
+    root: Path, repo_files: dict[str, str]
+) -> None:
+    ok(run_installer(env_for(root, repo_files["file"], V580A), "run"))
+    before = rpms(root)
+    extra = sorted(p.name for p in (root / "lib/modules" / KERNEL / "extra").iterdir())
+    result = run_installer(env_for(root, repo_files["file"], V565), "run")
+    assert result.returncode == 31, result.stderr[-3000:]
+    assert rpms(root) == before
+    assert stream(root) == "580-dkms"
+    assert sorted(p.name for p in (root / "lib/modules" / KERNEL / "extra").iterdir()) == extra
+    assert (root / f"var/lib/dkms/nvidia/{V580A}/{KERNEL}/x86_64/module/nvidia.ko").is_file()
+    assert os.readlink(inst(root) / "current") == f"versions/{V580A}"
+    assert not (inst(root) / "versions" / V565).exists()
+
+
+def test_without_epel_dkms_is_named_before_any_change(
+    tmp_path: Path, extras: Path, repo_files: dict[str, str]
+) -> None:
+    root = make_root(tmp_path, extras, epel=False)
+    result = run_installer(env_for(root, repo_files["file"], V580A), "run")
+    assert result.returncode == 52, result.stderr[-3000:]
+    assert "error[dkms-unavailable]" in result.stderr and "EPEL" in result.stderr
+    assert "NVIDIA_DNF_ENABLE_EPEL" in result.stderr
+    assert rpms(root) == []
 
 
 def test_missing_kernel_devel_names_package_kernel_and_repo(
@@ -288,7 +387,7 @@ def test_unreachable_repo_is_repo_unavailable(
 def test_failed_transaction_leaves_the_host_packages_as_they_were(
     root: Path, repo_files: dict[str, str]
 ) -> None:
-    ok(run_installer(env_for(root, repo_files["file"], "580"), "run"))
+    ok(run_installer(env_for(root, repo_files["file"], V580A), "run"))
     before = rpms(root)
     # 575's packages both ship /usr/bin/nvidia-smi: dnf's test transaction refuses them.
     result = run_installer(env_for(root, repo_files["file"], "575"), "run")
@@ -297,5 +396,5 @@ def test_failed_transaction_leaves_the_host_packages_as_they_were(
     assert "conflicts" in result.stderr
     assert rpms(root) == before
     assert stream(root) == "580-dkms"
-    assert os.readlink(inst(root) / "current") == f"versions/{V580B}"
+    assert os.readlink(inst(root) / "current") == f"versions/{V580A}"
     assert not (inst(root) / "versions" / V575).exists()

@@ -3,12 +3,14 @@ and how dnf's failures map to errors (FakeRunner: no process runs)."""
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from fakes import FakeRunner
 from hosttrees import make_host, root_env
+from kit.rpm import DEFAULT_SPEC, RepoSpec, modules_yaml
 
 from installer import pipeline, planner
 from installer.config import from_env
@@ -73,7 +75,6 @@ def test_auto_on_rocky_with_the_cuda_repo_file_picks_dnf(tmp_path: Path) -> None
     names = [s.name for s in plan.steps]
     assert names[names.index("add-dnf-repo") :] == [
         "add-dnf-repo",
-        "install-kernel-devel",
         "install-driver-packages",
         "populate-install-dir",
         "check-driver-free",
@@ -87,7 +88,7 @@ def test_auto_on_rocky_with_the_cuda_repo_file_picks_dnf(tmp_path: Path) -> None
         "prune-cache",
     ]
     assert "install-module-files" not in names
-    assert "nvidia-driver:580-dkms" in step(plan, "install-driver-packages").summary
+    assert "nvidia-driver:580 or 580-dkms" in step(plan, "install-driver-packages").summary
 
 
 def test_auto_with_the_repo_url_set_picks_dnf(tmp_path: Path) -> None:
@@ -165,9 +166,18 @@ INSTALLED = {
 }
 
 
+def dkms_built(root: Path, version: str = "580.105.08") -> None:
+    """What `dkms install -k KERNEL` leaves: its tree entry and the module in extra/."""
+    (root / f"var/lib/dkms/nvidia/{version}/{KERNEL}/x86_64/module").mkdir(parents=True)
+    extra = root / f"lib/modules/{KERNEL}/extra"
+    extra.mkdir(parents=True)
+    (extra / "nvidia.ko.xz").write_bytes(b"")
+
+
 def test_warm_probe_adopts_the_installed_version_without_dnf(tmp_path: Path) -> None:
     add_repo_file(tmp_path)
     enable_stream(tmp_path, "580-dkms")
+    dkms_built(tmp_path)
     runner = rpm_answer(INSTALLED)
     plan = plan_for(
         tmp_path, runner, NVIDIA_DRIVER_VERSION="580", NVIDIA_KERNEL_MODULE_TYPE="proprietary"
@@ -201,6 +211,29 @@ def test_probe_wants_a_transaction(
     assert not step(plan, "install-driver-packages").is_satisfied()
 
 
+def cache_metadata(root: Path, spec: RepoSpec = DEFAULT_SPEC) -> None:
+    """The modules.yaml dnf caches for the kit's repo, gzipped as createrepo_c writes it."""
+    repodata = root / "var/lib/nvidia/cache/dnf/cuda-rhel9-x86_64-1f2e3d4c5b6a7980/repodata"
+    repodata.mkdir(parents=True, exist_ok=True)
+    with gzip.open(repodata / "0123abcd-modules.yaml.gz", "wt") as handle:
+        handle.write(modules_yaml(spec))
+
+
+def makecache_ok(runner: FakeRunner) -> None:
+    """dnf makecache succeeds; the answers added before it answer every other dnf call."""
+    others = list(runner.answers)
+
+    def answer(argv: Sequence[str]) -> Result:
+        if argv[-1] == "makecache":
+            return Result(tuple(argv), 0, "Metadata cache created.\n")
+        for prefix, other in reversed(others):
+            if tuple(argv[: len(prefix)]) == prefix:
+                return other(argv)
+        return Result(tuple(argv), 0, "")
+
+    runner.answers.append((("dnf",), answer))
+
+
 def test_transaction_runs_the_exact_argv_and_maps_a_conflict(tmp_path: Path) -> None:
     add_repo_file(tmp_path)
     runner = rpm_answer({})
@@ -212,14 +245,17 @@ def test_transaction_runs_the_exact_argv_and_maps_a_conflict(tmp_path: Path) -> 
             "attempted installs of a and b\n"
         ),
     )
+    makecache_ok(runner)
     plan = plan_for(
         tmp_path, runner, NVIDIA_DRIVER_VERSION="580.105.08", NVIDIA_KERNEL_MODULE_TYPE="open"
     )
+    cache_metadata(tmp_path)
     with pytest.raises(PackageManagerFailed) as info:
         pipeline.run_step(step(plan, "install-driver-packages"))
     assert "conflicts" in info.value.message and info.value.exit_code == 50
     dnf_calls = [a for a in runner.argvs() if a[0] == "dnf"]
-    assert dnf_calls == [
+    assert dnf_calls[0][-1] == "makecache"
+    assert dnf_calls[1:] == [
         [
             "dnf",
             f"--installroot={tmp_path}",
@@ -238,6 +274,8 @@ def test_transaction_runs_the_exact_argv_and_maps_a_conflict(tmp_path: Path) -> 
             "nvidia-driver-cuda-580.105.08",
             "nvidia-modprobe-580.105.08",
             "kmod-nvidia-open-dkms-580.105.08",
+            f"kernel-devel-{KERNEL}",
+            f"kernel-headers-{KERNEL}",
         ]
     ]
 
@@ -268,9 +306,11 @@ def test_missing_kernel_devel_names_package_kernel_and_repos(tmp_path: Path) -> 
             f"Error: Unable to find a match: kernel-devel-{KERNEL}\n"
         ),
     )
-    plan = plan_for(tmp_path, runner)
+    makecache_ok(runner)
+    plan = plan_for(tmp_path, runner, NVIDIA_DRIVER_VERSION="580.105.08")
+    cache_metadata(tmp_path)
     with pytest.raises(KernelHeadersMissing) as info:
-        pipeline.run_step(step(plan, "install-kernel-devel"))
+        pipeline.run_step(step(plan, "install-driver-packages"))
     message = info.value.message
     assert f"kernel-devel-{KERNEL}" in message and f"kernel {KERNEL}" in message
     assert "cuda-rhel9-x86_64 (https://developer.download.nvidia.com" in message

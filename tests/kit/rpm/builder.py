@@ -3,11 +3,19 @@ rpmbuild, createrepo_c and modifyrepo_c.
 
 Payload: the kit's own `.run` is built and extracted (so the RPMs carry exactly the files the
 runfile tests install), and the kit's kernel modules are compiled with kbuild against this
-machine's Debian headers. The kmod packages keep NVIDIA's DKMS names (`kmod-nvidia-latest-dkms`,
-`kmod-nvidia-open-dkms`) and land the modules where DKMS's %post would
-(`/lib/modules/<k>/extra/`), but carry them prebuilt instead of sources plus a %post build:
-dnf runs scriptlets chrooted into `--installroot`, and a test host root has no shell, compiler
-or dkms, and what is under test is the installer's dnf handling, not DKMS.
+machine's Debian headers. The packages have the shapes of `shared/reference/dnf-packages.md`:
+
+- `kmod-nvidia-latest-dkms` / `kmod-nvidia-open-dkms` own only `/usr/src/nvidia-<v>/` (the kit's
+  kernel sources, NVIDIA's `dkms.conf`, and one `<module>.o_binary` object per module, which the
+  kit's dkms stand-in links), `Requires: dkms`, and run NVIDIA's scriptlets (`dkms add/build/
+  install ... || :` in %post, `dkms remove --all` in %preun). No `.ko` file is in them.
+- precompiled `kmod-nvidia-<v>-<kernel version>-<kernel release>` (streams `<branch>`, `latest`)
+  ship the modules under /usr/lib64/nvidia/kmod/<k>/, list `/lib/modules/<k>/extra/drivers/
+  video/nvidia/*.ko` as %ghost, link them there in %post and run depmod.
+- `kernel-devel` is a marker tree per kernel (its `.config` compresses modules on EL9).
+
+dnf runs scriptlets chrooted into `--installroot`: the test roots get a shell from extras.py's
+`kit-base` package first, and `dkms` from the stand-in EPEL repo (extras.py).
 """
 
 from __future__ import annotations
@@ -26,12 +34,15 @@ from ..builder import KIT_DIR, build_runfile
 RPM_DIR = Path(__file__).parent
 # A RHEL-shaped kernel release (kernel-devel-<k> must be a valid NEVRA); never loaded here.
 KERNEL = "6.1.0-56.el9.x86_64"
+KERNEL8 = "4.18.0-553.el8_10.x86_64"
 EPOCH = 3
 RELEASE = "1.el9"
 MODULE = "nvidia-driver"
 USERSPACE = ("nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe")
 KMOD = {"proprietary": "kmod-nvidia-latest-dkms", "open": "kmod-nvidia-open-dkms"}
 HEADERS_TREES = sorted(Path("/usr/src").glob("linux-headers-*-amd64"))
+MODULES = ("nvidia", "nvidia-modeset", "nvidia-uvm")
+PRECOMPILED_DIR = "/usr/lib64/nvidia/kmod"
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,10 @@ class Release:
     version: str
     flavours: tuple[str, ...] = ("proprietary", "open")
     conflict: bool = False
+    # The DKMS sources lack nvidia-uvm's object: every DKMS build fails, make.log says why.
+    broken: bool = False
+    # Kernels NVIDIA shipped a precompiled (proprietary) kmod of this version for.
+    precompiled: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -49,32 +64,48 @@ class RepoSpec:
     releases: tuple[Release, ...]
     # stream -> versions it lists (its flavour comes from the name: *-open and open-dkms)
     streams: tuple[tuple[str, tuple[str, ...]], ...]
-    kernels: tuple[str, ...] = (KERNEL,)
+    kernels: tuple[str, ...] = (KERNEL, KERNEL8)
     default_stream: str = "latest-dkms"
 
 
+V565 = "565.57.01"
 V570, V575, V580A, V580B = "570.172.08", "575.57.08", "580.105.08", "580.126.20"
 
 DEFAULT_SPEC = RepoSpec(
     releases=(
-        Release(V570, ("proprietary",)),
+        Release(V565, ("proprietary",), broken=True),
+        Release(V570, ("proprietary",), precompiled=(KERNEL,)),
         Release(V575, ("proprietary",), conflict=True),
         Release(V580A),
-        Release(V580B),
+        Release(V580B, precompiled=(KERNEL,)),
     ),
     streams=(
+        ("565-dkms", (V565,)),
         ("570-dkms", (V570,)),
+        ("570", (V570,)),
         ("575-dkms", (V575,)),
         ("580-dkms", (V580A, V580B)),
         ("580-open", (V580A, V580B)),
+        ("580", (V580B,)),
         ("latest-dkms", (V570, V580A, V580B)),
         ("open-dkms", (V580A, V580B)),
+        ("latest", (V570, V580B)),
     ),
 )
 
 
 def stream_flavour(stream: str) -> str:
     return "open" if stream.endswith("-open") or stream == "open-dkms" else "proprietary"
+
+
+def is_precompiled(stream: str) -> bool:
+    return not stream.endswith(("-dkms", "-open"))
+
+
+def precompiled_kmod(version: str, kernel: str) -> str:
+    """NVIDIA's name: kmod-nvidia-<driver>-<kernel version>-<kernel release without dist>."""
+    kversion, _, rest = kernel.partition("-")
+    return f"kmod-nvidia-{version}-{kversion}-{rest.split('.el', 1)[0]}"
 
 
 def nevra(name: str, version: str, arch: str = "x86_64") -> str:
@@ -115,9 +146,7 @@ def _build(spec: RepoSpec, out: Path) -> None:
             built = dict(zip(jobs, pool.map(lambda job: _compile(job[0].version, job[1]), jobs)))
         for release in spec.releases:
             stage = work / f"stage-{release.version}"
-            _stage_release(
-                release, stage, {f: built[(release, f)] for f in release.flavours}, spec.kernels
-            )
+            _stage_release(release, stage, {f: built[(release, f)] for f in release.flavours})
             _rpmbuild("nvidia-driver", _driver_spec(release, spec.kernels, stage), stage, work, out)
             if release.conflict:
                 _rpmbuild("nvidia-modprobe", _conflict_spec(release), stage, work, out)
@@ -168,9 +197,7 @@ def _compile(version: str, flavour: str) -> Path:
     return cache.cached_dir(key, produce)
 
 
-def _stage_release(
-    release: Release, stage: Path, kos: dict[str, Path], kernels: tuple[str, ...]
-) -> None:
+def _stage_release(release: Release, stage: Path, kos: dict[str, Path]) -> None:
     """Files as the packages install them, under stage/<package>/."""
     version = release.version
     run = build_runfile(version, stage / "run")
@@ -206,18 +233,43 @@ def _stage_release(
     docs.mkdir(parents=True)
     shutil.copy2(extracted / "LICENSE", docs / "LICENSE")
     for flavour, build in kos.items():
-        for kernel in kernels:
-            extra = stage / KMOD[flavour] / "lib/modules" / kernel / "extra"
-            extra.mkdir(parents=True)
-            for ko in sorted(build.glob("*.ko")):
-                shutil.copy2(ko, extra / ko.name)
+        sources = stage / KMOD[flavour] / "usr/src" / f"nvidia-{version}"
+        shutil.copytree(KIT_DIR / "kernel", sources)
+        (sources / "dkms.conf").write_text(dkms_conf(version, flavour))
+        for name in MODULES:
+            if release.broken and name == "nvidia-uvm":
+                continue
+            shutil.copy2(build / f"{name}.ko", sources / f"{name}.o_binary")
+    for kernel in release.precompiled:
+        objects = stage / precompiled_kmod(version, kernel) / PRECOMPILED_DIR.lstrip("/") / kernel
+        objects.mkdir(parents=True)
+        for name in MODULES:
+            shutil.copy2(kos["proprietary"] / f"{name}.ko", objects / f"{name}.ko")
+
+
+def dkms_conf(version: str, flavour: str) -> str:
+    """NVIDIA's dkms.conf, with the kit's make variables."""
+    lines = [
+        'PACKAGE_NAME="nvidia"',
+        f'PACKAGE_VERSION="{version}"',
+        'AUTOINSTALL="yes"',
+        "MAKE[0]=\"'make' -j$(nproc) -C ${kernel_source_dir} M=${dkms_tree}/${PACKAGE_NAME}/"
+        f"${{PACKAGE_VERSION}}/build NV_VERSION={version} NV_FLAVOUR={flavour} NV_BUILD_DRM=0 "
+        'modules"',
+    ]
+    for index, name in enumerate(MODULES):
+        lines += [f'BUILT_MODULE_NAME[{index}]="{name}"', f'DEST_MODULE_LOCATION[{index}]="/extra"']
+    return "\n".join(lines) + "\n"
 
 
 def _stage_kernel(kernel: str, stage: Path) -> None:
-    """A marker header tree: the modules are prebuilt, so nothing compiles against it."""
+    """A marker header tree (no kernel to compile against exists); its .config says whether the
+    kernel's modules are xz-compressed, as EL9's is."""
     devel = stage / "kernel-devel" / "usr/src/kernels" / kernel
     (devel / "include/generated").mkdir(parents=True)
     (devel / "Makefile").write_text(f"# kernel-devel marker tree for {kernel} (test kit)\n")
+    xz = "y" if ".el9" in kernel else "n"
+    (devel / ".config").write_text(f"CONFIG_MODULES=y\nCONFIG_MODULE_COMPRESS_XZ={xz}\n")
     (devel / "include/generated/utsrelease.h").write_text(f'#define UTS_RELEASE "{kernel}"\n')
     headers = stage / "kernel-headers" / "usr/include/linux"
     headers.mkdir(parents=True)
@@ -272,8 +324,18 @@ def _driver_spec(release: Release, kernels: tuple[str, ...], stage: Path) -> str
         subs.append(
             (
                 KMOD[flavour],
-                f"{flavour} kernel modules for {', '.join(kernels)} (fake)",
-                f"Provides: nvidia-kmod = {evr}\nConflicts: {other}\n",
+                f"{flavour} kernel module sources for DKMS (fake)",
+                f"Provides: nvidia-kmod = {evr}\nConflicts: {other}\nRequires: dkms\n",
+            )
+        )
+    for kernel in release.precompiled:
+        kversion = kernel.rsplit(".", 1)[0]
+        subs.append(
+            (
+                precompiled_kmod(v, kernel),
+                f"precompiled proprietary kernel modules for {kernel} (fake)",
+                f"Provides: nvidia-kmod = {evr}\nConflicts: {KMOD['proprietary']}\n"
+                f"Conflicts: {KMOD['open']}\nRequires: (kernel = {kversion} if kernel)\n",
             )
         )
     for name, summary, extra in subs:
@@ -283,7 +345,39 @@ def _driver_spec(release: Release, kernels: tuple[str, ...], stage: Path) -> str
     names = ["nvidia-driver"] + [s[0] for s in subs]
     for name in names:
         text += f"cp -a %{{_sourcedir}}/{name}/. %{{buildroot}}/\n"
-    return text + _files_sections(release, stage)
+    for kernel in release.precompiled:
+        text += f"mkdir -p %{{buildroot}}{_ghost_dir(kernel)}\n"
+        text += "".join(f"touch %{{buildroot}}{_ghost_dir(kernel)}/{m}.ko\n" for m in MODULES)
+    return text + _scriptlets(release) + _files_sections(release, stage)
+
+
+def _ghost_dir(kernel: str) -> str:
+    return f"/lib/modules/{kernel}/extra/drivers/video/nvidia"
+
+
+def _scriptlets(release: Release) -> str:
+    """NVIDIA's: the -dkms kmods swallow every DKMS error (`|| :`) and build only for the
+    running kernel; the precompiled kmods link their modules in and run depmod."""
+    v = release.version
+    text = ""
+    for flavour in release.flavours:
+        text += (
+            f"\n%post -n {KMOD[flavour]}\n"
+            f"dkms add -m nvidia -v {v} -q || :\n"
+            "# Rebuild and make available for the currently running kernel\n"
+            f"dkms build -m nvidia -v {v} -q || :\n"
+            f"dkms install -m nvidia -v {v} -q --force || :\n"
+            f"\n%preun -n {KMOD[flavour]}\n"
+            "# Remove all versions from DKMS registry\n"
+            f"dkms remove -m nvidia -v {v} -q --all || :\n"
+        )
+    for kernel in release.precompiled:
+        text += f"\n%post -n {precompiled_kmod(v, kernel)}\n"
+        for name in MODULES:
+            text += f"ln -f {PRECOMPILED_DIR}/{kernel}/{name}.ko {_ghost_dir(kernel)}/{name}.ko\n"
+        text += f"depmod -a {kernel} || :\n"
+        text += f"\n%postun -n {precompiled_kmod(v, kernel)}\ndepmod -a {kernel} || :\n"
+    return text
 
 
 def _files_sections(release: Release, stage: Path) -> str:
@@ -292,7 +386,14 @@ def _files_sections(release: Release, stage: Path) -> str:
     modes = {"/usr/bin/nvidia-modprobe": "4755"}
     for name in names:
         files = _files(stage / name, modes)
+        if name in KMOD.values():
+            files = f"%dir /usr/src/nvidia-{release.version}\n" + files
         text += f"\n%files -n {name}\n" + files
+    for kernel in release.precompiled:
+        name = precompiled_kmod(release.version, kernel)
+        text += f"\n%files -n {name}\n" + _files(stage / name)
+        text += f"%dir {_ghost_dir(kernel)}\n"
+        text += "".join(f"%ghost {_ghost_dir(kernel)}/{m}.ko\n" for m in MODULES)
     return text
 
 
@@ -378,10 +479,15 @@ def modules_yaml(spec: RepoSpec) -> str:
     docs = []
     for stream, versions in spec.streams:
         flavour = stream_flavour(stream)
-        kmod = KMOD[flavour]
         for index, version in enumerate(sorted(versions, key=_vkey)):
-            names = [*USERSPACE, kmod]
-            artifacts = "".join(f"    - {nevra(n, version)}\n" for n in names)
+            release = next(r for r in spec.releases if r.version == version)
+            if is_precompiled(stream):
+                names = list(USERSPACE)
+                kmods = [precompiled_kmod(version, k) for k in release.precompiled]
+            else:
+                names = kmods = [*USERSPACE, KMOD[flavour]]
+            listed = dict.fromkeys([*names, *kmods])
+            artifacts = "".join(f"    - {nevra(n, version)}\n" for n in listed)
             artifacts += f"    - {nevra('nvidia-driver', version, 'src')}\n"
             docs.append(
                 "---\ndocument: modulemd\nversion: 2\ndata:\n"
