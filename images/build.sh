@@ -102,7 +102,7 @@ build_one() {
         ${build_opts[@]+"${build_opts[@]}"}
     )
     if [ "$BUILDER" = buildah ]; then
-        run "${buildah[@]}" build --isolation chroot --layers \
+        run "${buildah[@]}" build --isolation chroot \
             --ignorefile "$here/$dir/Dockerfile.dockerignore" "${args[@]}" "$repo"
         if $push; then run "${buildah[@]}" push "$ref"; fi
     elif [ "$BUILDER" = buildx ]; then

@@ -266,7 +266,7 @@ def test_build_sh_with_buildah_needs_no_daemon() -> None:
     )
     assert result.returncode == 0, result.stderr
     build, push = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
-    assert build.startswith("+ buildah --root /x build --isolation chroot --layers --ignorefile ")
+    assert build.startswith("+ buildah --root /x build --isolation chroot --ignorefile ")
     assert "images/apt/Dockerfile.dockerignore" in build
     assert "--build-arg BASE_IMAGE=localhost/base:12" in build
     ref = "registry.example.com/nvidia-driver-installer:0.1.0-debian12"
