@@ -23,6 +23,10 @@ FALLBACK_LINES = 80
 FALLBACK_BYTES = 2048
 
 
+class HostPathError(RuntimeError):
+    """A hostPath volume's type does not match the host: the kubelet would not start the pod."""
+
+
 @dataclass
 class Pod:
     """One pod's state directory (under a tmpfs: overlay upper layers cannot sit on overlayfs)."""
@@ -47,6 +51,20 @@ class Pod:
             subprocess.run(["ip", "netns", "add", self.name], check=True)
             subprocess.run(["ip", "-n", self.name, "link", "set", "lo", "up"], check=True)
         return str(path)
+
+    def host_paths(self) -> None:
+        """The kubelet's hostPath types: make what `...OrCreate` asks for, check the rest."""
+        for volume in self.spec.get("volumes", []):
+            path = Path(volume["hostPath"]["path"])
+            kind = volume["hostPath"].get("type", "")
+            if kind == "DirectoryOrCreate":
+                path.mkdir(mode=0o755, parents=True, exist_ok=True)
+            elif kind == "FileOrCreate":
+                path.touch(mode=0o644)
+            elif kind == "Directory" and not path.is_dir():
+                raise HostPathError(f"volume {volume['name']}: {path} is not a directory")
+            elif kind == "File" and not path.is_file():
+                raise HostPathError(f"volume {volume['name']}: {path} is not a file")
 
     def bundle(self, container: dict[str, Any]) -> Path:
         """The container's bundle: config.json and an overlay root over the image's."""
@@ -79,6 +97,7 @@ class Pod:
 
     def run(self, timeout: float) -> dict[str, Any]:
         report: dict[str, Any] = {"init": [], "started": [], "probes": {}}
+        self.host_paths()
         for container in self.spec.get("initContainers", []):
             directory = self.bundle(container)
             with open(directory / "log", "wb") as log:
@@ -87,7 +106,8 @@ class Pod:
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     timeout=timeout, check=False,
                 )
-            subprocess.run(self.runc("delete", "--force", container["name"]), check=False)
+            subprocess.run(self.runc("delete", "--force", container["name"]),
+                           capture_output=True, check=False)
             report["init"].append({
                 "name": container["name"],
                 "exit_code": result.returncode,
@@ -113,8 +133,8 @@ class Pod:
         results = {}
         for container in self.spec.get("containers", []):
             command = ((container.get("readinessProbe") or {}).get("exec") or {}).get("command")
-            if not command:
-                continue
+            if not command or not (self.state / container["name"] / "config.json").is_file():
+                continue  # no probe, or the container never started
             image = self.images[container["image"]]
             process = process_of(self.spec, container, image, args=list(command))
             path = self.state / container["name"] / "probe.json"

@@ -120,3 +120,18 @@ def test_seed000_runs_verbatim_but_for_the_image() -> None:
     doc = yaml.safe_load((FIXTURES / "seed000-jdcloud-daemonset.yaml").read_text())
     spec = pod_spec(FIXTURES / "seed000-jdcloud-daemonset.yaml")
     assert spec["initContainers"] == doc["spec"]["template"]["spec"]["initContainers"]
+
+
+def test_host_path_types_follow_the_kubelet(tmp_path: Path) -> None:
+    from pod.run import HostPathError, Pod
+
+    spec = {"volumes": [
+        {"name": "made", "hostPath": {"path": str(tmp_path / "a/b"), "type": "DirectoryOrCreate"}},
+        {"name": "any", "hostPath": {"path": str(tmp_path / "absent")}},
+    ]}
+    Pod(spec, {}, tmp_path / "state").host_paths()
+    assert (tmp_path / "a/b").is_dir() and not (tmp_path / "absent").exists()
+    spec["volumes"].append({"name": "dir", "hostPath": {"path": str(tmp_path / "x"),
+                                                        "type": "Directory"}})
+    with pytest.raises(HostPathError):
+        Pod(spec, {}, tmp_path / "state").host_paths()
