@@ -12,6 +12,8 @@ import json
 import re
 import shutil
 import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,21 +102,16 @@ class Pod:
         self.host_paths()
         for container in self.spec.get("initContainers", []):
             directory = self.bundle(container)
-            with open(directory / "log", "wb") as log:
-                result = subprocess.run(
-                    self.runc("run", "--bundle", str(directory), container["name"]),
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    timeout=timeout, check=False,
-                )
+            returncode = self._run_attached(container["name"], directory, timeout)
             subprocess.run(self.runc("delete", "--force", container["name"]),
                            capture_output=True, check=False)
             report["init"].append({
                 "name": container["name"],
-                "exit_code": result.returncode,
-                "termination_message": self.termination_message(container, result.returncode),
+                "exit_code": returncode,
+                "termination_message": self.termination_message(container, returncode),
                 "log": (directory / "log").read_text(errors="replace")[-20000:],
             })
-            if result.returncode != 0:
+            if returncode != 0:
                 return report  # the kubelet starts nothing else until it succeeds
         for container in self.spec.get("containers", []):
             directory = self.bundle(container)
@@ -127,6 +124,25 @@ class Pod:
             report["started"].append(container["name"])
         report["probes"] = self.probe()
         return report
+
+    def _run_attached(self, name: str, directory: Path, timeout: float) -> int:
+        """`runc run` in the foreground; its output goes to the container's log and, line by
+        line, to stderr (a console shows where a slow install is). Killed after `timeout`."""
+        deadline = time.monotonic() + timeout
+        with open(directory / "log", "wb") as log:
+            process = subprocess.Popen(
+                self.runc("run", "--bundle", str(directory), name),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            )
+            assert process.stdout is not None
+            for line in process.stdout:
+                log.write(line)
+                sys.stderr.write(f"{name}| {line.decode(errors='replace')}")
+                if time.monotonic() > deadline:
+                    break
+            if time.monotonic() > deadline:
+                subprocess.run(self.runc("kill", name, "KILL"), capture_output=True, check=False)
+            return process.wait()
 
     def probe(self) -> dict[str, Any]:
         """Each container's readiness probe (exec), run inside it with its own process settings."""

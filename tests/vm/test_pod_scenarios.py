@@ -173,7 +173,11 @@ def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> I
 
 def _report(section: str) -> dict[str, Any]:
     assert re.search(r"^exit=0$", section, re.MULTILINE), section
-    return json.loads(section[section.index("{"): section.rindex("}") + 1])  # type: ignore[no-any-return]
+    # The report is the JSON object from the line "{" on (the containers' output, streamed
+    # before it, is prefixed with their names).
+    start = re.search(r"^\{$", section, re.MULTILINE)
+    assert start, section
+    return json.loads(section[start.start(): section.rindex("}") + 1])  # type: ignore[no-any-return]
 
 
 def _assert_installed(state: str, version: str) -> None:
