@@ -76,10 +76,15 @@ def wheelhouse(dest: Path) -> Path:
     return dest
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base's name)
+        pass
+
+
 @contextmanager
 def serve(directory: Path) -> Iterator[str]:
     """A directory listing on 127.0.0.1 (pip's --find-links reads its links)."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    handler = functools.partial(_QuietHandler, directory=str(directory))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

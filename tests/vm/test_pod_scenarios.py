@@ -29,6 +29,7 @@ import pytest
 import yaml
 from deploy.manifests import DAEMONSET_DIR, FIXTURES, render
 from pod.image import TOOLS, Buildah, Built, build_debian_image, pause_image
+from pod.spec import Image
 
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
@@ -133,6 +134,25 @@ class Boots:
     second: VmResult
 
 
+def prepare_files(built: Built, pause: Image, files: Path) -> Path:
+    """What the guest gets: the manifests, the images' configs and arguments, the runfiles."""
+    files.mkdir()
+    images = {built.ref: built.image, SEED_PAUSE: pause, GKE_PAUSE: pause}
+    lines = []
+    for index, (name, image) in enumerate(images.items()):
+        config = files / f"config-{index}.json"
+        config.write_text(json.dumps(image.config))
+        lines.append(f"--image {name}={image.rootfs}:{GUEST_FILES}/{config.name}")
+    (files / "images").write_text(" ".join(lines))
+    ours = render(DAEMONSET_DIR / "overlays" / "debian")
+    (files / "ours.yaml").write_text(yaml.safe_dump_all(ours))
+    _with_image(FIXTURES / "seed000-jdcloud-daemonset.yaml", built.ref, files / "seed000.yaml")
+    _with_image(FIXTURES / "gke-ubuntu-daemonset.yaml", built.ref, files / "gke.yaml")
+    for version in (A, B):
+        kit.build_runfile(version, files / "www" / version)
+    return files
+
+
 @pytest.fixture(scope="module")
 def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Boots]:
     for tool in TOOLS:
@@ -144,23 +164,7 @@ def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> I
     buildah = Buildah(work / "storage")
     try:
         built = build_debian_image(buildah, work)
-        pause = pause_image(work)
-        images = {built.ref: built.image, SEED_PAUSE: pause, GKE_PAUSE: pause}
-        files = work / "files"
-        files.mkdir()
-        lines = []
-        for index, (name, image) in enumerate(images.items()):
-            config = files / f"config-{index}.json"
-            config.write_text(json.dumps(image.config))
-            lines.append(f"--image {name}={image.rootfs}:{GUEST_FILES}/{config.name}")
-        (files / "images").write_text(" ".join(lines))
-        ours = render(DAEMONSET_DIR / "overlays" / "debian")
-        (files / "ours.yaml").write_text(yaml.safe_dump_all(ours))
-        _with_image(FIXTURES / "seed000-jdcloud-daemonset.yaml", built.ref, files / "seed000.yaml")
-        _with_image(FIXTURES / "gke-ubuntu-daemonset.yaml", built.ref, files / "gke.yaml")
-        www = files / "www"
-        for version in (A, B):
-            kit.build_runfile(version, www / version)
+        files = prepare_files(built, pause_image(work), work / "files")
         state = work / "vmstate"
         first = boot_and_run(FIRST_BOOT, state_dir=state, gpus=GPUS, files={"f": files},
                              timeout=1800)
