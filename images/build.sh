@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build (and optionally push) the installer images: Ubuntu 22.04/24.04 and Rocky 8/9.
+# Build (and optionally push) the installer images: Debian 12, Ubuntu 20.04/22.04/24.04 (one
+# apt-family Dockerfile, images/apt) and Rocky 8/9 (images/rocky).
 #
-#   images/build.sh [--push] [--dry-run] [--only ubuntu|rocky] [--help]
+#   images/build.sh [--push] [--dry-run] [--only debian|ubuntu|rocky] [--help]
 #
 # Environment:
 #   REGISTRY    image repository prefix          (default: registry.example.com)
@@ -9,11 +10,14 @@
 #   TAG         version part of every tag        (default: the version in pyproject.toml)
 #   PLATFORMS   buildx platforms                 (default: linux/amd64; several need --push)
 #   SOURCE_URL  org.opencontainers.image.source  (default: the git remote "origin", if any)
-#   BUILDER     buildx | docker                  (default: buildx when `docker buildx` works)
+#   BUILDER     buildx | docker | buildah        (default: buildx when `docker buildx` works)
 #   DOCKER      the docker client to call        (default: docker)
+#   BUILDAH     buildah and its global options   (default: buildah --storage-driver vfs)
+#   BUILD_OPTS  extra words for every build      (e.g. --build-arg BASE_IMAGE=...)
 #
-# Tags: $REGISTRY/$IMAGE:$TAG-ubuntu22.04, -ubuntu24.04, -rocky8, -rocky9.
+# Tags: $REGISTRY/$IMAGE:$TAG-debian12, -ubuntu20.04, -ubuntu22.04, -ubuntu24.04, -rocky8, -rocky9.
 # The build context is the repository root; each Dockerfile has its own .dockerignore.
+# BUILDER=buildah needs no daemon (root, --isolation chroot); --push then pushes each tag.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -23,20 +27,20 @@ push=false
 dry_run=false
 only=""
 
-usage() { sed -n '2,17s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+usage() { sed -n '2,21s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
         --push) push=true ;;
         --dry-run) dry_run=true ;;
-        --only) only="${2:?--only needs ubuntu or rocky}"; shift ;;
+        --only) only="${2:?--only needs debian, ubuntu or rocky}"; shift ;;
         --only=*) only="${1#--only=}" ;;
         -h|--help) usage; exit 0 ;;
         *) echo "build.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
     shift
 done
-case "$only" in ""|ubuntu|rocky) ;; *) echo "build.sh: --only takes ubuntu or rocky" >&2; exit 2 ;; esac
+case "$only" in ""|debian|ubuntu|rocky) ;; *) echo "build.sh: --only takes debian, ubuntu or rocky" >&2; exit 2 ;; esac
 
 DOCKER=${DOCKER:-docker}
 REGISTRY=${REGISTRY:-registry.example.com}
@@ -59,8 +63,8 @@ fi
 if [ -z "${BUILDER:-}" ]; then
     if "$DOCKER" buildx version >/dev/null 2>&1; then BUILDER=buildx; else BUILDER=docker; fi
 fi
-case "$BUILDER" in buildx|docker) ;; *) echo "build.sh: BUILDER must be buildx or docker" >&2; exit 2 ;; esac
-if [ "$BUILDER" = docker ] && [ "$PLATFORMS" != linux/amd64 ]; then
+case "$BUILDER" in buildx|docker|buildah) ;; *) echo "build.sh: BUILDER must be buildx, docker or buildah" >&2; exit 2 ;; esac
+if [ "$BUILDER" != buildx ] && [ "$PLATFORMS" != linux/amd64 ]; then
     echo "build.sh: PLATFORMS=$PLATFORMS needs docker buildx" >&2
     exit 2
 fi
@@ -77,18 +81,31 @@ run() {
     if ! $dry_run; then "$@"; fi
 }
 
+read -r -a buildah <<<"${BUILDAH:-buildah --storage-driver vfs}"
+read -r -a build_opts <<<"${BUILD_OPTS:-}"
+
 build_one() {
-    local family=$1 version_arg=$2 version=$3
-    local ref="$REGISTRY/$IMAGE:$TAG-$family$version"
-    local args=(
-        --file "$here/$family/Dockerfile"
-        --build-arg "$version_arg=$version"
+    # dir: images/<dir>/Dockerfile; name and version: the tag suffix and the version build args.
+    local dir=$1 name=$2 version=$3
+    local ref="$REGISTRY/$IMAGE:$TAG-$name$version"
+    local args=(--file "$here/$dir/Dockerfile")
+    if [ "$dir" = apt ]; then
+        args+=(--build-arg "DISTRO=$name" --build-arg "DISTRO_VERSION=$version")
+    else
+        args+=(--build-arg "ROCKY_VERSION=$version")
+    fi
+    args+=(
         --build-arg "VERSION=$TAG"
         --build-arg "REVISION=$revision"
         --build-arg "SOURCE=$SOURCE_URL"
         --tag "$ref"
+        ${build_opts[@]+"${build_opts[@]}"}
     )
-    if [ "$BUILDER" = buildx ]; then
+    if [ "$BUILDER" = buildah ]; then
+        run "${buildah[@]}" build --isolation chroot \
+            --ignorefile "$here/$dir/Dockerfile.dockerignore" "${args[@]}" "$repo"
+        if $push; then run "${buildah[@]}" push "$ref"; fi
+    elif [ "$BUILDER" = buildx ]; then
         if $push; then args+=(--push); else args+=(--load); fi
         run "$DOCKER" buildx build --platform "$PLATFORMS" "${args[@]}" "$repo"
     else
@@ -99,11 +116,15 @@ build_one() {
 }
 
 echo "# builder=$BUILDER registry=$REGISTRY image=$IMAGE tag=$TAG platforms=$PLATFORMS push=$push"
+if [ -z "$only" ] || [ "$only" = debian ]; then
+    build_one apt debian 12
+fi
 if [ -z "$only" ] || [ "$only" = ubuntu ]; then
-    build_one ubuntu UBUNTU_VERSION 22.04
-    build_one ubuntu UBUNTU_VERSION 24.04
+    build_one apt ubuntu 20.04
+    build_one apt ubuntu 22.04
+    build_one apt ubuntu 24.04
 fi
 if [ -z "$only" ] || [ "$only" = rocky ]; then
-    build_one rocky ROCKY_VERSION 8
-    build_one rocky ROCKY_VERSION 9
+    build_one rocky rocky 8
+    build_one rocky rocky 9
 fi

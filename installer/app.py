@@ -165,6 +165,7 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
         holders = [f"pid {h.pid} ({h.command}) holds {h.path}"
                    for h in host.holders_of(root, "/dev/nvidia")]
         modules.unload(root, runner, holders)
+        removed += modules.remove_nodes(layout.dev_dir)
         ready = root.local(READY_FILE)
         if ready.exists():
             ready.unlink()

@@ -11,7 +11,7 @@ from installer.hostroot import HostRoot
 
 LD_DROP_IN = PurePosixPath("/etc/ld.so.conf.d/nvidia-driver-installer.conf")
 NOUVEAU_BLACKLIST = PurePosixPath("/etc/modprobe.d/blacklist-nouveau.conf")
-READY_FILE = PurePosixPath("/run/nvidia/validations/driver-ready")
+READY_FILE = PurePosixPath("/run/nvidia-driver-installer/driver-ready")
 MODULES_SUBDIR = "updates/nvidia-driver-installer"
 
 

@@ -195,5 +195,47 @@ def create_nodes(runner: Runner, binary: Path, gpu_count: int, env: dict[str, st
             raise DeviceNodesFailed(f"`{' '.join(argv)}` failed: {exc.output_tail}") from exc
 
 
+def char_link(dev_dir: Path, node: Node) -> Path:
+    return dev_dir / "char" / f"{node.major}:{node.minor}"
+
+
+def missing_char_links(dev_dir: Path, nodes: Sequence[Node]) -> list[str]:
+    """Nodes without their /dev/char/<major>:<minor> link (what udev adds for kernel-made
+    nodes; runc's systemd cgroup driver resolves devices through it)."""
+    return [n.name for n in nodes if os.path.realpath(char_link(dev_dir, n))
+            != os.path.realpath(dev_dir / n.name)]
+
+
+def link_char_nodes(dev_dir: Path, nodes: Sequence[Node]) -> None:
+    """/dev/char/<major>:<minor> -> ../<node> for each node, replaced atomically."""
+    (dev_dir / "char").mkdir(exist_ok=True)
+    for node in nodes:
+        link = char_link(dev_dir, node)
+        temporary = link.with_name(f".{link.name}.tmp")
+        if temporary.is_symlink():
+            temporary.unlink()
+        os.symlink(f"../{node.name}", temporary)
+        os.replace(temporary, link)
+
+
+NODE_NAME = re.compile(r"nvidia(\d+|ctl|-modeset|-uvm|-uvm-tools)")
+
+
+def remove_nodes(dev_dir: Path) -> list[str]:
+    """Remove the device nodes nvidia-modprobe makes and their /dev/char links. Returns the
+    removed paths."""
+    removed = []
+    char_dir = dev_dir / "char"
+    for link in sorted(char_dir.iterdir()) if char_dir.is_dir() else []:
+        if link.is_symlink() and NODE_NAME.fullmatch(os.readlink(link).rpartition("/")[2]):
+            link.unlink()
+            removed.append(str(link))
+    for path in sorted(dev_dir.glob("nvidia*")):
+        if NODE_NAME.fullmatch(path.name) and stat.S_ISCHR(path.lstat().st_mode):
+            path.unlink()
+            removed.append(str(path))
+    return removed
+
+
 def ko_files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.glob("*.ko"))

@@ -306,15 +306,18 @@ def device_nodes_step(ctx: Context) -> Step:
         return modules.expected_nodes(ctx.root, len(ctx.target.gpu_addresses))
 
     def satisfied() -> bool:
-        return not modules.missing_nodes(ctx.layout.dev_dir, nodes())
+        dev = ctx.layout.dev_dir
+        return not (modules.missing_nodes(dev, nodes()) or modules.missing_char_links(dev, nodes()))
 
     def apply() -> None:
         binary = ctx.layout.bin_dir / "nvidia-modprobe"
         env = {"LD_LIBRARY_PATH": str(ctx.layout.lib_dir)}
-        modules.create_nodes(ctx.runner, binary, len(ctx.target.gpu_addresses), env)
+        if modules.missing_nodes(ctx.layout.dev_dir, nodes()):
+            modules.create_nodes(ctx.runner, binary, len(ctx.target.gpu_addresses), env)
+        modules.link_char_nodes(ctx.layout.dev_dir, nodes())
 
     return Step("create-device-nodes", "nvidia-modprobe: /dev/nvidiaN per GPU, nvidiactl, "
-                "modeset, uvm",
+                "modeset, uvm; /dev/char/<major>:<minor> links",
                 satisfied, apply)
 
 

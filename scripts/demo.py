@@ -38,7 +38,7 @@ ls -l /dev/nvidia*
 grep nvidia /proc/modules
 head -1 /proc/driver/nvidia/version
 ldconfig -p | grep -E 'libnvidia-ml|libcuda'
-cat /run/nvidia/validations/driver-ready
+cat /run/nvidia-driver-installer/driver-ready
 """
 
 

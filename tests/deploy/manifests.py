@@ -14,13 +14,16 @@ from typing import Any
 import pytest
 import yaml
 
+from installer import layout
+
 REPO = Path(__file__).resolve().parents[2]
 DAEMONSET_DIR = REPO / "daemonset"
 IMAGES_DIR = REPO / "images"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 INSTALLER_CONTAINER = "nvidia-driver-installer"
-READY_FILE = "/run/nvidia/validations/driver-ready"
+READY_FILE = str(layout.READY_FILE)
+READY_DIR = READY_FILE.rpartition("/")[0]
 
 # The oldest and newest Kubernetes schemas kubernetes-validate ships that we check against.
 K8S_VERSIONS = ("1.25.0", "1.37.0")

@@ -14,14 +14,14 @@ import pytest
 from deploy.manifests import DAEMONSET_DIR, IMAGES_DIR, REPO, need_tool
 
 DOCKERFILES = {
-    "ubuntu": IMAGES_DIR / "ubuntu" / "Dockerfile",
+    "apt": IMAGES_DIR / "apt" / "Dockerfile",
     "rocky": IMAGES_DIR / "rocky" / "Dockerfile",
 }
 FAMILIES = sorted(DOCKERFILES)
 
 # What the runtime stage must install, per family (docs/deploy.md explains each).
 RUNTIME_PACKAGES = {
-    "ubuntu": {
+    "apt": {
         "gcc",
         "make",
         "libc6-dev",
@@ -31,8 +31,8 @@ RUNTIME_PACKAGES = {
         "libc-bin",
         "xz-utils",
         "ca-certificates",
-        "python3",
-        "python3-venv",
+        '"${python}"',
+        '"${python}-venv"',
         "pciutils",
     },
     "rocky": {
@@ -169,12 +169,31 @@ def test_runtime_installs_what_the_driver_build_needs(family: str) -> None:
     assert RUNTIME_PACKAGES[family] <= words, RUNTIME_PACKAGES[family] - words
 
 
-def test_ubuntu_compilers_cover_each_release_kernels() -> None:
-    text = DOCKERFILES["ubuntu"].read_text(encoding="utf-8")
-    defaults = dict(re.findall(r'(\d\d\.\d\d)\) compilers="([^"]+)"', text))
-    # 22.04: GA kernels gcc-11, HWE kernels gcc-12. 24.04: gcc-13 and gcc-14, and 22.04's too.
-    assert set(defaults["22.04"].split()) == {"gcc-11", "gcc-12"}
-    assert set(defaults["24.04"].split()) == {"gcc-11", "gcc-12", "gcc-13", "gcc-14"}
+def test_apt_compilers_cover_each_release_kernels() -> None:
+    text = DOCKERFILES["apt"].read_text(encoding="utf-8")
+    defaults = dict(re.findall(r'(\w+\d+(?:\.\d\d)?)\) compilers="([^"]+)"', text))
+    # Each release's GA and HWE kernel compilers (docs/deploy.md).
+    assert {k: set(v.split()) for k, v in defaults.items()} == {
+        "debian12": {"gcc-12"},
+        "ubuntu20.04": {"gcc-9", "gcc-10"},
+        "ubuntu22.04": {"gcc-11", "gcc-12"},
+        "ubuntu24.04": {"gcc-12", "gcc-13", "gcc-14"},
+    }
+
+
+def test_apt_python_is_at_least_3_9_everywhere() -> None:
+    # Ubuntu 20.04's python3 is 3.8, older than the installer's requires-python.
+    text = DOCKERFILES["apt"].read_text(encoding="utf-8")
+    choice = 'if [ "${DISTRO}${DISTRO_VERSION}" = ubuntu20.04 ]; then python=python3.9; fi'
+    assert text.count(choice) == 2
+
+
+def test_pyproject_license_is_an_spdx_string() -> None:
+    # setuptools >= 77 deprecates the {text = ...} table (an error from 2026); the SPDX string
+    # needs setuptools >= 77 to build.
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    assert '\nlicense = "Apache-2.0"\n' in text
+    assert 'requires = ["setuptools>=77"]' in text
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -201,18 +220,20 @@ def _build_sh(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_build_sh_dry_run_builds_four_images_with_the_pyproject_version() -> None:
+SUFFIXES = ("debian12", "ubuntu20.04", "ubuntu22.04", "ubuntu24.04", "rocky8", "rocky9")
+
+
+def test_build_sh_dry_run_builds_six_images_with_the_pyproject_version() -> None:
     result = _build_sh("--dry-run", REGISTRY="r.example/gpu")
     assert result.returncode == 0, result.stderr
     commands = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
-    assert len(commands) == 4
+    assert len(commands) == 6
     tags = [re.search(r"--tag (\S+)", c).group(1) for c in commands]  # type: ignore[union-attr]
-    assert tags == [
-        f"r.example/gpu/nvidia-driver-installer:0.1.0-{s}"
-        for s in ("ubuntu22.04", "ubuntu24.04", "rocky8", "rocky9")
-    ]
-    assert "--build-arg UBUNTU_VERSION=22.04" in commands[0]
-    assert "--build-arg ROCKY_VERSION=9" in commands[3]
+    assert tags == [f"r.example/gpu/nvidia-driver-installer:0.1.0-{s}" for s in SUFFIXES]
+    assert "--build-arg DISTRO=debian --build-arg DISTRO_VERSION=12" in commands[0]
+    assert "--build-arg DISTRO=ubuntu --build-arg DISTRO_VERSION=20.04" in commands[1]
+    assert all("images/apt/Dockerfile" in c for c in commands[:4])
+    assert "--build-arg ROCKY_VERSION=9" in commands[5]
     assert all("--build-arg VERSION=0.1.0" in c for c in commands)
     # Without buildx (no docker client here): plain docker build with BuildKit on.
     assert all("env DOCKER_BUILDKIT=1 /nonexistent/docker build" in c for c in commands)
@@ -235,7 +256,21 @@ def test_build_sh_push_with_plain_docker_pushes_each_tag() -> None:
     pushes = [
         line for line in result.stdout.splitlines() if line.startswith("+ /nonexistent/docker push")
     ]
-    assert len(pushes) == 2
+    assert len(pushes) == 3
+
+
+def test_build_sh_with_buildah_needs_no_daemon() -> None:
+    result = _build_sh(
+        "--dry-run", "--push", "--only", "debian", BUILDER="buildah",
+        BUILDAH="buildah --root /x", BUILD_OPTS="--build-arg BASE_IMAGE=localhost/base:12",
+    )
+    assert result.returncode == 0, result.stderr
+    build, push = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
+    assert build.startswith("+ buildah --root /x build --isolation chroot --ignorefile ")
+    assert "images/apt/Dockerfile.dockerignore" in build
+    assert "--build-arg BASE_IMAGE=localhost/base:12" in build
+    ref = "registry.example.com/nvidia-driver-installer:0.1.0-debian12"
+    assert push == f"+ buildah --root /x push {ref}"
 
 
 def test_build_sh_refuses_loading_several_platforms() -> None:

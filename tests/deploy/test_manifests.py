@@ -14,6 +14,7 @@ import yaml
 from deploy.manifests import (
     DAEMONSET_DIR,
     K8S_VERSIONS,
+    READY_DIR,
     READY_FILE,
     REPO,
     installer_container,
@@ -77,7 +78,10 @@ def _pyproject_version() -> str:
     return match.group(1)
 
 
-@pytest.mark.parametrize(("overlay", "suffix"), [("ubuntu", "ubuntu24.04"), ("rocky", "rocky9")])
+@pytest.mark.parametrize(
+    ("overlay", "suffix"),
+    [("ubuntu", "ubuntu24.04"), ("rocky", "rocky9"), ("debian", "debian12")],
+)
 def test_overlay_uses_the_image_build_sh_tags(overlay: str, suffix: str) -> None:
     ds = installer_daemonset(render(DAEMONSET_DIR / "overlays" / overlay))
     spec = pod_spec(ds)
@@ -85,6 +89,15 @@ def test_overlay_uses_the_image_build_sh_tags(overlay: str, suffix: str) -> None
     # Both containers run the installer image (the second one for its readiness probe).
     tag = f"{_pyproject_version()}-{suffix}"
     assert images == {f"registry.example.com/nvidia-driver-installer:{tag}"}
+
+
+NODE_EXPRESSIONS = [
+    {"key": "cloud.google.com/gke-accelerator", "operator": "Exists"},
+    # GKE manages the driver where this label is set; its own installers require it absent.
+    {"key": "cloud.google.com/gke-gpu-driver-version", "operator": "DoesNotExist"},
+    {"key": "cloud.google.com/gke-os-distribution", "operator": "NotIn", "values": ["cos"]},
+    {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+]
 
 
 def test_base_follows_the_daemonset_conventions() -> None:
@@ -101,11 +114,10 @@ def test_base_follows_the_daemonset_conventions() -> None:
     spec = pod_spec(ds)
     assert spec["priorityClassName"] == "system-node-critical"
     assert spec["tolerations"] == [{"operator": "Exists"}]
-    assert spec["hostPID"] is True
+    # Holders of /dev/nvidia* are read from /root/proc: nothing needs the host's PID namespace.
+    assert "hostPID" not in spec
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms["nodeSelectorTerms"] == [
-        {"matchExpressions": [{"key": "cloud.google.com/gke-accelerator", "operator": "Exists"}]}
-    ]
+    assert terms["nodeSelectorTerms"] == [{"matchExpressions": NODE_EXPRESSIONS}]
     init = installer_container(ds)
     assert "command" not in init and "args" not in init, "the image's `installer run` must run"
     assert init["terminationMessagePath"] == "/dev/termination-log"
@@ -125,8 +137,10 @@ def test_readiness_probe_reads_the_file_the_installer_writes() -> None:
     assert waiter["image"] == installer_container(ds)["image"]
     volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
     mounts = {m["mountPath"]: volumes[m["name"]] for m in waiter["volumeMounts"]}
-    assert mounts == {"/run/nvidia": "/run/nvidia"}, "the probe must see the host's /run/nvidia"
-    assert READY_FILE.startswith("/run/nvidia/")
+    assert mounts == {READY_DIR: READY_DIR}, "the probe must see the host's readiness dir"
+    assert READY_FILE.startswith(READY_DIR + "/")
+    # Not the GPU Operator's file: its validator owns /run/nvidia/validations and deletes it.
+    assert not READY_FILE.startswith("/run/nvidia/")
 
 
 @pytest.mark.parametrize(
@@ -137,9 +151,31 @@ def test_node_label_examples_replace_the_label(example: str, label: str) -> None
     ds = installer_daemonset(render(DAEMONSET_DIR / "examples" / example))
     affinity = pod_spec(ds)["affinity"]["nodeAffinity"]
     terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms["nodeSelectorTerms"] == [
-        {"matchExpressions": [{"key": label, "operator": "Exists"}]}
-    ]
+    (term,) = terms["nodeSelectorTerms"]
+    expressions = term["matchExpressions"]
+    assert expressions[0] == {"key": label, "operator": "Exists"}
+    # The image's architecture stays required whatever the GPU label is.
+    assert {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]} in expressions
+
+
+def test_device_plugin_lands_only_where_the_installer_does() -> None:
+    (plugin,) = load_all(DAEMONSET_DIR / "extras" / "device-plugin.yaml")
+    terms = pod_spec(plugin)["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    for expression in NODE_EXPRESSIONS:
+        assert expression in terms[0]["matchExpressions"]
+
+
+@pytest.mark.parametrize("path", ["base/daemonset.yaml", "extras/device-plugin.yaml"])
+def test_unprivileged_readers_of_installer_files_carry_selinux_options(path: str) -> None:
+    for doc in load_all(DAEMONSET_DIR / path):
+        spec = pod_spec(doc)
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            context = container.get("securityContext", {})
+            mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+            if context.get("privileged") or READY_DIR not in mounts:
+                continue
+            assert context["seLinuxOptions"] == {"type": "spc_t", "level": "s0"}, container
 
 
 def test_device_plugin_waits_for_the_driver_and_uses_the_install_dir() -> None:
@@ -152,7 +188,7 @@ def test_device_plugin_waits_for_the_driver_and_uses_the_install_dir() -> None:
     volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
     (wait,) = spec["initContainers"]
     assert READY_FILE in " ".join(wait["command"])
-    assert {volumes[m["name"]] for m in wait["volumeMounts"]} == {"/run/nvidia"}
+    assert {volumes[m["name"]] for m in wait["volumeMounts"]} == {READY_DIR}
     (ctr,) = spec["containers"]
     mounts = {m["mountPath"]: volumes[m["name"]] for m in ctr["volumeMounts"]}
     assert mounts["/usr/local/nvidia"] == install_dir_host

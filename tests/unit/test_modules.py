@@ -111,3 +111,39 @@ def test_expected_nodes_use_the_dynamic_uvm_major(tmp_path: Path) -> None:
     (dev / "nvidia0").write_text("not a device")
     assert "nvidia0" in modules.missing_nodes(dev, nodes)
     assert os.path.exists(dev / "nvidia0")
+
+
+def _char_nodes(dev: Path, nodes: list[modules.Node]) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mknod of character devices needs root")
+    for node in nodes:
+        os.mknod(dev / node.name, 0o666 | 0o020000, os.makedev(node.major, node.minor))
+
+
+NODES = [modules.Node("nvidiactl", 195, 255), modules.Node("nvidia0", 195, 0),
+         modules.Node("nvidia-uvm", 510, 0)]
+
+
+def test_char_links_name_every_node_by_its_numbers(tmp_path: Path) -> None:
+    _char_nodes(tmp_path, NODES)
+    (tmp_path / "char").mkdir()
+    os.symlink("../nvidia1", tmp_path / "char" / "195:0")  # stale: another node's name
+    assert modules.missing_char_links(tmp_path, NODES) == ["nvidiactl", "nvidia0", "nvidia-uvm"]
+    modules.link_char_nodes(tmp_path, NODES)
+    assert modules.missing_char_links(tmp_path, NODES) == []
+    assert os.readlink(tmp_path / "char" / "195:255") == "../nvidiactl"
+    assert os.readlink(tmp_path / "char" / "195:0") == "../nvidia0"
+    assert os.readlink(tmp_path / "char" / "510:0") == "../nvidia-uvm"
+    assert sorted(p.name for p in (tmp_path / "char").iterdir()) == ["195:0", "195:255", "510:0"]
+
+
+def test_remove_nodes_takes_the_nodes_and_their_links_and_nothing_else(tmp_path: Path) -> None:
+    _char_nodes(tmp_path, [*NODES, modules.Node("null", 1, 3)])
+    modules.link_char_nodes(tmp_path, [*NODES, modules.Node("null", 1, 3)])
+    (tmp_path / "nvidia-notes").write_text("not a node")
+    removed = modules.remove_nodes(tmp_path)
+    assert sorted(Path(p).name for p in removed) == sorted(
+        ["195:255", "195:0", "510:0", "nvidiactl", "nvidia0", "nvidia-uvm"]
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["char", "null", "nvidia-notes"]
+    assert [p.name for p in (tmp_path / "char").iterdir()] == ["1:3"]

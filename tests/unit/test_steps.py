@@ -126,4 +126,4 @@ def test_record_writes_state_and_gkes_cache_but_not_readiness(tmp_path: Path) ->
     assert step.is_satisfied()
     assert (ctx.layout.install_local / ".cache").read_text() == (
         "CACHE_KERNEL_VERSION=5.15.0-105-generic\nCACHE_NVIDIA_DRIVER_VERSION=580.105.08\n")
-    assert not (tmp_path / "run/nvidia/validations/driver-ready").exists()
+    assert not (tmp_path / "run/nvidia-driver-installer/driver-ready").exists()

@@ -70,7 +70,7 @@ state() {{
   grep nvidia /proc/devices
   ldconfig -p | grep -E 'libnvidia-ml.so.1|libcuda.so.1'
   cat /sys/module/nvidia/parameters/NVreg_RestrictProfilingToAdminUsers
-  cat /run/nvidia/validations/driver-ready 2>/dev/null || echo "not ready"
+  cat /run/nvidia-driver-installer/driver-ready 2>/dev/null || echo "not ready"
   set -e
 }}
 """

@@ -1,0 +1,1 @@
+"""Runs a DaemonSet's pod spec with runc, the way the kubelet and a CRI runtime would."""

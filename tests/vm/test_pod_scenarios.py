@@ -1,0 +1,273 @@
+"""The product image, built for real (tests/pod/image.py), run as the DaemonSet's pod with runc
+in a booted kernel (tests/pod), for three manifests: ours (the debian overlay rendered), seeds/000's
+and GKE's Ubuntu shape, each with only the installer's `image:` changed. Two boots share one disk:
+
+1. ours: the initContainer installs A on the VM's kernel, then the readiness container starts
+   and its probe passes as uid 65534 with no capabilities; `installer uninstall` on the host
+   turns the probe to failing and removes the device nodes with their /dev/char links. Then
+   seeds/000's DaemonSet installs `auto` (B) from a cache prefilled with `installer download`,
+   as on an air-gapped node.
+2. after a reboot: GKE's shape (no hostPID, no hostNetwork, no /run mount) reloads B; then, with
+   /dev/nvidia0 held, ours asks for A: the initContainer fails and its termination file names
+   error[driver-in-use], the holder (read from /root/proc, without hostPID) and the hint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kit
+import pytest
+import yaml
+from deploy.manifests import DAEMONSET_DIR, FIXTURES, render
+from pod.image import TOOLS, Buildah, Built, build_debian_image, pause_image
+from pod.spec import Image
+
+from vm.guest_kernel import GuestKernel
+from vm.harness import FakeGpu, VmResult, boot_and_run
+
+pytestmark = pytest.mark.vm
+
+REPO = Path(__file__).resolve().parents[2]
+A = "580.105.08"  # our DaemonSet's pin
+B = "580.126.20"  # what `auto` picks for an H100 (newest LTS), the seeds' DaemonSets set none
+GPUS = [FakeGpu("0000:00:04.0", "0x2330")]
+INSTALL = "/home/kubernetes/bin/nvidia"
+SEED_PAUSE = "jdcloud-cn-north-1.jcr.service.jdcloud.com/k8s/pause-amd64:3.1"
+GKE_PAUSE = "gcr.io/google-containers/pause:2.0"
+GUEST_FILES = "/run/vm/files/f"  # where the harness puts files={"f": ...} in the guest
+
+
+def _missing(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"the pod scenarios cannot run: {reason}")
+    pytest.skip(reason)
+
+
+def _with_image(manifest: Path, image: str, dest: Path) -> Path:
+    """The manifest with only the installer initContainer's `image:` replaced."""
+    docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    for doc in docs:
+        if doc.get("kind") == "DaemonSet":
+            for container in doc["spec"]["template"]["spec"]["initContainers"]:
+                if container["name"] == "nvidia-driver-installer":
+                    container["image"] = image
+    dest.write_text(yaml.safe_dump_all(docs))
+    return dest
+
+
+PRELUDE = f"""
+ip link set lo up
+python3 -m http.server --bind 127.0.0.1 8000 --directory {GUEST_FILES}/www >/dev/null 2>&1 &
+for _ in $(seq 100); do
+  python3 -c 'import socket; socket.create_connection(("127.0.0.1", 8000))' 2>/dev/null && break
+  sleep 0.1
+done
+# What a node's init system does for its container runtime: the cgroup2 hierarchy.
+mountpoint -q /sys/fs/cgroup || mount -t cgroup2 cgroup2 /sys/fs/cgroup
+export NVIDIA_INSTALL_DIR_HOST={INSTALL}
+installer() {{ PYTHONPATH={REPO} {sys.executable} -m installer "$@"; }}
+pod() {{
+  local action=$1 name=$2
+  PYTHONPATH={REPO}/tests {sys.executable} -m pod "$action" --manifest "{GUEST_FILES}/$name.yaml" \\
+    --state "/run/pod/$name" $(cat {GUEST_FILES}/images)
+}}
+step() {{ echo "@@ $1"; rc=0; shift; "$@" 2>&1 || rc=$?; echo "exit=$rc"; }}
+state() {{
+  echo "@@ $1"
+  set +e
+  grep -E '^nvidia' /proc/modules | cut -d' ' -f1 | sort
+  cat /sys/module/nvidia/version
+  for n in /dev/nvidia*; do stat -c '%n %t:%T' "$n"; done
+  for l in /dev/char/*; do
+    case "$(readlink "$l")" in ../nvidia*) echo "link $l -> $(readlink "$l")";; esac
+  done
+  ldconfig -p | grep -E 'libnvidia-ml.so.1|libcuda.so.1'
+  cat /run/nvidia-driver-installer/driver-ready 2>/dev/null || echo "not ready"
+  set -e
+}}
+"""
+
+FIRST_BOOT = PRELUDE + f"""
+step ours-download installer download --version {A} --mirrors http://127.0.0.1:8000 \\
+  --dest {INSTALL}/cache/downloads
+step ours-pod pod run ours
+state ours-state
+step ours-uninstall installer uninstall
+step ours-probe-after-uninstall pod probe ours
+state ours-after-uninstall
+pod stop ours >/dev/null
+step seed-download installer download --mirrors http://127.0.0.1:8000 \\
+  --dest {INSTALL}/cache/downloads
+step seed-pod pod run seed000
+state seed-state
+pod stop seed000 >/dev/null
+"""
+
+SECOND_BOOT = PRELUDE + f"""
+state after-reboot
+step gke-pod pod run gke
+state gke-state
+pod stop gke >/dev/null
+step held-download installer download --version {A} --mirrors http://127.0.0.1:8000 \\
+  --dest {INSTALL}/cache/downloads
+exec 3</dev/nvidia0
+step held-pod pod run ours
+state held-state
+exec 3<&-
+pod stop ours >/dev/null
+"""
+
+
+@dataclass
+class Boots:
+    built: Built
+    first: VmResult
+    second: VmResult
+
+
+def prepare_files(built: Built, pause: Image, files: Path) -> Path:
+    """What the guest gets: the manifests, the images' configs and arguments, the runfiles."""
+    files.mkdir()
+    images = {built.ref: built.image, SEED_PAUSE: pause, GKE_PAUSE: pause}
+    lines = []
+    for index, (name, image) in enumerate(images.items()):
+        config = files / f"config-{index}.json"
+        config.write_text(json.dumps(image.config))
+        lines.append(f"--image {name}={image.rootfs}:{GUEST_FILES}/{config.name}")
+    (files / "images").write_text(" ".join(lines))
+    ours = render(DAEMONSET_DIR / "overlays" / "debian")
+    (files / "ours.yaml").write_text(yaml.safe_dump_all(ours))
+    _with_image(FIXTURES / "seed000-jdcloud-daemonset.yaml", built.ref, files / "seed000.yaml")
+    _with_image(FIXTURES / "gke-ubuntu-daemonset.yaml", built.ref, files / "gke.yaml")
+    for version in (A, B):
+        kit.build_runfile(version, files / "www" / version)
+    return files
+
+
+@pytest.fixture(scope="module")
+def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Boots]:
+    for tool in TOOLS:
+        if shutil.which(tool) is None:
+            _missing(f"{tool} is not installed (apt-get install {tool})")
+    if os.geteuid() != 0:
+        _missing("buildah (vfs, chroot isolation) and runc need root")
+    work = tmp_path_factory.mktemp("pod")
+    buildah = Buildah(work / "storage")
+    try:
+        built = build_debian_image(buildah, work)
+        files = prepare_files(built, pause_image(work), work / "files")
+        state = work / "vmstate"
+        first = boot_and_run(FIRST_BOOT, state_dir=state, gpus=GPUS, files={"f": files},
+                             timeout=1800)
+        second = boot_and_run(SECOND_BOOT, state_dir=state, gpus=GPUS, files={"f": files},
+                              timeout=1500)
+        yield Boots(built, first, second)
+    finally:
+        buildah.remove()
+
+
+def _report(section: str) -> dict[str, Any]:
+    assert re.search(r"^exit=0$", section, re.MULTILINE), section
+    # The report is the JSON object from the line "{" on (the containers' output, streamed
+    # before it, is prefixed with their names).
+    start = re.search(r"^\{$", section, re.MULTILINE)
+    assert start, section
+    return json.loads(section[start.start(): section.rindex("}") + 1])  # type: ignore[no-any-return]
+
+
+def _assert_installed(state: str, version: str) -> None:
+    lines = state.splitlines()
+    assert {"nvidia", "nvidia_modeset", "nvidia_uvm"} <= set(lines), state
+    assert version in lines, state
+    for node in ("/dev/nvidiactl c3:ff", "/dev/nvidia0 c3:0", "/dev/nvidia-modeset c3:fe"):
+        assert node in lines, state
+    # Every node the installer made has its /dev/char/<major>:<minor> link.
+    for link in ("/dev/char/195:255 -> ../nvidiactl", "/dev/char/195:0 -> ../nvidia0",
+                 "/dev/char/195:254 -> ../nvidia-modeset"):
+        assert f"link {link}" in lines, state
+    uvm = re.search(r"^/dev/nvidia-uvm ([0-9a-f]+):0$", state, re.MULTILINE)
+    assert uvm, state
+    major = int(uvm.group(1), 16)
+    assert f"link /dev/char/{major}:0 -> ../nvidia-uvm" in lines, state
+    assert f"link /dev/char/{major}:1 -> ../nvidia-uvm-tools" in lines, state
+    assert re.search(rf"libnvidia-ml.so.1 \(libc6,x86-64\) => {INSTALL}/lib64/", state), state
+    assert f"DRIVER_VERSION={version}" in lines, state
+
+
+def test_the_image_is_built_by_buildah_on_the_mmdebstrap_base(boots: Boots) -> None:
+    built = boots.built
+    assert re.search(r"^\+ buildah .* build --isolation chroot .*images/apt/Dockerfile",
+                     built.log, re.MULTILINE), built.log[-2000:]
+    assert built.ref == "registry.example.com/nvidia-driver-installer:0.1.0-debian12"
+    assert built.image.config["Entrypoint"] == ["installer"]
+    assert built.image.config["Cmd"] == ["run"]
+    rootfs = built.image.rootfs
+    assert (rootfs / "usr/bin/gcc-12").exists()  # Debian 12's kernels are built with gcc-12
+    assert (rootfs / "opt/installer/bin/installer").is_file()
+    assert not (rootfs / "wheels").exists() and not list((rootfs / "var/lib/apt/lists").glob("*_*"))
+
+
+def test_our_pod_installs_the_driver_then_its_probe_passes_unprivileged(boots: Boots) -> None:
+    report = _report(boots.first.section("ours-pod"))
+    (init,) = report["init"]
+    assert init["exit_code"] == 0, init["log"]
+    assert "step build-modules: compile open modules" in init["log"]
+    assert report["started"] == ["driver-ready"]
+    probe = report["probes"]["driver-ready"]
+    assert probe["exit_code"] == 0, probe
+    assert probe["user"] == {"uid": 65534, "gid": 65534} and probe["capabilities"] == []
+    _assert_installed(boots.first.section("ours-state"), A)
+
+
+def test_uninstall_fails_the_probe_and_takes_nodes_and_links(boots: Boots) -> None:
+    assert re.search(r"^exit=0$", boots.first.section("ours-uninstall"), re.MULTILINE)
+    probes = _report(boots.first.section("ours-probe-after-uninstall"))
+    assert probes["driver-ready"]["exit_code"] == 1
+    state = boots.first.section("ours-after-uninstall")
+    assert "/dev/nvidia" not in state and "link " not in state, state
+    assert "not ready" in state
+
+
+def test_seed000_daemonset_installs_with_only_the_image_changed(boots: Boots) -> None:
+    report = _report(boots.first.section("seed-pod"))
+    (init,) = report["init"]
+    assert init["exit_code"] == 0, init["log"]
+    assert "step fetch-runfile: already satisfied" in init["log"]  # the prefilled cache
+    assert report["started"] == ["pause"] and report["probes"] == {}
+    _assert_installed(boots.first.section("seed-state"), B)
+
+
+def test_gke_shape_without_host_namespaces_or_run_mount_reloads_after_reboot(
+    boots: Boots,
+) -> None:
+    assert "not ready" in boots.second.section("after-reboot")
+    report = _report(boots.second.section("gke-pod"))
+    (init,) = report["init"]
+    assert init["exit_code"] == 0, init["log"]
+    assert "step load-modules: load" in init["log"]
+    assert report["started"] == ["pause"]
+    _assert_installed(boots.second.section("gke-state"), B)
+
+
+def test_a_failing_install_leaves_reference_and_hint_in_the_termination_file(
+    boots: Boots,
+) -> None:
+    report = _report(boots.second.section("held-pod"))
+    (init,) = report["init"]
+    assert init["exit_code"] == 34, init["log"]
+    message = init["termination_message"]
+    assert message.startswith("error[driver-in-use]"), message
+    # The holder comes from /root/proc: our DaemonSet has no hostPID.
+    assert re.search(r"pid \d+ \(bash\) holds /dev/nvidia0", message), message
+    assert "\nhint: " in message, message
+    assert report["started"] == [], "nothing starts after a failed initContainer"
+    _assert_installed(boots.second.section("held-state"), B)
