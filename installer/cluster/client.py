@@ -41,13 +41,14 @@ class NodeClient:
 
         config: Any = kubeconfig_loader
 
+        settings = client.Configuration()
         with _mapped("load the API credentials"):
             if kubeconfig:
-                api = config.new_client_from_config(config_file=kubeconfig)
+                config.load_kube_config(config_file=kubeconfig, client_configuration=settings)
             else:
-                config.load_incluster_config()
-                api = client.ApiClient()
-        api.configuration.retries = 0
+                config.load_incluster_config(client_configuration=settings)
+        settings.retries = 1  # the protocol's own loops retry; fail fast on a dead server
+        api = client.ApiClient(settings)
         self.node = node
         self._core: Any = client.CoreV1Api(api)
         self._models: Any = client
