@@ -38,7 +38,7 @@ ip link set lo up
 python3 -m http.server --bind 127.0.0.1 8000 --directory "$VM_FILES/www" >/dev/null 2>&1 &
 export PYTHONPATH={REPO}:{REPO}/tests
 py={sys.executable}
-wait_for() {{ for _ in $(seq 300); do eval "$1" && return 0; sleep 0.1; done; return 1; }}
+wait_for() {{ for _ in $(seq 600); do eval "$1" && return 0; sleep 0.1; done; return 1; }}
 wait_for '$py -c "import socket; socket.create_connection((\\"127.0.0.1\\", 8000))" 2>/dev/null'
 export NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000 NVIDIA_INSTALL_DIR_HOST={INSTALL}
 export NVIDIA_INSTALLER_UPGRADE_PROTOCOL=true NODE_NAME={NODE}
@@ -51,17 +51,22 @@ cluster() {{ echo "@@ $1"; sleep 0.6; cat /tmp/cluster.json; echo; }}
 # in its seed); until then the protocol has nothing to do and makes no call.
 export NVIDIA_DRIVER_VERSION={A}
 step install-a installer run
+echo "@@ driver-a"; cat /sys/module/nvidia/version || true; ls /dev/nvidia* || true
 
-# NVIDIA's device plugin: NVML open for its whole life.
+# NVIDIA's device plugin: NVML open for its whole life. It writes its own pid ($! may name a
+# shell between us and it).
 $py -c '
-import time
+import os, time
 open("/proc/self/comm", "w").write("nvidia-device-p")
-held = [open("/dev/nvidiactl"), open("/dev/nvidia0")]
+held = [open("/dev/nvidiactl", "rb"), open("/dev/nvidia0", "rb")]
+open("/tmp/plugin.pid.tmp", "w").write(str(os.getpid()))
+os.rename("/tmp/plugin.pid.tmp", "/tmp/plugin.pid")
 while True:
     time.sleep(1)
-' &
-plugin=$!
-wait_for "ls -l /proc/$plugin/fd | grep -q /dev/nvidia0"
+' >/tmp/plugin.log 2>&1 &
+wait_for "test -s /tmp/plugin.pid" || {{ echo "the plugin did not start"; ls -l /dev/nvidia*;
+  cat /tmp/plugin.log; exit 1; }}
+plugin=$(cat /tmp/plugin.pid)
 cat > /tmp/seed.json <<SEED
 {{"node": {{"name": "{NODE}", "labels": {{"{PLUGIN_LABEL}": "true",
   "cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}}}},
@@ -71,13 +76,13 @@ cat > /tmp/seed.json <<SEED
 SEED
 $py -m cluster.apiserver --seed /tmp/seed.json --port-file /tmp/api-url \\
   --dump /tmp/cluster.json --role {REPO}/daemonset/base/rbac.yaml &
-wait_for "test -s /tmp/cluster.json"
+wait_for "test -s /tmp/cluster.json" || {{ echo "the stand-in API server did not start"; exit 1; }}
 $py -c 'import sys; from cluster.apiserver import write_kubeconfig; from pathlib import Path
 write_kubeconfig(Path("/tmp/kubeconfig"), open("/tmp/api-url").read(), "stand-in-token")'
 
 step rerun-a installer run
 cluster after-rerun-a
-echo "@@ plugin-before"; ls -l /proc/$plugin/fd | grep -o '/dev/nvidia[a-z0-9]*' | sort
+echo "@@ plugin-before"; ls -l /proc/$plugin/fd | grep -o '/dev/nvidia[a-z0-9]*' | sort || true
 
 step upgrade-b env NVIDIA_DRIVER_VERSION={B} $py -m installer run
 cluster after-upgrade
@@ -97,7 +102,7 @@ def boot(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> It
     www = tmp_path_factory.mktemp("www")
     for version in (A, B):
         kit.build_runfile(version, www / version)
-    yield boot_and_run(SCENARIO, gpus=GPUS, files={"www": www}, timeout=1500)
+    yield boot_and_run(SCENARIO, gpus=GPUS, files={"www": www}, timeout=2400)
 
 
 def exit_of(section: str) -> int:
