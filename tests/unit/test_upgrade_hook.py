@@ -12,7 +12,7 @@ from hosttrees import add_process, make_host, module_line, write_driver_version,
 
 from installer import steps
 from installer.config import build_config, from_env
-from installer.errors import ConfigError, DriverInUse
+from installer.errors import ClusterApiUnavailable, ConfigError, DriverInUse
 from installer.layout import READY_FILE, Layout
 from installer.plan import Context, Target
 
@@ -76,3 +76,21 @@ def test_protocol_needs_the_node_name() -> None:
     assert config.pause_components == ("device-plugin", "dcgm")
     assert config.upgrade_protocol and config.node_name == "ip-10-0-0-1.ec2.internal"
 
+
+
+def test_api_unreachable_leaves_the_old_driver_loaded_and_ready(tmp_path: Path) -> None:
+    pytest.importorskip("kubernetes", reason="pip install kubernetes")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        '{"apiVersion": "v1", "kind": "Config", "current-context": "c",'
+        ' "clusters": [{"name": "k", "cluster": {"server": "http://127.0.0.1:9"}}],'
+        ' "users": [{"name": "u", "user": {"token": "t"}}],'
+        ' "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}')
+    ctx = held_host(tmp_path, NVIDIA_INSTALLER_UPGRADE_PROTOCOL="true", NODE_NAME="gpu-1",
+                    NVIDIA_INSTALLER_KUBECONFIG=str(kubeconfig))
+    with pytest.raises(ClusterApiUnavailable) as caught:
+        steps.unload_old_step(ctx).apply()
+    assert caught.value.exit_code == 70
+    assert "could not read node gpu-1" in caught.value.message
+    assert ctx.runner.calls == []  # no rmmod
+    assert ctx.root.local(READY_FILE).exists()

@@ -53,11 +53,13 @@ export NVIDIA_DRIVER_VERSION={A}
 step install-a installer run
 echo "@@ driver-a"; cat /sys/module/nvidia/version || true; ls /dev/nvidia* || true
 
-# NVIDIA's device plugin: NVML open for its whole life. It writes its own pid ($! may name a
+# NVIDIA's device plugin: NVML open for its whole life; on SIGTERM it takes a few seconds to
+# shut down (so the installer is seen waiting for it). It writes its own pid ($! may name a
 # shell between us and it).
 $py -c '
-import os, time
+import os, signal, time
 open("/proc/self/comm", "w").write("nvidia-device-p")
+signal.signal(signal.SIGTERM, lambda *_: (time.sleep(8), os._exit(0)))
 held = [open("/dev/nvidiactl", "rb"), open("/dev/nvidia0", "rb")]
 open("/tmp/plugin.pid.tmp", "w").write(str(os.getpid()))
 os.rename("/tmp/plugin.pid.tmp", "/tmp/plugin.pid")
