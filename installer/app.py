@@ -11,6 +11,7 @@ from typing import Any
 
 from installer import catalog, host, pipeline, planner, state
 from installer.config import Config
+from installer.errors import InstallerError
 from installer.hostroot import HostRoot
 from installer.layout import LD_DROP_IN, READY_FILE, Layout
 from installer.plan import Plan
@@ -73,12 +74,26 @@ def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutco
     with state.HostLock(layout.lock_file, config.lock_timeout):
         for decision in plan.decisions:
             log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
-        outcomes = pipeline.execute(plan)
+        outcomes = _execute(config, layout, plan)
     applied = [o.name for o in outcomes if o.status == "applied"]
     commands = getattr(runner, "command_seconds", 0.0)
     log.info("done in %.2f s (%.2f s in external commands): %s", time.monotonic() - started,
              commands,
              f"applied {', '.join(applied)}" if applied else "every step was already satisfied")
+    return outcomes
+
+
+def _execute(config: Config, layout: Layout, plan: Plan) -> list[pipeline.StepOutcome]:
+    if not config.upgrade_protocol:
+        return pipeline.execute(plan)
+    from installer.cluster import protocol  # issue 13: restore the node after an upgrade
+
+    try:
+        outcomes = pipeline.execute(plan)
+    except InstallerError as error:
+        protocol.failed(config, layout, error)
+        raise
+    protocol.finish(config, layout)
     return outcomes
 
 

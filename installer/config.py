@@ -233,6 +233,50 @@ SETTINGS: tuple[Setting, ...] = (
         "repo is enabled, for `dkms`. Off: adding a third-party repo is the operator's call.",
         flag_is_switch=True,
     ),
+    # issue 13: the node-side upgrade protocol (installer/cluster)
+    Setting(
+        "upgrade_protocol",
+        "NVIDIA_INSTALLER_UPGRADE_PROTOCOL",
+        "false",
+        "When a different, held driver is loaded: cordon, pause GPU clients, evict GPU pods, "
+        "upgrade, restore (needs NODE_NAME and the API; see docs/deploy.md).",
+        flag_is_switch=True,
+    ),
+    Setting("node_name", "NODE_NAME", "", "This node's name (the DaemonSet sets it from the "
+            "downward API spec.nodeName)."),
+    Setting(
+        "kubeconfig",
+        "NVIDIA_INSTALLER_KUBECONFIG",
+        "",
+        "kubeconfig file for the API server (default: the pod's service account).",
+    ),
+    Setting(
+        "eviction_timeout",
+        "NVIDIA_INSTALLER_EVICTION_TIMEOUT",
+        "600",
+        "Seconds GPU pods may take to leave (PodDisruptionBudgets honoured) before failing.",
+    ),
+    Setting(
+        "holders_timeout",
+        "NVIDIA_INSTALLER_HOLDERS_TIMEOUT",
+        "300",
+        "Seconds to wait, after the pods left, for every process to close /dev/nvidia*.",
+    ),
+    Setting(
+        "force_eviction",
+        "NVIDIA_INSTALLER_FORCE_EVICTION",
+        "false",
+        "Delete GPU pods still there at the eviction timeout, bypassing their "
+        "PodDisruptionBudgets.",
+        flag_is_switch=True,
+    ),
+    Setting(
+        "pause_components",
+        "NVIDIA_INSTALLER_PAUSE_COMPONENTS",
+        "device-plugin,gpu-feature-discovery,dcgm-exporter,dcgm,mig-manager",
+        "Components <c> whose nvidia.com/gpu.deploy.<c> label is set to "
+        "paused-for-driver-upgrade during an upgrade.",
+    ),
 )
 
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
@@ -284,6 +328,15 @@ class Config:
     headers_mirror: str | None = None
     rocky_vault: str = "https://dl.rockylinux.org/vault/rocky"
     dnf_enable_epel: bool = False  # issue 10
+    # issue 13
+    upgrade_protocol: bool = False
+    node_name: str | None = None
+    kubeconfig: str | None = None
+    eviction_timeout: float = 600.0
+    holders_timeout: float = 300.0
+    force_eviction: bool = False
+    pause_components: tuple[str, ...] = (
+        "device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "mig-manager")
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def module_args_for(self, module: str) -> list[str]:
@@ -475,6 +528,14 @@ _PARSERS: dict[str, Callable[[str, Setting], object]] = {
     "headers_mirror": _url,
     "rocky_vault": lambda v, s: _url(v, s) or "",
     "dnf_enable_epel": _switch,
+    # issue 13
+    "upgrade_protocol": _switch,
+    "node_name": lambda v, s: _node_name(v, s),
+    "kubeconfig": _optional_text,
+    "eviction_timeout": _number,
+    "holders_timeout": _number,
+    "force_eviction": _switch,
+    "pause_components": lambda v, s: _components(v, s),
 }
 
 
@@ -492,6 +553,23 @@ def _registry(value: str, setting: Setting) -> str | None:
             "(no scheme, no tag).",
         )
     return value
+
+
+def _node_name(value: str, setting: Setting) -> str | None:
+    value = value.strip()
+    if value and not re.match(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", value):
+        raise ConfigError(f"{setting.env}={value!r} is not a Kubernetes node name")
+    return value or None
+
+
+def _components(value: str, setting: Setting) -> tuple[str, ...]:
+    items = tuple(v.strip() for v in value.split(",") if v.strip())
+    for item in items:
+        # The label key nvidia.com/gpu.deploy.<c> has a name part of at most 63 characters.
+        if not re.match(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$", item):
+            raise ConfigError(f"{setting.env}: {item!r} is not a component name "
+                              "(lower-case letters, digits and '-')")
+    return items
 
 
 def _branch_path(value: str, setting: Setting) -> str:
@@ -529,3 +607,8 @@ def _check_consistency(config: Config) -> None:
         )
     if not config.root.is_absolute():
         raise ConfigError(f"ROOT_MOUNT_DIR={config.root} must be an absolute path")
+    if config.upgrade_protocol and not config.node_name:  # issue 13
+        raise ConfigError(
+            "NVIDIA_INSTALLER_UPGRADE_PROTOCOL=true needs NODE_NAME (this node's name)",
+            hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
+        )

@@ -90,6 +90,13 @@ def unload_old_step(ctx: Context) -> Step:
         ]
         log.info("replacing loaded driver %s with %s",
                  driver.version if driver else "unknown", target.version)
+        if holders and ctx.config.upgrade_protocol:  # issue 13: cordon, evict, wait, then unload
+            from installer.cluster import protocol
+
+            old = (driver.version if driver else None) or "unknown"
+            protocol.make_room(ctx.config, ctx.root, ctx.layout, old, target.version)
+            remove_ready_file(ctx)
+            holders = []
         modules.unload(ctx.root, ctx.runner, holders)
         remove_ready_file(ctx)
 

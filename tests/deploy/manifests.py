@@ -94,10 +94,19 @@ def installer_container(ds: dict[str, Any]) -> dict[str, Any]:
     return inits[0]
 
 
+# What the kubelet puts in an env var taken from the downward API's spec.nodeName.
+SAMPLE_NODE_NAME = "gke-gpu-pool-1a2b"
+
+
 def container_env(container: dict[str, Any]) -> dict[str, str]:
-    """The literal env of a container; valueFrom cannot be checked offline, so it is refused."""
+    """The literal env of a container; valueFrom cannot be checked offline, so it is refused
+    (except the node's name from the downward API, replaced by a sample name)."""
     env: dict[str, str] = {}
     for item in container.get("env", []):
+        field = item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        if field == "spec.nodeName":
+            env[item["name"]] = SAMPLE_NODE_NAME
+            continue
         assert "value" in item or "valueFrom" not in item, f"{item['name']} uses valueFrom"
         env[item["name"]] = str(item.get("value", ""))
     return env

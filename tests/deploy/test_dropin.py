@@ -14,6 +14,7 @@ from deploy.manifests import (
     DAEMONSET_DIR,
     FIXTURES,
     K8S_VERSIONS,
+    container_env,
     contract_problems,
     installer_container,
     installer_daemonset,
@@ -61,8 +62,8 @@ def test_ours_replaces_a_seed_in_place(path: Path) -> None:
         assert ours["metadata"][key] == seed["metadata"][key]
     assert ours["spec"]["selector"] == seed["spec"]["selector"]
     # Ours sets everything theirs sets, to the same value (and pins the version on top).
-    seed_env = {e["name"]: e["value"] for e in installer_container(seed)["env"]}
-    our_env = {e["name"]: e["value"] for e in installer_container(ours)["env"]}
+    seed_env = container_env(installer_container(seed))
+    our_env = container_env(installer_container(ours))
     assert {k: our_env.get(k) for k in seed_env} == seed_env
 
 

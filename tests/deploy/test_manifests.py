@@ -17,6 +17,7 @@ from deploy.manifests import (
     READY_DIR,
     READY_FILE,
     REPO,
+    container_env,
     installer_container,
     installer_daemonset,
     kustomization_dirs,
@@ -181,7 +182,7 @@ def test_unprivileged_readers_of_installer_files_carry_selinux_options(path: str
 def test_device_plugin_waits_for_the_driver_and_uses_the_install_dir() -> None:
     (plugin,) = load_all(DAEMONSET_DIR / "extras" / "device-plugin.yaml")
     ours = installer_daemonset(load_all(DAEMONSET_DIR / "base" / "daemonset.yaml"))
-    install_dir_host = {e["name"]: e["value"] for e in installer_container(ours)["env"]}[
+    install_dir_host = container_env(installer_container(ours))[
         "NVIDIA_INSTALL_DIR_HOST"
     ]
     spec = pod_spec(plugin)
@@ -192,9 +193,15 @@ def test_device_plugin_waits_for_the_driver_and_uses_the_install_dir() -> None:
     (ctr,) = spec["containers"]
     mounts = {m["mountPath"]: volumes[m["name"]] for m in ctr["volumeMounts"]}
     assert mounts["/usr/local/nvidia"] == install_dir_host
-    env = {e["name"]: e["value"] for e in ctr["env"]}
+    env = container_env(ctr)
     assert env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"
-    assert spec["affinity"] == pod_spec(ours)["affinity"]
+    # Ours, plus leaving a node paused for a driver upgrade (tests/deploy/test_upgrade_rbac.py).
+    (plugin_term,) = spec["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    (our_term,) = pod_spec(ours)["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert plugin_term["matchExpressions"][: len(our_term["matchExpressions"])] == \
+        our_term["matchExpressions"]
 
 
 def test_smoke_test_pod_requests_one_gpu() -> None:
@@ -206,7 +213,7 @@ def test_smoke_test_pod_requests_one_gpu() -> None:
 
 def test_pinned_driver_version_is_an_lts_release_in_the_shipped_catalog() -> None:
     ds = installer_daemonset(load_all(DAEMONSET_DIR / "base" / "daemonset.yaml"))
-    version = {e["name"]: e["value"] for e in installer_container(ds)["env"]}[
+    version = container_env(installer_container(ds))[
         "NVIDIA_DRIVER_VERSION"
     ]
     catalog = json.loads((REPO / "installer" / "data" / "releases.json").read_text("utf-8"))

@@ -1,0 +1,295 @@
+"""The node-side upgrade protocol: cordon, pause GPU clients, evict GPU pods, wait for
+/dev/nvidia* to be free; afterwards restore exactly what it changed. What to restore lives in a
+node annotation, so a killed run is finished by the next one."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from installer import host
+from installer.cluster.client import Conflict, Json, NodeClient
+from installer.config import Config
+from installer.errors import (
+    ClusterApiUnavailable,
+    DriverHoldersTimeout,
+    EvictionTimeout,
+    InstallerError,
+)
+from installer.hostroot import HostRoot
+from installer.layout import Layout
+
+log = logging.getLogger(__name__)
+
+# What the next run must restore (JSON); removed in the same patch that restores.
+ANNOTATION = "nvidia-driver-installer/upgrade"
+# The phase, for `kubectl get nodes -L nvidia-driver-installer/upgrade-state`.
+STATE_LABEL = "nvidia-driver-installer/upgrade-state"
+DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
+PAUSED = "paused-for-driver-upgrade"
+GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-")
+HINT_NAME = ".upgrade-protocol"
+POLL_SECONDS = 2.0
+REPORT_SECONDS = 30.0
+CONFLICT_RETRIES = 8
+
+ClientFactory = Callable[[Config], NodeClient]
+
+
+def _client(config: Config) -> NodeClient:
+    assert config.node_name  # config validation guarantees it with the protocol on
+    return NodeClient(config.node_name, config.kubeconfig)
+
+
+def hint_path(layout: Layout) -> Path:
+    """A local marker that the node may carry our changes: the run that finds it must reach the
+    API server to restore them (without it, a warm run tolerates an unreachable API)."""
+    return layout.install_local / HINT_NAME
+
+
+def make_room(config: Config, root: HostRoot, layout: Layout, old: str, new: str,
+              client: ClientFactory = _client) -> None:
+    """Free the loaded driver for an upgrade: cordon (remembering whether it was cordoned),
+    pause GPU clients by label, evict GPU pods, wait for /dev/nvidia* to be closed.
+
+    On a failure here (eviction or holders timeout, API errors) the node is restored and the
+    old driver keeps working. Raises EvictionTimeout, DriverHoldersTimeout, ClusterApi* errors.
+    """
+    api = client(config)
+    node = api.get_node()
+    hint_path(layout).write_text(f"{old} -> {new}\n")
+    saved = _begin(api, config, node, old, new)
+    uid = str(node["metadata"].get("uid", ""))
+    paused = ", ".join(sorted(saved["labels"])) or "none"
+    cordon = ("cordoned it" if saved["cordoned"] else "it stays cordoned (it was cordoned "
+              "before; it will not be uncordoned)")
+    log.info("upgrade %s -> %s: node %s %s; paused GPU clients: %s", old, new, api.node,
+             cordon, paused)
+    api.event(uid, "DriverUpgradeStarted",
+              f"driver {old} -> {new}: {cordon}; labels set to {PAUSED}: {paused}")
+    try:
+        _evict_gpu_pods(api, uid, config)
+        _set_state(api, "waiting-for-holders")
+        _wait_for_holders(api, uid, root, config)
+        _set_state(api, "unloading")
+        api.event(uid, "DriverUnloading", f"no process holds /dev/nvidia*: unloading {old}")
+    except InstallerError as error:
+        try:
+            _restore(api, "upgrade-failed")
+        except InstallerError as restore_error:
+            log.error("could not restore node %s: %s (the next run retries)", api.node,
+                      restore_error.message)
+            raise error from None
+        api.event(uid, "DriverUpgradeFailed", f"{error.message}; node restored, driver {old} "
+                  "kept", warning=True)
+        hint_path(layout).unlink(missing_ok=True)
+        raise
+
+
+def finish(config: Config, layout: Layout, client: ClientFactory = _client) -> None:
+    """After a successful run: restore what an upgrade (this run's or a killed one's) changed
+    on the node. Reads the node; writes only when the annotation says there is something to
+    restore. Raises ClusterApi* errors only when the local hint says the node needs it."""
+    hint = hint_path(layout)
+    try:
+        api = client(config)
+        node = api.get_node()
+    except ClusterApiUnavailable as error:
+        if hint.exists():
+            raise
+        log.warning("upgrade protocol: %s (nothing to restore on this node as far as the host "
+                    "knows)", error.message)
+        return
+    if _saved(node) is not None:
+        saved = _restore(api, "upgrade-done")
+        if saved is not None:
+            what = "uncordoned" if saved["cordoned"] else "left cordoned (it was cordoned before)"
+            log.info("upgrade %s -> %s done: node %s %s, labels restored", saved["from"],
+                     saved["to"], api.node, what)
+            api.event(str(node["metadata"].get("uid", "")), "DriverUpgradeDone",
+                      f"driver {saved['to']} verified; node {what}; labels restored")
+    hint.unlink(missing_ok=True)
+
+
+def failed(config: Config, layout: Layout, error: InstallerError,
+           client: ClientFactory = _client) -> None:
+    """After a failed run with our changes on the node: keep it cordoned and paused (the driver
+    may be unloaded), mark it failed and say why. Best effort: the error being raised wins."""
+    if not hint_path(layout).exists():
+        return
+    try:
+        api = client(config)
+        node = api.get_node()
+        if _saved(node) is None:
+            return
+        _set_state(api, "upgrade-failed")
+        api.event(str(node["metadata"].get("uid", "")), "DriverUpgradeFailed",
+                  f"{error.reference}: {error.message}; the node stays cordoned with its GPU "
+                  "clients paused until a run succeeds", warning=True)
+    except InstallerError as other:
+        log.warning("could not mark node %s upgrade-failed: %s", config.node_name,
+                    other.message)
+
+
+def _saved(node: Json) -> dict[str, Any] | None:
+    text = (node["metadata"].get("annotations") or {}).get(ANNOTATION)
+    if not text:
+        return None
+    try:
+        saved = json.loads(text)
+    except ValueError:
+        return None
+    return saved if isinstance(saved, dict) and "labels" in saved else None
+
+
+def _begin(api: NodeClient, config: Config, node: Json, old: str, new: str) -> dict[str, Any]:
+    """Record what to restore and cordon + pause, in one patch guarded by resourceVersion. An
+    annotation left by a killed run is kept: it knows the node as it was before."""
+    for _ in range(CONFLICT_RETRIES):
+        meta = node["metadata"]
+        labels = meta.get("labels") or {}
+        saved = _saved(node)
+        if saved is None:
+            keys = [DEPLOY_PREFIX + c for c in config.pause_components]
+            saved = {
+                "from": old,
+                "to": new,
+                "cordoned": not (node.get("spec") or {}).get("unschedulable", False),
+                # Only labels that are on (or absent: our device-plugin extra selects on it
+                # being absent); an admin's "false" stays.
+                "labels": {k: labels.get(k) for k in keys if labels.get(k) in (None, "true")},
+            }
+        else:
+            log.info("node %s carries an unfinished upgrade (%s -> %s): continuing it",
+                     api.node, saved["from"], saved["to"])
+        want = {k: PAUSED for k in saved["labels"]}
+        want[STATE_LABEL] = "draining"
+        patch: Json = {"metadata": {"resourceVersion": meta["resourceVersion"],
+                                    "annotations": {ANNOTATION: json.dumps(saved,
+                                                                           sort_keys=True)},
+                                    "labels": want},
+                       "spec": {"unschedulable": True}}
+        try:
+            api.patch_node(patch)
+            return saved
+        except Conflict:
+            node = api.get_node()
+    raise ClusterApiUnavailable(f"node {api.node} kept changing while cordoning it "
+                                f"({CONFLICT_RETRIES} conflicts)")
+
+
+def _restore(api: NodeClient, final_state: str) -> dict[str, Any] | None:
+    """Put back the labels we paused (if still paused), uncordon only if we cordoned, drop the
+    annotation: one patch guarded by resourceVersion. Returns what was restored."""
+    for _ in range(CONFLICT_RETRIES):
+        node = api.get_node()
+        saved = _saved(node)
+        if saved is None:
+            return None
+        labels = node["metadata"].get("labels") or {}
+        restore = {k: v for k, v in saved["labels"].items() if labels.get(k) == PAUSED}
+        patch: Json = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"],
+                                    "annotations": {ANNOTATION: None},
+                                    "labels": {**restore, STATE_LABEL: final_state}}}
+        if saved["cordoned"]:
+            patch["spec"] = {"unschedulable": None}
+        try:
+            api.patch_node(patch)
+            return saved
+        except Conflict:
+            continue
+    raise ClusterApiUnavailable(f"node {api.node} kept changing while restoring it "
+                                f"({CONFLICT_RETRIES} conflicts)")
+
+
+def _set_state(api: NodeClient, state: str) -> None:
+    api.patch_node({"metadata": {"labels": {STATE_LABEL: state}}})
+    log.info("upgrade state of node %s: %s", api.node, state)
+
+
+def requests_gpu(pod: Json) -> bool:
+    spec = pod.get("spec") or {}
+    for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        resources = container.get("resources") or {}
+        for kind in ("limits", "requests"):
+            if any(name.startswith(GPU_RESOURCES) for name in resources.get(kind) or {}):
+                return True
+    return False
+
+
+def _name(pod: Json) -> tuple[str, str]:
+    meta = pod["metadata"]
+    return str(meta.get("namespace", "default")), str(meta["name"])
+
+
+def _evict_gpu_pods(api: NodeClient, uid: str, config: Config) -> None:
+    deadline = time.monotonic() + config.eviction_timeout
+    blocked: set[tuple[str, str]] = set()
+    forced = False
+    while True:
+        pods = [p for p in api.pods_on_node() if requests_gpu(p)
+                and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        if not pods:
+            log.info("no pod on node %s requests nvidia.com/gpu", api.node)
+            return
+        now_blocked: set[tuple[str, str]] = set()
+        for pod in pods:
+            ns, name = _name(pod)
+            if pod["metadata"].get("deletionTimestamp"):
+                continue  # evicted: terminating
+            result = api.evict(ns, name)
+            if result == "evicted":
+                log.info("evicted GPU pod %s/%s", ns, name)
+                api.event(uid, "GpuPodEvicted", f"evicted pod {ns}/{name} for the driver upgrade")
+            elif result == "blocked":
+                now_blocked.add((ns, name))
+                if (ns, name) not in blocked:
+                    log.info("eviction of %s/%s refused for now: a PodDisruptionBudget forbids "
+                             "it (retrying)", ns, name)
+                    api.event(uid, "EvictionBlocked", f"pod {ns}/{name}: a PodDisruptionBudget "
+                              "forbids its eviction now; retrying", warning=True)
+        blocked = now_blocked
+        if time.monotonic() >= deadline:
+            names = ", ".join(f"{ns}/{n}" + (" (PodDisruptionBudget)" if (ns, n) in blocked
+                                             else " (terminating)")
+                              for ns, n in map(_name, pods))
+            if config.force_eviction and not forced:
+                for pod in pods:
+                    log.warning("deleting GPU pod %s/%s (force eviction)", *_name(pod))
+                    api.delete_pod(*_name(pod))
+                api.event(uid, "GpuPodsDeleted", f"force-deleted after "
+                          f"{config.eviction_timeout:g} s: {names}", warning=True)
+                forced = True
+                deadline = time.monotonic() + 30
+                continue
+            raise EvictionTimeout(f"GPU pods still on node {api.node} after "
+                                  f"{config.eviction_timeout:g} s: {names}")
+        time.sleep(POLL_SECONDS)
+
+
+def _wait_for_holders(api: NodeClient, uid: str, root: HostRoot, config: Config) -> None:
+    deadline = time.monotonic() + config.holders_timeout
+    reported: tuple[str, ...] = ()
+    last_report = 0.0
+    while True:
+        holders = host.holders_of(root, "/dev/nvidia")
+        if not holders:
+            return
+        named = tuple(sorted({f"pid {h.pid} ({h.command}) holds {h.path}" for h in holders}))
+        if time.monotonic() >= deadline:
+            raise DriverHoldersTimeout(
+                f"processes still hold the driver after {config.holders_timeout:g} s: "
+                + "; ".join(named))
+        if named != reported or time.monotonic() - last_report >= REPORT_SECONDS:
+            log.info("waiting for processes to close /dev/nvidia*: %s", "; ".join(named))
+            if named != reported:
+                pids = sorted({h.pid for h in holders})
+                api.event(uid, "WaitingForDriverHolders",
+                          f"PIDs {', '.join(map(str, pids))} hold the driver: "
+                          + "; ".join(named))
+            reported, last_report = named, time.monotonic()
+        time.sleep(POLL_SECONDS)

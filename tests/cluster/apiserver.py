@@ -1,0 +1,509 @@
+"""A stand-in Kubernetes API server on 127.0.0.1 with only the endpoints the installer calls.
+
+Semantics follow the API reference (kubernetes.io/docs/reference/kubernetes-api):
+- GET/PATCH /api/v1/nodes/{name}: JSON merge patch (RFC 7386) only; a patch carrying
+  metadata.resourceVersion that is not the current one is refused with 409 Conflict; a no-op patch
+  leaves resourceVersion alone; label values are validated (422 Invalid).
+- GET /api/v1/pods?fieldSelector=spec.nodeName=<n>: only that field selector (others: 400).
+- POST /api/v1/namespaces/{ns}/pods/{name}/eviction: policy/v1 Eviction. Terminating, terminal
+  and pending pods are evicted without a PodDisruptionBudget check; with one matching budget whose
+  disruptions allowed (computed here as the disruption controller does, from minAvailable or
+  maxUnavailable and the Ready pods) is 0 the answer is 429 TooManyRequests; two budgets: 500.
+- DELETE /api/v1/namespaces/{ns}/pods/{name}: graceful, or at once with gracePeriodSeconds=0.
+- POST /api/v1/namespaces/{ns}/events: core/v1 Event; for a Node the namespace must be default.
+- Bearer-token authentication (401) and, when given, the rules of a ClusterRole (403).
+
+The kubelet's part: a pod with a deletionTimestamp goes away after its grace period unless it has
+finalizers (then it stays, as a pod stuck terminating does). `on_node_change` callbacks play the
+DaemonSet controller and kubelet reacting to node labels.
+
+Run alone: python3 -m cluster.apiserver --seed seed.json --port-file F [--role rbac.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import parse_qs, urlsplit
+
+Json = dict[str, Any]
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str, details: Optional[Json] = None):
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: str
+    status: int
+
+    @property
+    def is_write(self) -> bool:
+        return self.method in ("POST", "PATCH", "PUT", "DELETE") and self.status < 400
+
+
+@dataclass
+class Cluster:
+    """The stored objects; every method holds the lock."""
+
+    token: str = "stand-in-token"
+    rules: Optional[list[Json]] = None  # a ClusterRole's rules; None: everything allowed
+    grace_seconds: float = 0.3
+    nodes: dict[str, Json] = field(default_factory=dict)
+    pods: dict[tuple[str, str], Json] = field(default_factory=dict)
+    pdbs: list[Json] = field(default_factory=list)
+    events: list[Json] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
+    on_node_change: list[Callable[[Cluster, Json], None]] = field(default_factory=list)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    _rv: int = 1000
+
+    def next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    # --- seeding (what a test or a controller does) ---
+
+    def add_node(self, name: str, labels: Optional[dict[str, str]] = None,
+                 unschedulable: bool = False) -> Json:
+        with self.lock:
+            node: Json = {"apiVersion": "v1", "kind": "Node",
+                          "metadata": {"name": name, "uid": str(uuid.uuid4()),
+                                       "resourceVersion": self.next_rv(),
+                                       "labels": dict(labels or {}), "annotations": {}},
+                          "spec": {}}
+            if unschedulable:
+                node["spec"]["unschedulable"] = True
+            self.nodes[name] = node
+            return node
+
+    def add_pod(self, namespace: str, name: str, node: str, *, gpus: int = 0,
+                labels: Optional[dict[str, str]] = None, ready: bool = True,
+                finalizers: Optional[list[str]] = None) -> Json:
+        with self.lock:
+            resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+            pod: Json = {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
+                             "resourceVersion": self.next_rv(), "labels": dict(labels or {})},
+                "spec": {"nodeName": node,
+                         "containers": [{"name": "main", "image": "cuda",
+                                         "resources": resources}]},
+                "status": {"phase": "Running",
+                           "conditions": [{"type": "Ready",
+                                           "status": "True" if ready else "False"}]},
+            }
+            if finalizers:
+                pod["metadata"]["finalizers"] = list(finalizers)
+            self.pods[(namespace, name)] = pod
+            return pod
+
+    def add_pdb(self, namespace: str, name: str, selector: dict[str, str], *,
+                min_available: Optional[int] = None,
+                max_unavailable: Optional[int] = None) -> None:
+        spec: Json = {"selector": {"matchLabels": dict(selector)}}
+        if min_available is not None:
+            spec["minAvailable"] = min_available
+        if max_unavailable is not None:
+            spec["maxUnavailable"] = max_unavailable
+        with self.lock:
+            self.pdbs.append({"metadata": {"name": name, "namespace": namespace},
+                              "spec": spec})
+
+    def node(self, name: str) -> Json:
+        with self.lock:
+            return copy.deepcopy(self.nodes[name])
+
+    def writes(self) -> list[Request]:
+        with self.lock:
+            return [r for r in self.requests if r.is_write]
+
+    def remove_finalizers(self, namespace: str, name: str) -> None:
+        with self.lock:
+            self.pods[(namespace, name)]["metadata"].pop("finalizers", None)
+
+    # --- the kubelet and the disruption controller ---
+
+    def kubelet(self) -> None:
+        """Pods whose grace period ran out are gone, unless finalizers hold them."""
+        with self.lock:
+            now = time.monotonic()
+            for key, pod in list(self.pods.items()):
+                deadline = pod.get("_deleteAt")
+                if deadline is not None and now >= deadline and not pod["metadata"].get(
+                        "finalizers"):
+                    del self.pods[key]
+
+    def _start_deletion(self, pod: Json, grace: Optional[float]) -> None:
+        grace = self.grace_seconds if grace is None else grace
+        pod["metadata"].setdefault("deletionTimestamp", _now())
+        pod["metadata"]["deletionGracePeriodSeconds"] = int(grace)
+        pod["metadata"]["resourceVersion"] = self.next_rv()
+        pod["_deleteAt"] = min(pod.get("_deleteAt", float("inf")), time.monotonic() + grace)
+        self.kubelet()
+
+    def _matches(self, selector: Json, pod: Json) -> bool:
+        labels = pod["metadata"].get("labels") or {}
+        return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+    def _disruptions_allowed(self, pdb: Json) -> int:
+        ns = pdb["metadata"]["namespace"]
+        selected = [p for (pns, _), p in self.pods.items()
+                    if pns == ns and self._matches(pdb["spec"]["selector"], p)]
+        healthy = sum(1 for p in selected if not p["metadata"].get("deletionTimestamp") and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"]))
+        spec = pdb["spec"]
+        if "minAvailable" in spec:
+            return healthy - int(spec["minAvailable"])
+        return healthy - (len(selected) - int(spec.get("maxUnavailable", 0)))
+
+    # --- the endpoints ---
+
+    def get_node(self, name: str) -> Json:
+        if name not in self.nodes:
+            raise ApiError(404, "NotFound", f'nodes "{name}" not found',
+                           {"name": name, "kind": "nodes"})
+        return _public(self.nodes[name])
+
+    def patch_node(self, name: str, content_type: str, patch: Any) -> Json:
+        if content_type != "application/merge-patch+json":
+            raise ApiError(415, "UnsupportedMediaType",
+                           f"the stand-in implements merge patches only, not {content_type}")
+        node = self.nodes.get(name)
+        if node is None:
+            self.get_node(name)
+        if not isinstance(patch, dict):
+            raise ApiError(400, "BadRequest", "a merge patch of a node must be an object")
+        wanted_rv = (patch.get("metadata") or {}).get("resourceVersion")
+        if wanted_rv is not None and wanted_rv != node["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on nodes "{name}": '
+                           "the object has been modified; please apply your changes to the "
+                           "latest version and try again", {"name": name, "kind": "nodes"})
+        merged = merge_patch(node, patch)
+        merged["metadata"]["resourceVersion"] = node["metadata"]["resourceVersion"]
+        for _key, value in (merged["metadata"].get("labels") or {}).items():
+            if not isinstance(value, str) or len(value) > 63 or not LABEL_VALUE.match(value):
+                raise ApiError(422, "Invalid", f"Node \"{name}\" is invalid: metadata.labels: "
+                               f"Invalid value: {value!r}")
+        unschedulable = (merged.get("spec") or {}).get("unschedulable")
+        if unschedulable is not None and not isinstance(unschedulable, bool):
+            raise ApiError(400, "BadRequest", "spec.unschedulable must be a boolean")
+        if merged != node:
+            merged["metadata"]["resourceVersion"] = self.next_rv()
+            self.nodes[name] = merged
+            for callback in self.on_node_change:
+                callback(self, copy.deepcopy(merged))
+        return _public(self.nodes[name])
+
+    def list_pods(self, query: dict[str, list[str]]) -> Json:
+        self.kubelet()
+        selectors = query.get("fieldSelector", [])
+        node = None
+        for selector in selectors:
+            match = re.fullmatch(r"spec\.nodeName=([^,]*)", selector)
+            if not match:
+                raise ApiError(400, "BadRequest",
+                               f"the stand-in supports only the spec.nodeName field selector, "
+                               f"not {selector!r}")
+            node = match.group(1)
+        items = [_public(p) for p in self.pods.values()
+                 if node is None or p["spec"].get("nodeName") == node]
+        return {"apiVersion": "v1", "kind": "PodList",
+                "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+
+    def evict(self, namespace: str, name: str, body: Any) -> Json:
+        self.kubelet()
+        if not isinstance(body, dict) or body.get("kind") not in (None, "Eviction"):
+            raise ApiError(400, "BadRequest", "the body must be an Eviction")
+        if (body.get("metadata") or {}).get("name") not in (None, name):
+            raise ApiError(400, "BadRequest", "name in URL does not match name in Eviction")
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            raise ApiError(404, "NotFound", f'pods "{name}" not found',
+                           {"name": name, "kind": "pods"})
+        phase = pod["status"].get("phase")
+        if pod["metadata"].get("deletionTimestamp") or phase in ("Succeeded", "Failed",
+                                                                  "Pending"):
+            self._start_deletion(pod, None)
+            return _success(201)
+        pdbs = [b for b in self.pdbs if b["metadata"]["namespace"] == namespace
+                and self._matches(b["spec"]["selector"], pod)]
+        if len(pdbs) > 1:
+            raise ApiError(500, "InternalError", "This pod has more than one "
+                           "PodDisruptionBudget, which the eviction subresource does not "
+                           "support.")
+        if pdbs and self._disruptions_allowed(pdbs[0]) <= 0:
+            raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the "
+                           "pod's disruption budget.",
+                           {"causes": [{"reason": "DisruptionBudget", "message": "The "
+                                        f"disruption budget {pdbs[0]['metadata']['name']} "
+                                        "needs more healthy pods"}]})
+        self._start_deletion(pod, None)
+        return _success(201)
+
+    def delete_pod(self, namespace: str, name: str, query: dict[str, list[str]]) -> Json:
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            raise ApiError(404, "NotFound", f'pods "{name}" not found',
+                           {"name": name, "kind": "pods"})
+        grace = query.get("gracePeriodSeconds")
+        self._start_deletion(pod, float(grace[0]) if grace else None)
+        return _public(pod)
+
+    def create_event(self, namespace: str, body: Any) -> Json:
+        if not isinstance(body, dict) or body.get("kind", "Event") != "Event":
+            raise ApiError(400, "BadRequest", "the body must be an Event")
+        meta = body.get("metadata") or {}
+        involved = body.get("involvedObject") or {}
+        if meta.get("namespace", namespace) != namespace:
+            raise ApiError(400, "BadRequest", "the namespace of the object does not match "
+                           "the namespace on the request")
+        if not involved.get("namespace") and namespace not in ("", "default"):
+            raise ApiError(422, "Invalid", "involvedObject.namespace: does not match event "
+                           "namespace")
+        if not meta.get("name") or not body.get("reason"):
+            raise ApiError(422, "Invalid", "metadata.name and reason are required")
+        event = copy.deepcopy(body)
+        event["metadata"]["namespace"] = namespace
+        event["metadata"]["resourceVersion"] = self.next_rv()
+        self.events.append(event)
+        return event
+
+    def allowed(self, verb: str, group: str, resource: str) -> bool:
+        if self.rules is None:
+            return True
+        for rule in self.rules:
+            if (group in rule.get("apiGroups", []) and resource in rule.get("resources", [])
+                    and verb in rule.get("verbs", [])):
+                return True
+        return False
+
+
+def _public(obj: Json) -> Json:
+    return {k: copy.deepcopy(v) for k, v in obj.items() if not k.startswith("_")}
+
+
+def _success(code: int) -> Json:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+            "code": code}
+
+
+_ROUTES = [
+    ("GET", re.compile(r"^/api/v1/nodes/([^/]+)$"), "get", "", "nodes"),
+    ("PATCH", re.compile(r"^/api/v1/nodes/([^/]+)$"), "patch", "", "nodes"),
+    ("GET", re.compile(r"^/api/v1/pods$"), "list", "", "pods"),
+    ("POST", re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/eviction$"), "create", "",
+     "pods/eviction"),
+    ("DELETE", re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)$"), "delete", "", "pods"),
+    ("POST", re.compile(r"^/api/v1/namespaces/([^/]+)/events$"), "create", "", "events"),
+]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _handle(self) -> None:
+        cluster = self.server.cluster
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        status, answer = 200, None
+        try:
+            if self.headers.get("Authorization") != f"Bearer {cluster.token}":
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            for method, pattern, verb, group, resource in _ROUTES:
+                match = pattern.match(url.path)
+                if method != self.command or not match:
+                    continue
+                if not cluster.allowed(verb, group, resource):
+                    raise ApiError(403, "Forbidden", f'{resource} is forbidden: User '
+                                   f'"system:serviceaccount" cannot {verb} resource '
+                                   f'"{resource}"')
+                body = json.loads(raw) if raw else None
+                with cluster.lock:
+                    status, answer = self._dispatch(cluster, url.path, match.groups(),
+                                                    query, body)
+                break
+            else:
+                raise ApiError(404, "NotFound", f"the stand-in does not serve {self.command} "
+                               f"{url.path}")
+        except ApiError as exc:
+            status = exc.code
+            answer = {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                      "status": "Failure", "message": exc.message, "reason": exc.reason,
+                      "code": exc.code, **({"details": exc.details} if exc.details else {})}
+        except ValueError:
+            status = 400
+            answer = {"kind": "Status", "status": "Failure", "reason": "BadRequest",
+                      "message": "the body is not JSON", "code": 400}
+        with cluster.lock:
+            cluster.requests.append(Request(self.command, url.path, url.query, status))
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _dispatch(self, cluster: Cluster, path: str, groups: tuple[str, ...],
+                  query: dict[str, list[str]], body: Any) -> tuple[int, Json]:
+        if self.command == "GET" and path.startswith("/api/v1/nodes/"):
+            return 200, cluster.get_node(groups[0])
+        if self.command == "PATCH":
+            return 200, cluster.patch_node(groups[0], self.headers.get("Content-Type", ""),
+                                           body)
+        if self.command == "GET":
+            return 200, cluster.list_pods(query)
+        if path.endswith("/eviction"):
+            return 201, cluster.evict(groups[0], groups[1], body)
+        if self.command == "DELETE":
+            return 200, cluster.delete_pod(groups[0], groups[1], query)
+        return 201, cluster.create_event(groups[0], body)
+
+    do_GET = do_PATCH = do_POST = do_DELETE = _handle
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    cluster: Cluster
+
+
+class ApiServer:
+    """`with ApiServer(cluster) as api:` serves on 127.0.0.1; `api.kubeconfig(dir)` writes a
+    kubeconfig for it."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.cluster = cluster
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> ApiServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def kubeconfig(self, directory: Path) -> Path:
+        return write_kubeconfig(directory / "kubeconfig", self.url, self.cluster.token)
+
+
+def write_kubeconfig(path: Path, server: str, token: str) -> Path:
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+        "clusters": [{"name": "stand-in", "cluster": {"server": server}}],
+        "users": [{"name": "installer", "user": {"token": token}}],
+        "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in",
+                                                       "user": "installer"}}],
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
+def cluster_role_rules(rbac_yaml: Path) -> list[Json]:
+    """The rules of the ClusterRole in a manifest file."""
+    import yaml
+
+    for doc in yaml.safe_load_all(rbac_yaml.read_text()):
+        if doc and doc.get("kind") == "ClusterRole":
+            return list(doc["rules"])
+    raise ValueError(f"no ClusterRole in {rbac_yaml}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seed", type=Path, required=True,
+                        help="JSON: {node: {name, labels}, pods: [...], kill_on_pause: {c: pid}}")
+    parser.add_argument("--port-file", type=Path, required=True)
+    parser.add_argument("--dump", type=Path, help="write the node, events and writes here on "
+                        "every change")
+    parser.add_argument("--role", type=Path, help="enforce this ClusterRole's rules")
+    args = parser.parse_args()
+    seed = json.loads(args.seed.read_text())
+    cluster = Cluster(rules=cluster_role_rules(args.role) if args.role else None)
+    node = seed["node"]
+    cluster.add_node(node["name"], node.get("labels"), node.get("unschedulable", False))
+    for pod in seed.get("pods", []):
+        cluster.add_pod(pod["namespace"], pod["name"], node["name"], gpus=pod.get("gpus", 0),
+                        labels=pod.get("labels"))
+    for component, pid in (seed.get("kill_on_pause") or {}).items():
+        cluster.on_node_change.append(kill_on_pause(component, int(pid)))
+    with ApiServer(cluster) as server:
+        args.port_file.write_text(server.url)
+        while True:
+            time.sleep(0.2)
+            if args.dump:
+                with cluster.lock:
+                    state = {"node": _public(cluster.nodes[node["name"]]),
+                             "events": [{"reason": e["reason"], "message": e["message"],
+                                         "type": e["type"]} for e in cluster.events],
+                             "writes": [f"{r.method} {r.path}" for r in cluster.requests
+                                        if r.is_write]}
+                tmp = args.dump.with_suffix(".tmp")
+                tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+                tmp.replace(args.dump)
+
+
+def kill_on_pause(component: str, pid: int) -> Callable[[Cluster, Json], None]:
+    """The DaemonSet controller and the kubelet: once the node no longer matches the
+    component's node affinity (its deploy label paused), its pod's process is stopped."""
+    import os
+    import signal
+
+    key = f"nvidia.com/gpu.deploy.{component}"
+
+    def react(cluster: Cluster, node: Json) -> None:
+        if (node["metadata"].get("labels") or {}).get(key) == "paused-for-driver-upgrade":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    return react
+
+
+if __name__ == "__main__":
+    main()

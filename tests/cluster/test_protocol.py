@@ -1,0 +1,367 @@
+"""The upgrade protocol with the official kubernetes client against the stand-in API server: the
+node's cordon, labels, annotation and events, evictions under PodDisruptionBudgets, timeouts,
+an unreachable API, a run killed mid-way."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("kubernetes", reason="pip install kubernetes")
+
+from cluster.apiserver import ApiServer, Cluster, cluster_role_rules, write_kubeconfig
+from installer.cluster import protocol
+from installer.config import Config, build_config
+from installer.errors import (
+    ClusterApiForbidden,
+    ClusterApiUnavailable,
+    DriverHoldersTimeout,
+    EvictionTimeout,
+    InstallerError,
+)
+from installer.hostroot import HostRoot
+from installer.layout import Layout
+
+REPO = Path(__file__).resolve().parents[2]
+RBAC = REPO / "daemonset" / "base" / "rbac.yaml"
+NODE = "gpu-node-1"
+PLUGIN = "nvidia.com/gpu.deploy.device-plugin"
+GFD = "nvidia.com/gpu.deploy.gpu-feature-discovery"
+DCGM_EXPORTER = "nvidia.com/gpu.deploy.dcgm-exporter"
+PAUSED = "paused-for-driver-upgrade"
+LABELS = {PLUGIN: "true", DCGM_EXPORTER: "false", "kubernetes.io/hostname": NODE}
+PLUGIN_PID = 4242
+
+
+@dataclass
+class Env:
+    cluster: Cluster
+    server: ApiServer
+    root: Path
+    kubeconfig: Path
+
+    def config(self, **env: str) -> Config:
+        values = {"NVIDIA_INSTALLER_UPGRADE_PROTOCOL": "true", "NODE_NAME": NODE,
+                  "NVIDIA_INSTALLER_KUBECONFIG": str(self.kubeconfig),
+                  "ROOT_MOUNT_DIR": str(self.root),
+                  "NVIDIA_INSTALL_DIR_CONTAINER": str(self.root / "no-container-mount"),
+                  "NVIDIA_INSTALLER_EVICTION_TIMEOUT": "30",
+                  "NVIDIA_INSTALLER_HOLDERS_TIMEOUT": "30", **env}
+        return build_config(values, {})
+
+    def layout(self, config: Config) -> Layout:
+        layout = Layout.from_config(config, HostRoot(config.root))
+        layout.install_local.mkdir(parents=True, exist_ok=True)
+        return layout
+
+    def hold(self, pid: int, comm: str, device: str = "/dev/nvidia0") -> None:
+        """A process in the host's /proc with an open fd on `device`."""
+        fd_dir = self.root / "proc" / str(pid) / "fd"
+        fd_dir.mkdir(parents=True, exist_ok=True)
+        (self.root / "proc" / str(pid) / "comm").write_text(comm + "\n")
+        os.symlink(device, fd_dir / "3")
+
+    def exit(self, pid: int) -> None:
+        shutil.rmtree(self.root / "proc" / str(pid), ignore_errors=True)
+
+    def node(self) -> dict:
+        return self.cluster.node(NODE)
+
+    def events(self) -> list[tuple[str, str]]:
+        with self.cluster.lock:
+            return [(e["reason"], e["message"]) for e in self.cluster.events]
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+    monkeypatch.setattr(protocol, "POLL_SECONDS", 0.05)
+    cluster = Cluster(rules=cluster_role_rules(RBAC))
+    cluster.add_node(NODE, LABELS)
+    root = tmp_path / "host"
+    (root / "proc").mkdir(parents=True)
+    with ApiServer(cluster) as server:
+        yield Env(cluster, server, root, server.kubeconfig(tmp_path))
+
+
+def plugin_exits_when_paused(env: Env) -> None:
+    """The stand-in plays the DaemonSet controller and kubelet: the device plugin's process
+    goes (its grace period later) once its deploy label is paused."""
+    env.hold(PLUGIN_PID, "nvidia-device-pl")
+
+    def react(cluster: Cluster, node: dict) -> None:
+        if node["metadata"]["labels"].get(PLUGIN) == PAUSED:
+            threading.Timer(0.5, env.exit, (PLUGIN_PID,)).start()
+
+    env.cluster.on_node_change.append(react)
+
+
+def make_room(env: Env, config: Config) -> None:
+    protocol.make_room(config, HostRoot(config.root), env.layout(config), "580.105.08",
+                       "580.126.20")
+
+
+def test_upgrade_cordons_pauses_evicts_waits_then_restores_exactly(env: Env) -> None:
+    plugin_exits_when_paused(env)
+    env.cluster.add_pod("ml", "train", NODE, gpus=1)
+    env.cluster.add_pod("ml", "train-elsewhere", "gpu-node-2", gpus=1)
+    env.cluster.add_pod("web", "frontend", NODE)
+    config = env.config()
+    layout = env.layout(config)
+    before = env.node()
+
+    make_room(env, config)
+
+    during = env.node()
+    assert during["spec"]["unschedulable"] is True
+    labels = during["metadata"]["labels"]
+    assert labels[PLUGIN] == PAUSED and labels[GFD] == PAUSED
+    assert labels[DCGM_EXPORTER] == "false"  # an admin's "off" is not ours to change
+    assert labels[protocol.STATE_LABEL] == "unloading"
+    assert protocol.ANNOTATION in during["metadata"]["annotations"]
+    pods = set(env.cluster.pods)
+    assert ("ml", "train") not in pods
+    assert {("ml", "train-elsewhere"), ("web", "frontend")} <= pods
+    reasons = [r for r, _ in env.events()]
+    # WaitingForDriverHolders too, unless the plugin was already gone (timing; see below).
+    assert reasons[:2] == ["DriverUpgradeStarted", "GpuPodEvicted"]
+    assert reasons[-1] == "DriverUnloading"
+    assert not (env.root / "proc" / str(PLUGIN_PID)).exists()
+    assert protocol.hint_path(layout).exists()
+
+    protocol.finish(config, layout)
+
+    after = env.node()
+    assert "unschedulable" not in after["spec"]
+    assert after["metadata"]["labels"] == {**before["metadata"]["labels"],
+                                           protocol.STATE_LABEL: "upgrade-done"}
+    assert after["metadata"]["annotations"] == {}
+    assert env.events()[-1][0] == "DriverUpgradeDone"
+    assert not protocol.hint_path(layout).exists()
+
+
+def test_already_cordoned_node_stays_cordoned(env: Env) -> None:
+    env.cluster.nodes[NODE]["spec"]["unschedulable"] = True
+    config = env.config()
+    make_room(env, config)
+    protocol.finish(config, env.layout(config))
+    after = env.node()
+    assert after["spec"]["unschedulable"] is True
+    assert after["metadata"]["labels"][PLUGIN] == "true"
+    assert "left cordoned" in env.events()[-1][1]
+
+
+def test_nothing_to_restore_means_no_write(env: Env) -> None:
+    config = env.config()
+    protocol.finish(config, env.layout(config))
+    assert env.cluster.writes() == []
+    assert [(r.method, r.path) for r in env.cluster.requests] == [
+        ("GET", f"/api/v1/nodes/{NODE}")]
+
+
+def test_pdb_blocks_then_allows(env: Env) -> None:
+    env.cluster.add_pod("ml", "serve-0", NODE, gpus=1, labels={"app": "serve"})
+    env.cluster.add_pdb("ml", "serve", {"app": "serve"}, min_available=1)
+
+    def second_replica_becomes_ready() -> None:
+        time.sleep(0.8)
+        env.cluster.add_pod("ml", "serve-1", "gpu-node-2", gpus=1, labels={"app": "serve"})
+
+    threading.Thread(target=second_replica_becomes_ready, daemon=True).start()
+    config = env.config()
+    make_room(env, config)
+    assert ("ml", "serve-0") not in env.cluster.pods
+    blocked = [r for r in env.cluster.requests if r.path.endswith("/eviction")
+               and r.status == 429]
+    assert blocked, "the budget never blocked"
+    assert [r.status for r in env.cluster.requests if r.path.endswith("/eviction")][-1] == 201
+    reasons = [r for r, _ in env.events()]
+    assert reasons.count("EvictionBlocked") == 1 and "GpuPodEvicted" in reasons
+
+
+def test_pod_that_never_leaves_times_out_and_restores_labels_and_cordon(env: Env) -> None:
+    plugin_exits_when_paused(env)
+    env.cluster.add_pod("ml", "stuck", NODE, gpus=1, finalizers=["example.com/keep"])
+    config = env.config(NVIDIA_INSTALLER_EVICTION_TIMEOUT="1")
+    layout = env.layout(config)
+    with pytest.raises(EvictionTimeout) as caught:
+        make_room(env, config)
+    assert caught.value.exit_code == 73
+    assert f"GPU pods still on node {NODE} after 1 s: ml/stuck (terminating)" in \
+        caught.value.message
+    after = env.node()
+    assert "unschedulable" not in after["spec"]
+    assert after["metadata"]["labels"] == {**LABELS, protocol.STATE_LABEL: "upgrade-failed"}
+    assert after["metadata"]["annotations"] == {}
+    assert env.events()[-1][0] == "DriverUpgradeFailed"
+    assert not protocol.hint_path(layout).exists()
+
+
+def test_pdb_that_never_allows_is_deleted_only_with_force(env: Env) -> None:
+    env.cluster.add_pod("ml", "solo", NODE, gpus=1, labels={"app": "solo"})
+    env.cluster.add_pdb("ml", "solo", {"app": "solo"}, max_unavailable=0)
+    with pytest.raises(EvictionTimeout, match=r"ml/solo \(PodDisruptionBudget\)"):
+        make_room(env, env.config(NVIDIA_INSTALLER_EVICTION_TIMEOUT="0.5"))
+    assert ("ml", "solo") in env.cluster.pods
+    assert not any(r.method == "DELETE" for r in env.cluster.requests)
+
+    make_room(env, env.config(NVIDIA_INSTALLER_EVICTION_TIMEOUT="0.5",
+                              NVIDIA_INSTALLER_FORCE_EVICTION="true"))
+    assert ("ml", "solo") not in env.cluster.pods
+    assert [r.query for r in env.cluster.requests if r.method == "DELETE"] == [
+        "gracePeriodSeconds=0"]
+
+
+def test_holders_are_named_in_an_event_until_they_close(env: Env) -> None:
+    env.hold(PLUGIN_PID, "nvidia-device-pl")
+    env.hold(777, "dcgm-hostengine", "/dev/nvidiactl")
+
+    def close_once_named() -> None:
+        while not any(r == "WaitingForDriverHolders" for r, _ in env.events()):
+            time.sleep(0.02)
+        env.exit(PLUGIN_PID)
+        env.exit(777)
+
+    closer = threading.Thread(target=close_once_named, daemon=True)
+    closer.start()
+    make_room(env, env.config())
+    closer.join(5)
+    waiting = dict(env.events())["WaitingForDriverHolders"]
+    assert waiting.startswith(f"PIDs 777, {PLUGIN_PID} hold the driver: ")
+    assert "pid 777 (dcgm-hostengine) holds /dev/nvidiactl" in waiting
+    assert f"pid {PLUGIN_PID} (nvidia-device-pl) holds /dev/nvidia0" in waiting
+    assert env.node()["metadata"]["labels"][protocol.STATE_LABEL] == "unloading"
+
+
+def test_a_holder_that_stays_is_named_and_the_node_restored(env: Env) -> None:
+    env.hold(777, "dcgm-hostengine", "/dev/nvidiactl")
+    config = env.config(NVIDIA_INSTALLER_HOLDERS_TIMEOUT="0.5")
+    with pytest.raises(DriverHoldersTimeout) as caught:
+        make_room(env, config)
+    assert caught.value.exit_code == 74
+    assert "pid 777 (dcgm-hostengine) holds /dev/nvidiactl" in caught.value.message
+    after = env.node()
+    assert "unschedulable" not in after["spec"]
+    assert after["metadata"]["labels"][PLUGIN] == "true"
+
+
+def test_conflicting_writer_gets_a_409_and_both_changes_survive(env: Env) -> None:
+    original = env.cluster.get_node
+    raced = []
+
+    def get_then_someone_else_writes(name: str) -> dict:
+        answer = original(name)
+        if not raced:
+            raced.append(True)
+            node = env.cluster.nodes[name]
+            node["metadata"]["labels"]["team"] = "vision"
+            node["metadata"]["resourceVersion"] = env.cluster.next_rv()
+        return answer
+
+    env.cluster.get_node = get_then_someone_else_writes  # type: ignore[method-assign]
+    make_room(env, env.config())
+    assert 409 in [r.status for r in env.cluster.requests if r.method == "PATCH"]
+    labels = env.node()["metadata"]["labels"]
+    assert labels["team"] == "vision" and labels[PLUGIN] == PAUSED
+
+
+def test_api_unreachable(env: Env, tmp_path: Path) -> None:
+    dead = write_kubeconfig(tmp_path / "dead", "http://127.0.0.1:9", env.cluster.token)
+    config = env.config(NVIDIA_INSTALLER_KUBECONFIG=str(dead))
+    layout = env.layout(config)
+    with pytest.raises(ClusterApiUnavailable) as caught:
+        make_room(env, config)
+    assert caught.value.exit_code == 70
+    assert f"could not read node {NODE}" in caught.value.message
+    assert not protocol.hint_path(layout).exists()
+    protocol.finish(config, layout)  # nothing known to restore: a warm run goes on
+    protocol.hint_path(layout).write_text("x")
+    with pytest.raises(ClusterApiUnavailable):
+        protocol.finish(config, layout)
+
+
+def test_missing_permission_is_forbidden(env: Env) -> None:
+    env.cluster.rules = [r for r in cluster_role_rules(RBAC)
+                         if r["resources"] != ["pods/eviction"]]
+    env.cluster.add_pod("ml", "train", NODE, gpus=1)
+    with pytest.raises(ClusterApiForbidden) as caught:
+        make_room(env, env.config())
+    assert caught.value.exit_code == 71
+    assert env.node()["metadata"]["annotations"] == {}  # restored
+
+
+def test_failed_run_after_unload_keeps_the_node_cordoned_and_marks_it(env: Env) -> None:
+    config = env.config()
+    layout = env.layout(config)
+    make_room(env, config)
+    protocol.failed(config, layout, InstallerError("the build broke"))
+    node = env.node()
+    assert node["spec"]["unschedulable"] is True
+    assert node["metadata"]["labels"][protocol.STATE_LABEL] == "upgrade-failed"
+    assert node["metadata"]["labels"][PLUGIN] == PAUSED
+    assert env.events()[-1][0] == "DriverUpgradeFailed"
+    protocol.finish(config, layout)  # the next run succeeds
+    assert "unschedulable" not in env.node()["spec"]
+
+
+KILLED_RUN = """
+import sys
+from installer.cluster import protocol
+from installer.config import build_config
+from installer.hostroot import HostRoot
+from installer.layout import Layout
+protocol.POLL_SECONDS = 0.05
+config = build_config(dict(a.split("=", 1) for a in sys.argv[1:]), {})
+layout = Layout.from_config(config, HostRoot(config.root))
+protocol.make_room(config, HostRoot(config.root), layout, "580.105.08", "580.126.20")
+"""
+
+
+@pytest.mark.parametrize("cordoned_before", [False, True])
+def test_kill_mid_way_then_rerun_restores_the_node_as_it_was(env: Env,
+                                                             cordoned_before: bool) -> None:
+    if cordoned_before:
+        env.cluster.nodes[NODE]["spec"]["unschedulable"] = True
+    env.cluster.add_pod("ml", "stuck", NODE, gpus=1, finalizers=["example.com/keep"])
+    config = env.config(NVIDIA_INSTALLER_EVICTION_TIMEOUT="60")
+    layout = env.layout(config)
+    args = [f"{k}={v}" for k, v in {
+        "NVIDIA_INSTALLER_UPGRADE_PROTOCOL": "true", "NODE_NAME": NODE,
+        "NVIDIA_INSTALLER_KUBECONFIG": str(env.kubeconfig), "ROOT_MOUNT_DIR": str(env.root),
+        "NVIDIA_INSTALL_DIR_CONTAINER": str(env.root / "no-container-mount"),
+        "NVIDIA_INSTALLER_EVICTION_TIMEOUT": "60"}.items()]
+    run = subprocess.Popen([sys.executable, "-c", KILLED_RUN, *args],
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and run.poll() is None:
+            if ("ml", "stuck") in env.cluster.pods and env.cluster.pods[("ml", "stuck")][
+                    "metadata"].get("deletionTimestamp"):
+                break
+            time.sleep(0.05)
+        assert run.poll() is None, "the first run ended on its own"
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+    killed = env.node()
+    assert killed["spec"]["unschedulable"] is True
+    assert killed["metadata"]["labels"][PLUGIN] == PAUSED
+    assert protocol.ANNOTATION in killed["metadata"]["annotations"]
+
+    env.cluster.remove_finalizers("ml", "stuck")  # the pod finally leaves
+    make_room(env, config)  # the restarted pod continues the upgrade
+    protocol.finish(config, layout)
+
+    after = env.node()
+    assert after["spec"].get("unschedulable", False) is cordoned_before
+    assert after["metadata"]["labels"] == {**LABELS, protocol.STATE_LABEL: "upgrade-done"}
+    assert after["metadata"]["annotations"] == {}

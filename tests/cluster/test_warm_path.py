@@ -1,0 +1,33 @@
+"""With the protocol off the installer never loads the kubernetes client (DESIGN: cluster/ is
+never imported on the warm path when the protocol is off)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_protocol_off_imports_no_cluster_code(tmp_path: Path) -> None:
+    """The warm path with the protocol off never loads the kubernetes client."""
+    code = f"""
+import json, sys
+from pathlib import Path
+sys.path[:0] = [{str(REPO / 'tests')!r}, {str(REPO / 'tests' / 'unit')!r}]
+from test_upgrade_hook import held_host
+from installer import app, steps
+from installer.errors import DriverInUse
+try:
+    steps.unload_old_step(held_host(Path({str(tmp_path)!r}))).apply()
+except DriverInUse:
+    pass
+loaded = [m for m in sys.modules if m.startswith(("kubernetes", "installer.cluster"))]
+print(json.dumps(sorted(loaded)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert json.loads(out.stdout) == []

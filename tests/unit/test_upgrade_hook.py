@@ -1,0 +1,96 @@
+"""Where the upgrade protocol (issue 13) meets the unload step: off, today's driver-in-use with
+no cluster code imported; on, room is made first and the holders are then gone."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from fakes import FakeRunner
+from hosttrees import add_process, make_host, module_line, write_driver_version, write_proc_modules
+
+from installer import steps
+from installer.config import build_config, from_env
+from installer.errors import ClusterApiUnavailable, ConfigError, DriverInUse
+from installer.layout import READY_FILE, Layout
+from installer.plan import Context, Target
+
+OLD, NEW = "550.127.05", "580.105.08"
+
+
+def held_host(tmp_path: Path, **env: str) -> Context:
+    from installer import host
+
+    root = make_host(tmp_path, gpus=[0x2330])
+    write_proc_modules(tmp_path, [module_line("nvidia_uvm"), module_line("nvidia")])
+    write_driver_version(tmp_path, OLD)
+    add_process(tmp_path, 4242, "nvidia-device-p", {3: "/dev/nvidia0"})
+    ready = root.local(READY_FILE)
+    ready.parent.mkdir(parents=True)
+    ready.write_text(f"DRIVER_VERSION={OLD}\n")
+    config = from_env({"ROOT_MOUNT_DIR": str(tmp_path), **env})
+    layout = Layout.from_config(config, root)
+    facts = host.gather(root, free_space_path=tmp_path)
+    target = Target(NEW, 580, "open", "5.15.0-105-generic", "runfile", [], None, True,
+                    ("0000:00:04.0",))
+    return Context(config, root, layout, FakeRunner().on("rmmod"), facts, target,
+                   lambda *a: Path())
+
+
+def test_protocol_off_keeps_driver_in_use(tmp_path: Path) -> None:
+    ctx = held_host(tmp_path)
+    with pytest.raises(DriverInUse, match=r"pid 4242 \(nvidia-device-p\) holds /dev/nvidia0"):
+        steps.unload_old_step(ctx).apply()
+    assert ctx.root.local(READY_FILE).exists()
+
+
+def test_protocol_on_makes_room_then_unloads(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from installer.cluster import protocol
+
+    ctx = held_host(tmp_path, NVIDIA_INSTALLER_UPGRADE_PROTOCOL="true", NODE_NAME="gpu-1")
+    calls = []
+
+    def make_room(config: object, root: object, layout: object, old: str, new: str) -> None:
+        calls.append((old, new, ctx.root.local(READY_FILE).exists()))
+        shutil.rmtree(tmp_path / "proc" / "4242")  # the paused plugin went away
+
+    monkeypatch.setattr(protocol, "make_room", make_room)
+    steps.unload_old_step(ctx).apply()
+    assert calls == [(OLD, NEW, True)]  # readiness kept until the holders are gone
+    assert not ctx.root.local(READY_FILE).exists()
+    assert [list(c.argv) for c in ctx.runner.calls] == [["rmmod", "nvidia_uvm"],
+                                                         ["rmmod", "nvidia"]]
+
+
+def test_protocol_needs_the_node_name() -> None:
+    with pytest.raises(ConfigError, match="needs NODE_NAME"):
+        build_config({"NVIDIA_INSTALLER_UPGRADE_PROTOCOL": "true"}, {})
+    with pytest.raises(ConfigError, match="not a Kubernetes node name"):
+        build_config({"NODE_NAME": "Bad_Name"}, {})
+    with pytest.raises(ConfigError, match="not a component name"):
+        build_config({"NVIDIA_INSTALLER_PAUSE_COMPONENTS": "device-plugin,Bad/x"}, {})
+    config = build_config({"NVIDIA_INSTALLER_PAUSE_COMPONENTS": "device-plugin, dcgm",
+                           "NODE_NAME": "ip-10-0-0-1.ec2.internal"}, {"upgrade_protocol": True})
+    assert config.pause_components == ("device-plugin", "dcgm")
+    assert config.upgrade_protocol and config.node_name == "ip-10-0-0-1.ec2.internal"
+
+
+
+def test_api_unreachable_leaves_the_old_driver_loaded_and_ready(tmp_path: Path) -> None:
+    pytest.importorskip("kubernetes", reason="pip install kubernetes")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        '{"apiVersion": "v1", "kind": "Config", "current-context": "c",'
+        ' "clusters": [{"name": "k", "cluster": {"server": "http://127.0.0.1:9"}}],'
+        ' "users": [{"name": "u", "user": {"token": "t"}}],'
+        ' "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}')
+    ctx = held_host(tmp_path, NVIDIA_INSTALLER_UPGRADE_PROTOCOL="true", NODE_NAME="gpu-1",
+                    NVIDIA_INSTALLER_KUBECONFIG=str(kubeconfig))
+    with pytest.raises(ClusterApiUnavailable) as caught:
+        steps.unload_old_step(ctx).apply()
+    assert caught.value.exit_code == 70
+    assert "could not read node gpu-1" in caught.value.message
+    assert ctx.runner.calls == []  # no rmmod
+    assert ctx.root.local(READY_FILE).exists()

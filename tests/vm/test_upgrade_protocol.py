@@ -1,0 +1,164 @@
+"""The upgrade protocol in a booted kernel (issue 13): driver A is loaded and held by a process
+standing for NVIDIA's device plugin (it keeps /dev/nvidia0 and /dev/nvidiactl open, as NVML's
+health checker does); a version bump to B with the protocol on cordons the node, pauses the
+plugin by label (the stand-in API server plays the DaemonSet controller and kubelet: the plugin's
+process is stopped once its label says paused), evicts the GPU pod, unloads A, installs and
+verifies B, restores the labels and uncordons: no manual step. Runs with the same version make
+no API write. One boot.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import kit
+import pytest
+
+from vm.guest_kernel import GuestKernel
+from vm.harness import FakeGpu, VmResult, boot_and_run
+
+pytestmark = pytest.mark.vm
+
+pytest.importorskip("kubernetes", reason="pip install kubernetes")
+
+REPO = Path(__file__).resolve().parents[2]
+A = "580.105.08"
+B = "580.126.20"
+GPUS = [FakeGpu("0000:00:04.0", "0x2330")]
+INSTALL = "/home/kubernetes/bin/nvidia"
+NODE = "gpu-node-1"
+PLUGIN_LABEL = "nvidia.com/gpu.deploy.device-plugin"
+
+SCENARIO = f"""
+ip link set lo up
+python3 -m http.server --bind 127.0.0.1 8000 --directory "$VM_FILES/www" >/dev/null 2>&1 &
+export PYTHONPATH={REPO}:{REPO}/tests
+py={sys.executable}
+wait_for() {{ for _ in $(seq 600); do eval "$1" && return 0; sleep 0.1; done; return 1; }}
+wait_for '$py -c "import socket; socket.create_connection((\\"127.0.0.1\\", 8000))" 2>/dev/null'
+export NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000 NVIDIA_INSTALL_DIR_HOST={INSTALL}
+export NVIDIA_INSTALLER_UPGRADE_PROTOCOL=true NODE_NAME={NODE}
+export NVIDIA_INSTALLER_KUBECONFIG=/tmp/kubeconfig
+installer() {{ $py -m installer "$@"; }}
+step() {{ echo "@@ $1"; rc=0; shift; "$@" 2>&1 || rc=$?; echo "exit=$rc"; }}
+cluster() {{ echo "@@ $1"; sleep 0.6; cat /tmp/cluster.json; echo; }}
+
+# The stand-in API server starts after the driver's first install (the plugin's pid goes
+# in its seed); until then the protocol has nothing to do and makes no call.
+export NVIDIA_DRIVER_VERSION={A}
+step install-a installer run
+echo "@@ driver-a"; cat /sys/module/nvidia/version || true; ls /dev/nvidia* || true
+
+# NVIDIA's device plugin: NVML open for its whole life; on SIGTERM it takes a few seconds to
+# shut down (so the installer is seen waiting for it). It writes its own pid ($! may name a
+# shell between us and it).
+$py -c '
+import os, signal, time
+open("/proc/self/comm", "w").write("nvidia-device-p")
+signal.signal(signal.SIGTERM, lambda *_: (time.sleep(8), os._exit(0)))
+held = [open("/dev/nvidiactl", "rb"), open("/dev/nvidia0", "rb")]
+open("/tmp/plugin.pid.tmp", "w").write(str(os.getpid()))
+os.rename("/tmp/plugin.pid.tmp", "/tmp/plugin.pid")
+while True:
+    time.sleep(1)
+' >/tmp/plugin.log 2>&1 &
+wait_for "test -s /tmp/plugin.pid" || {{ echo "the plugin did not start"; ls -l /dev/nvidia*;
+  cat /tmp/plugin.log; exit 1; }}
+plugin=$(cat /tmp/plugin.pid)
+cat > /tmp/seed.json <<SEED
+{{"node": {{"name": "{NODE}", "labels": {{"{PLUGIN_LABEL}": "true",
+  "cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}}}},
+ "pods": [{{"namespace": "ml", "name": "train-0", "gpus": 1}},
+          {{"namespace": "kube-system", "name": "nvidia-device-plugin-x1", "gpus": 0}}],
+ "kill_on_pause": {{"device-plugin": $plugin}}}}
+SEED
+$py -m cluster.apiserver --seed /tmp/seed.json --port-file /tmp/api-url \\
+  --dump /tmp/cluster.json --role {REPO}/daemonset/base/rbac.yaml &
+wait_for "test -s /tmp/cluster.json" || {{ echo "the stand-in API server did not start"; exit 1; }}
+$py -c 'import sys; from cluster.apiserver import write_kubeconfig; from pathlib import Path
+write_kubeconfig(Path("/tmp/kubeconfig"), open("/tmp/api-url").read(), "stand-in-token")'
+
+step rerun-a installer run
+cluster after-rerun-a
+echo "@@ plugin-before"; ls -l /proc/$plugin/fd | grep -o '/dev/nvidia[a-z0-9]*' | sort || true
+
+step upgrade-b env NVIDIA_DRIVER_VERSION={B} $py -m installer run
+cluster after-upgrade
+echo "@@ plugin-after"
+grep -qs 'State:.*[RSD]' /proc/$plugin/status && echo "plugin alive" || echo "plugin gone"
+echo "@@ driver-after"
+cat /sys/module/nvidia/version
+cat /run/nvidia/validations/driver-ready 2>/dev/null || echo "not ready"
+
+step rerun-b env NVIDIA_DRIVER_VERSION={B} $py -m installer run
+cluster after-rerun-b
+"""
+
+
+@pytest.fixture(scope="module")
+def boot(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VmResult]:
+    www = tmp_path_factory.mktemp("www")
+    for version in (A, B):
+        kit.build_runfile(version, www / version)
+    yield boot_and_run(SCENARIO, gpus=GPUS, files={"www": www}, timeout=2400)
+
+
+def exit_of(section: str) -> int:
+    match = re.search(r"^exit=(\d+)$", section, re.MULTILINE)
+    assert match, section
+    return int(match.group(1))
+
+
+def cluster_state(boot: VmResult, name: str) -> dict:
+    section = boot.section(name)
+    return json.loads(section[section.index("{"): section.rindex("}") + 1])
+
+
+def test_same_version_runs_make_no_api_write(boot: VmResult) -> None:
+    assert exit_of(boot.section("install-a")) == 0, boot.console[-4000:]
+    rerun = boot.section("rerun-a")
+    assert exit_of(rerun) == 0, rerun
+    assert "every step was already satisfied" in rerun
+    assert cluster_state(boot, "after-rerun-a")["writes"] == []
+    assert exit_of(boot.section("rerun-b")) == 0
+    before, after = (cluster_state(boot, n)["writes"] for n in ("after-upgrade",
+                                                                 "after-rerun-b"))
+    assert before and after == before
+
+
+def test_held_upgrade_completes_with_no_manual_step(boot: VmResult) -> None:
+    assert boot.section("plugin-before").split() == ["/dev/nvidia0", "/dev/nvidiactl"]
+    upgrade = boot.section("upgrade-b")
+    assert exit_of(upgrade) == 0, upgrade
+    assert re.search(rf"upgrade {A} -> {B}: node {NODE} cordoned it", upgrade), upgrade
+    assert "evicted GPU pod ml/train-0" in upgrade
+    assert re.search(r"waiting for processes to close /dev/nvidia\*: pid \d+ \(nvidia-device-p\)"
+                     r" holds /dev/nvidia", upgrade), upgrade
+    assert "unloaded nvidia" in upgrade
+    assert f"upgrade {A} -> {B} done: node {NODE} uncordoned, labels restored" in upgrade
+    assert boot.section("plugin-after").strip() == "plugin gone"
+    driver = boot.section("driver-after")
+    assert driver.splitlines()[0] == B
+    assert f"DRIVER_VERSION={B}" in driver
+
+
+def test_node_ends_uncordoned_with_labels_restored_and_every_phase_visible(
+        boot: VmResult) -> None:
+    state = cluster_state(boot, "after-upgrade")
+    node = state["node"]
+    assert "unschedulable" not in node["spec"]
+    assert node["metadata"]["labels"][PLUGIN_LABEL] == "true"
+    assert node["metadata"]["labels"]["nvidia-driver-installer/upgrade-state"] == "upgrade-done"
+    assert "nvidia-driver-installer/upgrade" not in node["metadata"]["annotations"]
+    reasons = [e["reason"] for e in state["events"]]
+    assert reasons == ["DriverUpgradeStarted", "GpuPodEvicted", "WaitingForDriverHolders",
+                       "DriverUnloading", "DriverUpgradeDone"], state["events"]
+    waiting = next(e for e in state["events"] if e["reason"] == "WaitingForDriverHolders")
+    assert re.search(r"PIDs \d+ hold the driver", waiting["message"])
+    # The device plugin's pod (no GPU request) is left to its DaemonSet; only GPU pods evicted.
+    assert [w for w in state["writes"] if "eviction" in w] == [
+        "POST /api/v1/namespaces/ml/pods/train-0/eviction"]
