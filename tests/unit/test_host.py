@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -464,15 +463,14 @@ def test_gather_kernel_override_and_no_nouveau(tmp_path: Path) -> None:
     assert facts.loaded_driver is None
 
 
-def test_gather_is_cheap(tmp_path: Path) -> None:
+def test_gather_on_a_big_server_finds_only_the_nvidia_gpus(tmp_path: Path) -> None:
+    # Speed is a benchmark's business (bench/), never a timed assertion here.
     root = make_host(tmp_path, gpus=[H100] * 8, modules=[module_line(f"m{i}") for i in range(150)])
     for index in range(60):  # the other PCI functions of a big server
         add_pci_device(tmp_path, f"0000:{index:02x}:1f.0", vendor=0x8086, device=0x1234)
-    host.gather(root, free_space_path=tmp_path)
-    start = time.perf_counter()
-    for _ in range(10):
-        host.gather(root, free_space_path=tmp_path)
-    assert (time.perf_counter() - start) / 10 < 0.05
+    facts = host.gather(root, free_space_path=tmp_path)
+    assert len(facts.gpus) == 8
+    assert all(g.pci_id.endswith("2330") for g in facts.gpus)
 
 
 def test_host_root_helper_creates_the_root(tmp_path: Path) -> None:
