@@ -223,9 +223,10 @@ def install_userspace_argv(
 def runfile_steps(ctx: Context) -> list[Step]:
     from installer.sources import prebuilt  # issue 14: modules from a registry, when set
 
-    # Headers and compiler first: a node that cannot build fails before the large download.
-    return [headers_step(ctx), compiler_step(ctx), fetch_step(ctx), extract_step(ctx),
-            *prebuilt.pull_steps(ctx), build_step(ctx), *prebuilt.publish_steps(ctx),
+    # Prebuilt modules first (they make headers and a compiler unnecessary), then headers and
+    # compiler: a node that cannot build fails before the large download.
+    return [*prebuilt.pull_steps(ctx), headers_step(ctx), compiler_step(ctx), fetch_step(ctx),
+            extract_step(ctx), build_step(ctx), *prebuilt.publish_steps(ctx),
             userspace_step(ctx)]
 
 
