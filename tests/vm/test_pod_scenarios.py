@@ -34,7 +34,13 @@ from pod.spec import Image
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
 
-pytestmark = pytest.mark.vm
+# Opt-in until the scenario has passed end to end on an idle machine (issue 11): the image
+# build and three in-guest compiles under TCG take far longer than CI's budget allows today.
+pytestmark = [
+    pytest.mark.vm,
+    pytest.mark.skipif(not os.environ.get("INSTALLER_POD_SCENARIOS"),
+                       reason="set INSTALLER_POD_SCENARIOS=1 to build the image and run the pod"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 A = "580.105.08"  # our DaemonSet's pin
