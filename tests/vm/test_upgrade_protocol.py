@@ -52,6 +52,7 @@ cluster() {{ echo "@@ $1"; sleep 0.6; cat /tmp/cluster.json; echo; }}
 export NVIDIA_DRIVER_VERSION={A}
 step install-a installer run
 echo "@@ driver-a"; cat /sys/module/nvidia/version || true; ls /dev/nvidia* || true
+test -e /dev/nvidia0 || {{ echo "driver A is not loaded: nothing to upgrade"; exit 1; }}
 
 # NVIDIA's device plugin: NVML open for its whole life; on SIGTERM it takes a few seconds to
 # shut down (so the installer is seen waiting for it). It writes its own pid ($! may name a
