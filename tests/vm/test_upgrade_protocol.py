@@ -18,6 +18,7 @@ from pathlib import Path
 import kit
 import pytest
 
+from installer.layout import READY_FILE
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
 
@@ -93,7 +94,7 @@ echo "@@ plugin-after"
 grep -qs 'State:.*[RSD]' /proc/$plugin/status && echo "plugin alive" || echo "plugin gone"
 echo "@@ driver-after"
 cat /sys/module/nvidia/version
-cat /run/nvidia/validations/driver-ready 2>/dev/null || echo "not ready"
+cat {READY_FILE} 2>/dev/null || echo "not ready"
 
 step rerun-b env NVIDIA_DRIVER_VERSION={B} $py -m installer run
 cluster after-rerun-b
