@@ -234,7 +234,7 @@ def _evict_gpu_pods(api: NodeClient, uid: str, config: Config) -> None:
         pods = [p for p in api.pods_on_node() if requests_gpu(p)
                 and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
         if not pods:
-            log.info("no pod on node %s requests nvidia.com/gpu", api.node)
+            log.info("no pod requesting nvidia.com/gpu is left on node %s", api.node)
             return
         now_blocked: set[tuple[str, str]] = set()
         for pod in pods:

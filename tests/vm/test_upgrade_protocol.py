@@ -18,6 +18,7 @@ from pathlib import Path
 import kit
 import pytest
 
+from installer.layout import READY_FILE
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
 
@@ -52,6 +53,7 @@ cluster() {{ echo "@@ $1"; sleep 0.6; cat /tmp/cluster.json; echo; }}
 export NVIDIA_DRIVER_VERSION={A}
 step install-a installer run
 echo "@@ driver-a"; cat /sys/module/nvidia/version || true; ls /dev/nvidia* || true
+test -e /dev/nvidia0 || {{ echo "driver A is not loaded: nothing to upgrade"; exit 1; }}
 
 # NVIDIA's device plugin: NVML open for its whole life; on SIGTERM it takes a few seconds to
 # shut down (so the installer is seen waiting for it). It writes its own pid ($! may name a
@@ -92,7 +94,7 @@ echo "@@ plugin-after"
 grep -qs 'State:.*[RSD]' /proc/$plugin/status && echo "plugin alive" || echo "plugin gone"
 echo "@@ driver-after"
 cat /sys/module/nvidia/version
-cat /run/nvidia/validations/driver-ready 2>/dev/null || echo "not ready"
+cat {READY_FILE} 2>/dev/null || echo "not ready"
 
 step rerun-b env NVIDIA_DRIVER_VERSION={B} $py -m installer run
 cluster after-rerun-b
