@@ -100,12 +100,16 @@ SAMPLE_NODE_NAME = "gke-gpu-pool-1a2b"
 
 def container_env(container: dict[str, Any]) -> dict[str, str]:
     """The literal env of a container; valueFrom cannot be checked offline, so it is refused
-    (except the node's name from the downward API, replaced by a sample name)."""
+    (except the node's name from the downward API and Secret values, replaced by samples)."""
     env: dict[str, str] = {}
     for item in container.get("env", []):
         field = item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
         if field == "spec.nodeName":
             env[item["name"]] = SAMPLE_NODE_NAME
+            continue
+        secret = item.get("valueFrom", {}).get("secretKeyRef")
+        if secret is not None:  # a Secret's value: any text the setting accepts
+            env[item["name"]] = f"sample-{secret['key']}"
             continue
         assert "value" in item or "valueFrom" not in item, f"{item['name']} uses valueFrom"
         env[item["name"]] = str(item.get("value", ""))

@@ -91,6 +91,7 @@ def test_device_plugin_leaves_a_node_paused_for_driver_upgrade(labels: dict[str,
     (plugin,) = load_all(DAEMONSET_DIR / "extras" / "device-plugin.yaml")
     (term,) = pod_spec(plugin)["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    node = {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb", **labels}
+    node = {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb",
+            "kubernetes.io/arch": "amd64", **labels}
     assert _selected(term, node) is runs
     assert "device-plugin" in from_env({}).pause_components

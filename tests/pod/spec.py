@@ -16,6 +16,8 @@ SELinux labels, which the runtime passes only when SELinux is enabled on the nod
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,7 +75,13 @@ def env_of(container: dict[str, Any], image: Image) -> list[str]:
         merged[name] = value
     for item in container.get("env", []):
         if "value" not in item and "valueFrom" in item:
-            raise PodSpecError(f"env {item['name']}: valueFrom needs an API server")
+            # The kubelet fills the downward API's spec.nodeName itself; anything else
+            # (secrets, config maps) needs an API server.
+            field = item["valueFrom"].get("fieldRef", {}).get("fieldPath")
+            if field != "spec.nodeName":
+                raise PodSpecError(f"env {item['name']}: valueFrom needs an API server")
+            merged[item["name"]] = os.uname().nodename
+            continue
         merged[item["name"]] = str(item.get("value", ""))
     return [f"{k}={v}" for k, v in merged.items()]
 
