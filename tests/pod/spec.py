@@ -17,7 +17,6 @@ SELinux labels, which the runtime passes only when SELinux is enabled on the nod
 from __future__ import annotations
 
 import os
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
