@@ -106,7 +106,9 @@ def test_a_reset_resumes_at_the_exact_byte_received(
     server: FaultServer, tmp_path: Path, cut: int
 ) -> None:
     data = os.urandom(4 << 20)
-    server.add(PATH, data, reset_after=cut)
+    # The pause lets the client read what was sent before the reset: a TCP reset makes the
+    # kernel drop bytes the process has not read yet, which no client can keep.
+    server.add(PATH, data, reset_after=cut, stall_after=cut, stall=1.0, stall_times=1)
 
     got = fetch_file([server.url(PATH)], tmp_path, NAME, sha256=sha(data), settings=FAST)
 
