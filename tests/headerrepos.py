@@ -42,7 +42,14 @@ def make_key(dest: Path) -> Key:
     keyring.write_bytes(subprocess.run(["gpg", "--homedir", str(home), "--export"],
                                        capture_output=True, check=True).stdout)
     run("gpg", "--homedir", str(home), "--armor", "--export", "--output", str(dest / "key.asc"))
+    stop_agent(home)
     return Key(home, keyring)
+
+
+def stop_agent(home: Path) -> None:
+    """gpg starts an agent per home dir for secret-key work; leave none running."""
+    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=False,
+                   capture_output=True)
 
 
 def _link_copy(src: Path, dest: Path) -> None:
@@ -99,6 +106,7 @@ def publish_apt(www: Path, suite: str, debs: list[Path], key: Key, arch: str = "
     gpg = ("gpg", "--homedir", str(key.home), "--batch", "--yes")
     run(*gpg, "--clearsign", "--output", str(dist / "InRelease"), str(release))
     run(*gpg, "--detach-sign", "--armor", "--output", str(dist / "Release.gpg"), str(release))
+    stop_agent(key.home)
 
 
 def build_deb(tree: Path, out: Path, control: dict[str, str]) -> Path:
@@ -233,6 +241,7 @@ cp -a {dest} %{{buildroot}}/usr/src/kernels/
     rpm = next((top / "RPMS").rglob("*.rpm"))
     run("rpmsign", "--addsign", f"--define=_gpg_path {key.home}", "--define=__gpg /usr/bin/gpg",
         f"--define=_gpg_name {KEY_NAME}", str(rpm))
+    stop_agent(key.home)
     return rpm
 
 

@@ -81,7 +81,7 @@ def boot(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> It
     script = SCENARIO.format(kbuild=trees[2], repo=REPO, install=INSTALL, version=VERSION,
                              python=sys.executable)
     yield boot_and_run(script, gpus=[FakeGpu("0000:00:04.0", "0x2330")],
-                       files={"www": www, "keyring": key.keyring}, timeout=1500)
+                       files={"www": www, "keyring": key.keyring}, timeout=2400)
 
 
 def exit_of(section: str) -> int:
