@@ -220,6 +220,10 @@ def makecache_argv(base: list[str]) -> list[str]:
     return [*base, "makecache"]
 
 
+def module_enable_argv(base: list[str], stream: str) -> list[str]:
+    return [*base, "--setopt=module_stream_switch=True", "module", "enable", f"{MODULE}:{stream}"]
+
+
 def undo_argv(base: list[str], transaction: int) -> list[str]:
     return [*base, "history", "undo", str(transaction)]
 
