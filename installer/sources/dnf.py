@@ -396,6 +396,7 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
     def apply() -> None:
         base = _base(ctx)
         before = cmd.installed_versions(root, runner, [dt.kmod])
+        old_stream = cmd.module_state(root).stream
         try:
             runner.run(cmd.makecache_argv(base), stream=True, timeout=1800)
         except CommandFailed as exc:
@@ -432,7 +433,7 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
                 )
         except InstallerError:
             if done > first:
-                _undo(ctx, done, before.get(dt.kmod))
+                _undo(ctx, done, before.get(dt.kmod), old_stream)
             raise
         log.info("dnf: the host has %s %s (%s)", ", ".join(dt.userspace), choice.version,
                  choice.kmod)
@@ -497,10 +498,15 @@ def _ensure_dkms(ctx: Context, version: str) -> None:
         ) from exc
 
 
-def _undo(ctx: Context, transaction: int, old_kmod_version: str | None) -> None:
+def _undo(
+    ctx: Context, transaction: int, old_kmod_version: str | None, old_stream: str | None
+) -> None:
     """Undo this run's transaction; the old -dkms build is rebuilt for the target kernel
-    (the new package's %preun removed it from DKMS)."""
+    (the new package's %preun removed it from DKMS). The old stream is enabled first: while
+    the new one is, modular filtering hides the old packages from the undo."""
     log.warning("undoing dnf transaction %d", transaction)
+    if old_stream and old_stream != cmd.module_state(ctx.root).stream:
+        ctx.runner.run(cmd.module_enable_argv(_base(ctx), old_stream), check=False, timeout=600)
     try:
         ctx.runner.run(cmd.undo_argv(_base(ctx), transaction), stream=True, timeout=3600)
     except CommandFailed as exc:

@@ -141,7 +141,14 @@ def dnf_base(root: HostRoot, distro: Distro, cache_dir: Path) -> list[str]:
     dnf takes a cachedir given on the command line as a path of this process (not under the
     installroot), so `cache_dir` is the install dir cache as reached here.
     """
-    common = ["--setopt=install_weak_deps=False", "--setopt=skip_if_unavailable=False", "-y"]
+    # The `local` plugin (enabled by default where dnf-plugins-core ships it, e.g. Debian's)
+    # would copy every package into its own repo and check that repo's GPG signatures.
+    common = [
+        "--setopt=install_weak_deps=False",
+        "--setopt=skip_if_unavailable=False",
+        "--disableplugin=local",
+        "-y",
+    ]
     if root.is_bare:
         return ["dnf", *common]
     argv = [
@@ -211,6 +218,10 @@ def install_argv(
 
 def makecache_argv(base: list[str]) -> list[str]:
     return [*base, "makecache"]
+
+
+def module_enable_argv(base: list[str], stream: str) -> list[str]:
+    return [*base, "--setopt=module_stream_switch=True", "module", "enable", f"{MODULE}:{stream}"]
 
 
 def undo_argv(base: list[str], transaction: int) -> list[str]:

@@ -90,6 +90,7 @@ def test_dnf_base_acts_on_the_host_root(tmp_path: Path) -> None:
         "--setopt=module_platform_id=platform:el9",
         "--setopt=install_weak_deps=False",
         "--setopt=skip_if_unavailable=False",
+        "--disableplugin=local",
         "-y",
     ]
     assert "--setopt=module_platform_id=platform:el10" not in cmd.dnf_base(root, EL10, CACHE)
@@ -100,6 +101,7 @@ def test_dnf_base_is_plain_dnf_on_a_bare_host() -> None:
         "dnf",
         "--setopt=install_weak_deps=False",
         "--setopt=skip_if_unavailable=False",
+        "--disableplugin=local",
         "-y",
     ]
 

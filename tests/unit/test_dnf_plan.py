@@ -265,6 +265,7 @@ def test_transaction_runs_the_exact_argv_and_maps_a_conflict(tmp_path: Path) -> 
             "--setopt=module_platform_id=platform:el9",
             "--setopt=install_weak_deps=False",
             "--setopt=skip_if_unavailable=False",
+            "--disableplugin=local",
             "-y",
             "install",
             "--allowerasing",
