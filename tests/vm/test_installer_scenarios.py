@@ -253,7 +253,7 @@ def test_upgrade_stages_everything_then_unloads_and_loads_back_to_back(boots: Bo
     first_unload = next(i for i, m in enumerate(messages) if m.startswith("unloaded "))
     loaded = messages.index("loaded nvidia-modeset")
     staged = [m for m in messages[:first_unload]
-              if m.startswith(("installed modules into", "step install-firmware"))]
+              if m.startswith(("installed modules into", "installed GSP firmware into"))]
     assert len(staged) == 2, messages
     between = [m for m in messages[first_unload:loaded] if m.startswith("step ")]
     quick = ("step unload-old-driver", "step activate-install", "step configure-ld-cache",
