@@ -258,6 +258,8 @@ def driver_free_step(ctx: Context) -> Step:
     def satisfied() -> bool:
         if unload_old_step(ctx).is_satisfied():
             return True  # nothing will be unloaded
+        if ctx.config.upgrade_protocol:
+            return True  # the protocol frees the driver right before the unload (issue 13)
         busy = [name for name, count in modules.loaded_modules(ctx.root).items()
                 if name in modules.UNLOAD_ORDER and count > 0]
         return not busy and not _holders(ctx)

@@ -94,3 +94,13 @@ def test_api_unreachable_leaves_the_old_driver_loaded_and_ready(tmp_path: Path) 
     assert "could not read node gpu-1" in caught.value.message
     assert ctx.runner.calls == []  # no rmmod
     assert ctx.root.local(READY_FILE).exists()
+
+def test_check_before_staging_refuses_a_held_driver_only_with_the_protocol_off(
+        tmp_path: Path) -> None:
+    off = held_host(tmp_path / "off")
+    assert not steps.driver_free_step(off).is_satisfied()
+    with pytest.raises(DriverInUse, match="pid 4242"):
+        steps.driver_free_step(off).apply()
+    # On, the protocol frees the driver right before the unload: staging must go ahead.
+    on = held_host(tmp_path / "on", NVIDIA_INSTALLER_UPGRADE_PROTOCOL="true", NODE_NAME="gpu-1")
+    assert steps.driver_free_step(on).is_satisfied()
