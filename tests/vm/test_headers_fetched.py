@@ -57,7 +57,7 @@ cat /sys/module/nvidia/version
 modinfo -F vermagic {install}/drivers/nvidia.ko
 echo "@@ cache"
 cat {install}/cache/headers/$(uname -r)/.complete
-ls {install}/cache/headers/$(uname -r)/root/usr/src
+ls -1 {install}/cache/headers/$(uname -r)/root/usr/src
 echo "@@ host-package-state"
 find /var/lib/dpkg /var/lib/apt /var/cache/apt -newer /tmp/before-run 2>/dev/null | head -5
 echo "end"
