@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from installer.delivery.transport import innermost_reason
 from installer.errors import ArtifactInvalid, RegistryAuthFailed, RegistryUnavailable
 
 if TYPE_CHECKING:
@@ -146,25 +147,12 @@ def _call(settings: RegistrySettings, what: str, fn: Any) -> Any:
     except (RegistryUnavailable, ArtifactInvalid):
         raise
     except requests.exceptions.RequestException as exc:
-        raise RegistryUnavailable(f"{what}: {_reason(exc)}") from None
+        raise RegistryUnavailable(f"{what}: {innermost_reason(exc)}") from None
     except Exception as exc:  # oras raises ValueError/AuthenticationException for auth
         text = str(exc) or type(exc).__name__
         if "authenticat" in text.lower() or "401" in text:
             raise RegistryAuthFailed(f"{what}: the registry asks for credentials: {text}") from None
         raise RegistryUnavailable(f"{what}: {text}") from None
-
-
-def _reason(exc: BaseException) -> str:
-    inner: BaseException = exc
-    for _ in range(5):
-        nxt = getattr(inner, "reason", None)
-        if not isinstance(nxt, BaseException):
-            args = getattr(inner, "args", ())
-            nxt = args[0] if args and isinstance(args[0], BaseException) else None
-        if nxt is None:
-            break
-        inner = nxt
-    return str(inner) or type(inner).__name__
 
 
 def _check(resp: requests.Response, what: str) -> None:

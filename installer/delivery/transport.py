@@ -153,6 +153,11 @@ def _never_connected(exc: BaseException) -> bool:
 
 def reason_of(exc: BaseException, url: str) -> str:
     """The innermost useful reason of a requests/urllib3 exception, without credentials."""
+    return scrub(innermost_reason(exc), url)
+
+
+def innermost_reason(exc: BaseException) -> str:
+    """The innermost useful reason of a requests/urllib3 exception, as the library wrote it."""
     inner: BaseException = exc
     for _ in range(5):
         nxt = getattr(inner, "reason", None)
@@ -162,8 +167,7 @@ def reason_of(exc: BaseException, url: str) -> str:
         if nxt is None:
             break
         inner = nxt
-    text = str(inner) or type(inner).__name__
-    return scrub(text, url)
+    return str(inner) or type(inner).__name__
 
 
 def parse_retry_after(value: str | None) -> float | None:
