@@ -220,29 +220,43 @@ def raise_for_status(resp: requests.Response, url: str) -> None:
 def body_readinto(resp: requests.Response) -> Callable[[memoryview], int]:
     """The cheapest way to pull the body into our buffer, one socket read per call.
 
-    For a plain (not chunked) body this reads from http.client's socket file with `readinto1`:
-    straight from the socket into our buffer, no urllib3 copies, and a broken connection loses
-    nothing already received (a full-buffer `readinto` would drop its partial fill). We asked
-    for identity encoding, so no decoding is skipped.
+    For a plain (not chunked) body this reads straight from the socket into our buffer (no
+    urllib3 copies), after taking what http.client's buffered reader read ahead with the
+    headers. The reader itself is not used past that: its `readinto1` copies its buffered
+    bytes and then reads the socket in the same call, and when that read fails the call
+    raises and the copied bytes are lost, so a part would end short of what was received.
+    We asked for identity encoding, so no decoding is skipped.
     """
     raw = resp.raw
     fp = getattr(raw, "_fp", None)
     sock_file = getattr(fp, "fp", None)
+    sock_io = getattr(sock_file, "raw", None)
     if (
         fp is not None
         and getattr(fp, "chunked", True) is False
-        and callable(getattr(sock_file, "readinto1", None))
+        and callable(getattr(sock_file, "peek", None))
+        and callable(getattr(sock_io, "readinto", None))
     ):
         length = getattr(fp, "length", None)
         left = [length if isinstance(length, int) else -1]
-        readinto1 = cast("Any", sock_file).readinto1
+        buffered = cast("Any", sock_file)
+        socket_readinto = cast("Any", sock_io).readinto
+        read_ahead = [True]
 
         def readinto(view: memoryview) -> int:
             if left[0] == 0:
                 return 0
             if 0 < left[0] < len(view):
                 view = view[: left[0]]
-            n = int(readinto1(view))
+            if read_ahead[0]:
+                # peek returns the read-ahead, or reads the socket once when there is none;
+                # readinto1 of exactly that many bytes copies them without touching the socket.
+                pending = len(buffered.peek(0))
+                if pending <= len(view):
+                    read_ahead[0] = False
+                n = int(buffered.readinto1(view[: min(pending, len(view))])) if pending else 0
+            else:
+                n = int(socket_readinto(view) or 0)
             if left[0] > 0:
                 left[0] -= n
             return n
