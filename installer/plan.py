@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from installer.config import Config
 from installer.host import HostFacts
@@ -58,6 +59,9 @@ class Context:
     target: Target
     fetch_runfile: Callable[[list[str], Path, str], Path]
     runfile: Path | None = None
+    # Answers worth asking once per run and shared by the plan's decisions and its steps
+    # (the registry lookup), keyed by who asks.
+    memo: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -253,22 +253,34 @@ def _same_file(source: Path, dest: Path) -> bool:
 
 def driver_free_step(ctx: Context) -> Step:
     """Refuse an upgrade while the loaded driver is held, before anything is staged on the
-    host (the unload right before the load checks again)."""
+    host (the unload right before the load checks again). With the upgrade protocol on, the
+    protocol frees the driver right before the unload (issue 13); here it only checks that the
+    API server answers, so a held upgrade that cannot reach it changes nothing on the host."""
+
+    def held() -> bool:
+        busy = [name for name, count in modules.loaded_modules(ctx.root).items()
+                if name in modules.UNLOAD_ORDER and count > 0]
+        return bool(busy or _holders(ctx))
 
     def satisfied() -> bool:
         if unload_old_step(ctx).is_satisfied():
             return True  # nothing will be unloaded
-        if ctx.config.upgrade_protocol:
-            return True  # the protocol frees the driver right before the unload (issue 13)
-        busy = [name for name, count in modules.loaded_modules(ctx.root).items()
-                if name in modules.UNLOAD_ORDER and count > 0]
-        return not busy and not _holders(ctx)
+        if ctx.config.upgrade_protocol and ctx.memo.get("cluster-api-answers"):
+            return True
+        return not held()
 
     def apply() -> None:
-        raise modules.in_use_error(_holders(ctx), modules.loaded_modules(ctx.root))
+        if not ctx.config.upgrade_protocol:
+            raise modules.in_use_error(_holders(ctx), modules.loaded_modules(ctx.root))
+        from installer.cluster import protocol
 
-    return Step("check-driver-free", "refuse before staging when the loaded driver is in use",
-                satisfied, apply)
+        protocol.preflight(ctx.config)
+        ctx.memo["cluster-api-answers"] = True
+        log.info("the loaded driver is held: the upgrade protocol frees it right before the "
+                 "unload")
+
+    return Step("check-driver-free", "refuse before staging when the loaded driver is in use "
+                "(with the upgrade protocol: check the API server answers)", satisfied, apply)
 
 
 def _holders(ctx: Context) -> list[str]:

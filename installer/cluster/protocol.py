@@ -51,6 +51,13 @@ def hint_path(layout: Layout) -> Path:
     return layout.install_local / HINT_NAME
 
 
+def preflight(config: Config, client: ClientFactory = _client) -> None:
+    """Read the node: the API server answers with our credentials. Run before anything is
+    staged on the host, so an unreachable API fails a held upgrade with the host unchanged.
+    Raises ClusterApi* errors and NodeNotFound."""
+    client(config).get_node()
+
+
 def make_room(config: Config, root: HostRoot, layout: Layout, old: str, new: str,
               client: ClientFactory = _client) -> None:
     """Free the loaded driver for an upgrade: cordon (remembering whether it was cordoned),

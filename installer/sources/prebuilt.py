@@ -95,13 +95,11 @@ class _Lookup:
         return self.artifact
 
 
-_LOOKUPS: dict[int, _Lookup] = {}
-
-
 def _lookup(ctx: Context) -> _Lookup:
-    found = _LOOKUPS.get(id(ctx))
-    if found is None or found.ctx is not ctx:
-        found = _LOOKUPS[id(ctx)] = _Lookup(ctx)
+    found = ctx.memo.get("prebuilt-lookup")
+    if found is None:
+        found = ctx.memo["prebuilt-lookup"] = _Lookup(ctx)
+    assert isinstance(found, _Lookup)
     return found
 
 

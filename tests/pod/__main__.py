@@ -36,8 +36,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--state", type=Path, required=True)
     parser.add_argument("--runtime", default="runc")
     parser.add_argument("--timeout", type=float, default=1200)
+    parser.add_argument("--pci-tree", type=Path, help="the simulated GPUs' PCI tree (pod/run.py)")
     args = parser.parse_args(argv)
-    pod = Pod(pod_spec(args.manifest), dict(args.image), args.state, args.runtime)
+    pod = Pod(pod_spec(args.manifest), dict(args.image), args.state, args.runtime, args.pci_tree)
     if args.action == "run":
         report: Any = pod.run(args.timeout)
     elif args.action == "probe":

@@ -37,6 +37,10 @@ class Pod:
     images: dict[str, Image]
     state: Path
     runtime: str = "runc"
+    # The simulated GPUs: the PCI tree the vm harness bind-mounts over the host's
+    # /sys/bus/pci/devices. A container's fresh sysfs would not show it, where real hardware
+    # shows in every sysfs; the fake nvidia.ko scans it through the loading process's VFS.
+    pci_tree: Path | None = None
 
     @property
     def name(self) -> str:
@@ -85,6 +89,9 @@ class Pod:
         config = config_of(self.spec, container, Image(directory / "rootfs", image.config),
                            termination, self.netns(),
                            f"/kubepods/{self.name}/{container['name']}")
+        if self.pci_tree is not None:
+            config["mounts"].append({"destination": "/sys/bus/pci/devices", "type": "bind",
+                                     "source": str(self.pci_tree), "options": ["rbind", "ro"]})
         (directory / "config.json").write_text(json.dumps(config, indent=2))
         return directory
 

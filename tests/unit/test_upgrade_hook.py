@@ -78,16 +78,20 @@ def test_protocol_needs_the_node_name() -> None:
 
 
 
-def test_api_unreachable_leaves_the_old_driver_loaded_and_ready(tmp_path: Path) -> None:
-    pytest.importorskip("kubernetes", reason="pip install kubernetes")
+def _dead_api(tmp_path: Path) -> Path:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         '{"apiVersion": "v1", "kind": "Config", "current-context": "c",'
         ' "clusters": [{"name": "k", "cluster": {"server": "http://127.0.0.1:9"}}],'
         ' "users": [{"name": "u", "user": {"token": "t"}}],'
         ' "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}')
+    return kubeconfig
+
+
+def test_api_unreachable_leaves_the_old_driver_loaded_and_ready(tmp_path: Path) -> None:
+    pytest.importorskip("kubernetes", reason="pip install kubernetes")
     ctx = held_host(tmp_path, NVIDIA_INSTALLER_UPGRADE_PROTOCOL="true", NODE_NAME="gpu-1",
-                    NVIDIA_INSTALLER_KUBECONFIG=str(kubeconfig))
+                    NVIDIA_INSTALLER_KUBECONFIG=str(_dead_api(tmp_path)))
     with pytest.raises(ClusterApiUnavailable) as caught:
         steps.unload_old_step(ctx).apply()
     assert caught.value.exit_code == 70
@@ -95,12 +99,30 @@ def test_api_unreachable_leaves_the_old_driver_loaded_and_ready(tmp_path: Path) 
     assert ctx.runner.calls == []  # no rmmod
     assert ctx.root.local(READY_FILE).exists()
 
+
 def test_check_before_staging_refuses_a_held_driver_only_with_the_protocol_off(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from installer.cluster import protocol
+
     off = held_host(tmp_path / "off")
     assert not steps.driver_free_step(off).is_satisfied()
     with pytest.raises(DriverInUse, match="pid 4242"):
         steps.driver_free_step(off).apply()
-    # On, the protocol frees the driver right before the unload: staging must go ahead.
+    # On, the protocol frees the driver right before the unload: staging goes ahead once the
+    # API server has answered (a read of the node, nothing written).
     on = held_host(tmp_path / "on", NVIDIA_INSTALLER_UPGRADE_PROTOCOL="true", NODE_NAME="gpu-1")
-    assert steps.driver_free_step(on).is_satisfied()
+    step = steps.driver_free_step(on)
+    assert not step.is_satisfied()
+    asked = []
+    monkeypatch.setattr(protocol, "preflight", lambda config: asked.append(config.node_name))
+    step.apply()
+    assert asked == ["gpu-1"] and step.is_satisfied()
+
+
+def test_a_held_upgrade_that_cannot_reach_the_api_fails_before_staging(tmp_path: Path) -> None:
+    pytest.importorskip("kubernetes", reason="pip install kubernetes")
+    ctx = held_host(tmp_path, NVIDIA_INSTALLER_UPGRADE_PROTOCOL="true", NODE_NAME="gpu-1",
+                    NVIDIA_INSTALLER_KUBECONFIG=str(_dead_api(tmp_path)))
+    with pytest.raises(ClusterApiUnavailable, match="could not read node gpu-1"):
+        steps.driver_free_step(ctx).apply()
+    assert not steps.driver_free_step(ctx).is_satisfied()
