@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from installer.errors import CompilerMissing
+from installer.errors import CompilerInstallFailed, CompilerMissing
 from installer.runner import Runner
+
+# Written by the images' build (images/*/Dockerfile) while their package lists are present:
+# one line per gcc major the image's own package sources offer, `<major> <package> <gcc path>`.
+# Absent outside our images: an installer run on a host never installs a compiler. The images
+# name it in NVIDIA_INSTALLER_COMPILER_PACKAGES too.
+SOURCES_FILE = Path("/usr/share/nvidia-driver-installer/compiler-packages")
+SOURCES_ENV = "NVIDIA_INSTALLER_COMPILER_PACKAGES"
+# Red Hat's gcc-toolset-N packages install gcc-N under /opt/rh/gcc-toolset-N/root.
+TOOLSETS = Path("/opt/rh")
 
 _GCC_IN_PROC_VERSION = re.compile(r"gcc[^)]*?\)?\s*(?:version\s+)?(\d+)\.(\d+)(?:\.\d+)?")
 _GCC_VERSION_CONFIG = re.compile(r"^CONFIG_GCC_VERSION=(\d+)$", re.MULTILINE)
@@ -57,6 +67,46 @@ class Compiler:
     note: str
 
 
+@dataclass(frozen=True)
+class Installable:
+    """A gcc the image's package sources offer: `package` puts the compiler at `path`."""
+
+    major: int
+    package: str
+    path: str
+
+    @property
+    def manager(self) -> str:
+        return "dnf" if self.package.startswith("gcc-toolset-") else "apt-get"
+
+    def install_argvs(self) -> list[list[str]]:
+        if self.manager == "dnf":
+            return [["dnf", "install", "-y", "--setopt=install_weak_deps=False", "--nodocs",
+                     self.package]]
+        # The image's package lists are removed at build time.
+        return [["apt-get", "update", "-q"],
+                ["apt-get", "install", "-y", "-q", "--no-install-recommends", self.package]]
+
+    def describe(self) -> str:
+        return (f"{self.package} from the image's package sources ({self.manager} in the "
+                "container before the driver download; the host is not touched)")
+
+
+def installable(major: int | None, sources: Path | None = None) -> Installable | None:
+    """The package of the image's sources that carries gcc `major`, per SOURCES_FILE."""
+    if major is None:
+        return None
+    try:
+        text = (sources or Path(os.environ.get(SOURCES_ENV) or SOURCES_FILE)).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[0] == str(major):
+            return Installable(major, fields[1], fields[2])
+    return None
+
+
 def image_default_major(runner: Runner) -> int | None:
     result = runner.run(["gcc", "-dumpversion"], check=False)
     found = result.output.strip().split(".")[0]
@@ -68,12 +118,31 @@ def choose(runner: Runner, kernel_major: int | None) -> Compiler | None:
     versioned = f"gcc-{kernel_major}"
     if kernel_major is not None and shutil.which(versioned):
         return Compiler({"CC": versioned}, f"{versioned} from the image (the kernel's gcc)")
+    toolset = TOOLSETS / f"gcc-toolset-{kernel_major}/root/usr/bin/gcc"
+    if kernel_major is not None and toolset.is_file():
+        return Compiler({"CC": str(toolset)}, f"gcc-toolset-{kernel_major} from the image "
+                        "(the kernel's gcc)")
     ours = image_default_major(runner) if shutil.which("gcc") else None
     if kernel_major is None:
         return Compiler({}, f"gcc {ours} from the image (the kernel's gcc is unknown)")
     if ours == kernel_major:
         return Compiler({}, f"gcc {ours} from the image (the kernel's gcc)")
     return None
+
+
+def install(runner: Runner, package: Installable, kernel: str) -> None:
+    """Installs the kernel's gcc with the image's package manager (in the container)."""
+    for argv in package.install_argvs():
+        result = runner.run(argv, check=False, timeout=900)
+        if not result.ok:
+            tags = tags_with(package.major)
+            raise CompilerInstallFailed(
+                f"kernel {kernel} needs gcc {package.major}; `{' '.join(argv)}` failed "
+                f"(exit {result.returncode}): {result.tail(8)}",
+                hint=f"Compiler gcc-{package.major} ({package.package}): check the node's route "
+                f"to the image's package sources, or use the installer image tag "
+                f"{' or '.join(tags) or '(none carries it; build one)'}.",
+            )
 
 
 def missing_error(kernel: str, kernel_major: int, source: str, runner: Runner) -> CompilerMissing:

@@ -277,6 +277,15 @@ class CompilerMissing(InstallerError):
     default_hint = "Use the installer image tag named above, which carries that compiler."
 
 
+class CompilerInstallFailed(InstallerError):
+    reference = "compiler-install-failed"
+    exit_code = 45
+    default_hint = (
+        "The image's package sources did not deliver the compiler: check the node's route to "
+        "them (or a proxy), or use the installer image tag named above, which carries it."
+    )
+
+
 class HeadersFetchFailed(InstallerError):
     reference = "headers-fetch-failed"
     exit_code = 44

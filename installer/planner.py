@@ -234,6 +234,11 @@ def header_decisions(config: Config, root: HostRoot, layout: Layout, runner: Run
                                 "the kernel's gcc is read from the headers' config once they "
                                 "are fetched; checked before the driver download")]
     chosen = compiler.choose(runner, major)
+    package = compiler.installable(major) if chosen is None else None
+    if package is not None:
+        return [first, Decision("compiler", f"install {package.package}",
+                                f"{package.describe()}; kernel built with gcc {major} "
+                                f"({gcc_from}); gcc at {package.path}")]
     if chosen is None:
         error = compiler.missing_error(release, major, gcc_from, runner)
         return [first, Decision("compiler", "missing",

@@ -46,7 +46,8 @@ def headers_step(ctx: Context, built: Callable[[], bool]) -> Step:
     def apply() -> None:
         # A kernel whose gcc is known already (/proc/version) fails before fetching anything.
         major, source = kernel_gcc(ctx)
-        if major is not None and compiler.choose(ctx.runner, major) is None:
+        if (major is not None and compiler.choose(ctx.runner, major) is None
+                and compiler.installable(major) is None):
             raise compiler.missing_error(t.kernel, major, source, ctx.runner)
         t.headers = fetch.obtain(ctx.root, ctx.config, ctx.facts, ctx.layout, ctx.runner)
 
@@ -66,10 +67,13 @@ def compiler_step(ctx: Context, built: Callable[[], bool]) -> Step:
     def apply() -> None:
         major, source = kernel_gcc(ctx)
         assert major is not None
-        raise compiler.missing_error(t.kernel, major, source, ctx.runner)
+        package = compiler.installable(major)
+        if package is None:
+            raise compiler.missing_error(t.kernel, major, source, ctx.runner)
+        compiler.install(ctx.runner, package, t.kernel)
 
-    return Step("check-compiler", "the image has the kernel's gcc major, before any download",
-                satisfied, apply)
+    return Step("check-compiler", "the kernel's gcc major from the image, or installed from the "
+                "image's package sources, before any download", satisfied, apply)
 
 
 def build_compiler(ctx: Context) -> compiler.Compiler:

@@ -60,3 +60,71 @@ def test_no_matching_gcc_names_the_compiler_and_the_tag(monkeypatch: pytest.Monk
     assert "this image has gcc 15 and no gcc-" in error.message
     assert error.hint == f"Compiler gcc-{major}: use the installer image tag {tags}, which " \
         f"carries gcc-{major}."
+
+
+# The image's package sources (issue 12): the list the image's build writes, the install argv.
+SOURCES = "11 gcc-11 /usr/bin/gcc-11\n12 gcc-12 /usr/bin/gcc-12\n13 gcc-13 /usr/bin/gcc-13\n"
+TOOLSETS = ("12 gcc-toolset-12-gcc /opt/rh/gcc-toolset-12/root/usr/bin/gcc\n"
+            "13 gcc-toolset-13-gcc /opt/rh/gcc-toolset-13/root/usr/bin/gcc\n")
+
+
+def test_a_major_listed_by_the_images_sources_is_installable(tmp_path: Path) -> None:
+    listed = tmp_path / "compiler-packages"
+    listed.write_text(SOURCES)
+    found = compiler.installable(11, listed)
+    assert found == compiler.Installable(11, "gcc-11", "/usr/bin/gcc-11")
+    assert found.install_argvs() == [
+        ["apt-get", "update", "-q"],
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "gcc-11"]]
+    assert compiler.installable(9, listed) is None
+    assert compiler.installable(None, listed) is None
+    assert compiler.installable(11, tmp_path / "absent") is None  # not our image: a host run
+
+
+def test_rocky_toolsets_install_with_dnf(tmp_path: Path) -> None:
+    listed = tmp_path / "compiler-packages"
+    listed.write_text(TOOLSETS)
+    found = compiler.installable(13, listed)
+    assert found is not None and found.manager == "dnf"
+    assert found.install_argvs() == [["dnf", "install", "-y", "--setopt=install_weak_deps=False",
+                                      "--nodocs", "gcc-toolset-13-gcc"]]
+
+
+def test_the_list_is_found_through_the_images_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    listed = tmp_path / "compiler-packages"
+    listed.write_text(SOURCES)
+    monkeypatch.setenv(compiler.SOURCES_ENV, str(listed))
+    assert compiler.installable(13) == compiler.Installable(13, "gcc-13", "/usr/bin/gcc-13")
+
+
+def test_install_runs_the_images_package_manager(tmp_path: Path) -> None:
+    runner = FakeRunner().on("apt-get")
+    compiler.install(runner, compiler.Installable(11, "gcc-11", "/usr/bin/gcc-11"), "5.15.0-1")
+    assert [list(c.argv) for c in runner.calls] == [
+        ["apt-get", "update", "-q"],
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "gcc-11"]]
+
+
+def test_a_failed_install_names_package_kernel_and_tag() -> None:
+    runner = FakeRunner().on("apt-get", "update").on(
+        "apt-get", "install", returncode=100, output="E: Unable to locate package gcc-11\n")
+    with pytest.raises(compiler.CompilerInstallFailed) as caught:
+        compiler.install(runner, compiler.Installable(11, "gcc-11", "/usr/bin/gcc-11"),
+                         "5.15.0-105-generic")
+    error = caught.value
+    assert error.reference == "compiler-install-failed" and error.exit_code == 45
+    assert "kernel 5.15.0-105-generic needs gcc 11" in error.message
+    assert "E: Unable to locate package gcc-11" in error.message
+    assert "ubuntu22.04 or rocky9" in (error.hint or "")
+
+
+def test_a_toolset_in_the_image_is_chosen_by_path(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    gcc = tmp_path / "opt/rh/gcc-toolset-13/root/usr/bin/gcc"
+    gcc.parent.mkdir(parents=True)
+    gcc.write_text("")
+    monkeypatch.setattr(compiler, "TOOLSETS", tmp_path / "opt/rh")
+    monkeypatch.setattr(compiler.shutil, "which", lambda name: None)
+    chosen = compiler.choose(FakeRunner(), 13)
+    assert chosen is not None and chosen.env == {"CC": str(gcc)}

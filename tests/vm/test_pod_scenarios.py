@@ -230,6 +230,12 @@ def test_the_image_is_built_by_buildah_on_the_mmdebstrap_base(boots: Boots) -> N
     assert built.image.config["Cmd"] == ["run"]
     rootfs = built.image.rootfs
     assert (rootfs / "usr/bin/gcc-12").exists()  # Debian 12's kernels are built with gcc-12
+    # The compilers its apt sources offer, for kernels built with another gcc (issue 12).
+    listed = (rootfs / "usr/share/nvidia-driver-installer/compiler-packages").read_text()
+    assert "12 gcc-12 /usr/bin/gcc-12" in listed.splitlines(), listed
+    assert built.image.config["Env"].count(
+        "NVIDIA_INSTALLER_COMPILER_PACKAGES=/usr/share/nvidia-driver-installer/compiler-packages"
+    ) == 1
     assert (rootfs / "opt/installer/bin/installer").is_file()
     assert not (rootfs / "wheels").exists() and not list((rootfs / "var/lib/apt/lists").glob("*_*"))
 
