@@ -301,6 +301,32 @@ def test_air_gapped_debian_node_builds_with_headers_from_the_mirror(archive: Any
     assert not [r for r in requests if "/debian/" in r]
 
 
+def test_prebuild_gets_the_headers_of_a_kernel_not_running_as_a_node_does(
+        archive: Any, tmp_path: Path) -> None:
+    """Issue 14: `installer prebuild --kernel K` (a CI job ahead of a kernel rollout) on a
+    machine without K's headers fetches them the way a node does (here from the mirror), builds,
+    and installs nothing on the host."""
+    base, _, key, requests = archive
+    root = debian_host(tmp_path, key, f"{UNREACHABLE}/debian")
+    env = installer_env(root, DEBIAN_K, NVIDIA_DRIVER_VERSION=VERSION,
+                        NVIDIA_DRIVER_MIRRORS=f"{base}/runfiles",
+                        NVIDIA_INSTALLER_FETCH_HEADERS="true",
+                        NVIDIA_INSTALLER_HEADERS_MIRROR=f"{base}/debian")
+    env.pop("NVIDIA_KERNEL_RELEASE")
+    requests.clear()
+    result = run_installer(env, "prebuild", "--kernel", DEBIAN_K, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    built = Path(result.stdout.strip())
+    assert DEBIAN_K in built.parts
+    assert {p.name for p in built.glob("*.ko")} >= {"nvidia.ko", "nvidia-modeset.ko",
+                                                    "nvidia-uvm.ko"}
+    assert (cache_of(root, DEBIAN_K) / ".complete").is_file()
+    assert any(r.endswith(".deb") for r in requests)
+    assert not (root / "lib/modules" / DEBIAN_K / "updates").exists()
+    assert not (root / INSTALL_DIR_HOST.lstrip("/") / "drivers").exists()
+    assert_host_package_state_untouched(root)
+
+
 def test_headers_nowhere_fail_before_the_driver_download(archive: Any, tmp_path: Path) -> None:
     base, _, key, requests = archive
     root = debian_host(tmp_path, key, f"{base}/debian")
