@@ -5,6 +5,7 @@ rpm2cpio, and `installer plan`/`run` that fail before the driver download when t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,7 @@ from hostkit import (
 from hosttrees import make_host
 from httpfaults import serve_directory
 
+from installer import compiler
 from installer.config import from_env
 from installer.errors import HeadersFetchFailed, KernelHeadersMissing
 from installer.headers import fetch
@@ -52,6 +54,7 @@ pytestmark = pytest.mark.skipif(bool(_MISSING) and not os.environ.get("CI"),
 
 DEBIAN_K = debian_headers()[0] if debian_headers() else "6.1.0-56-amd64"
 JAMMY_K, JAMMY_BASE = "5.15.0-105-generic", "linux-headers-5.15.0-105"
+FOCAL_K, FOCAL_BASE = "5.4.0-200-generic", "linux-headers-5.4.0-200"
 NOBLE_K, NOBLE_BASE = "6.8.0-1008-aws", "linux-aws-headers-6.8.0-1008"
 ROCKY9_K = "5.14.0-427.13.1.el9_4.x86_64"
 ROCKY8_K = "4.18.0-513.24.1.el8_9.x86_64"
@@ -77,14 +80,21 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
     publish_apt(www / "debian", "bookworm", debs, key)
     publish_apt(www / "ubuntu", "jammy",
                 ubuntu_shape_debs(work / "jammy", JAMMY_K, JAMMY_BASE, 110400), key)
+    publish_apt(www / "ubuntu", "focal",
+                ubuntu_shape_debs(work / "focal", FOCAL_K, FOCAL_BASE, 90400), key)
     publish_apt(www / "ubuntu", "noble",
                 ubuntu_shape_debs(work / "noble", NOBLE_K, NOBLE_BASE, 130200), key)
     rpm = kernel_devel_rpm(work / "rpm9", ROCKY9_K, key)
     # 9.4's kernel is in the current repos for a 9.4 host, and only in the vault for a 9.5 one.
     publish_dnf(www / "rocky/9.4/AppStream/x86_64/os", [rpm])
     publish_dnf(www / "vault/9.4/AppStream/x86_64/os", [rpm])
+    # Rocky 8: a 8.10 node still running 8.9's kernel finds it only in 8.9's vault.
+    publish_dnf(www / "vault/8.9/AppStream/x86_64/os", [kernel_devel_rpm(work / "rpm8", ROCKY8_K,
+                                                                         key)])
     for sub in ("rocky/9.4/BaseOS/x86_64/os", "rocky/9.5/BaseOS/x86_64/os",
-                "rocky/9.5/AppStream/x86_64/os", "vault/9.4/BaseOS/x86_64/os"):
+                "rocky/9.5/AppStream/x86_64/os", "vault/9.4/BaseOS/x86_64/os",
+                "rocky/8.10/BaseOS/x86_64/os", "rocky/8.10/AppStream/x86_64/os",
+                "vault/8.9/BaseOS/x86_64/os"):
         publish_dnf(www / sub, [])
     kit.build_runfile(VERSION, www / "runfiles" / VERSION)
     with serve_directory(www) as (base, requests):
@@ -133,6 +143,26 @@ def test_ubuntu_2204_both_packages_from_the_hosts_one_line_sources(archive: Any,
     assert_host_package_state_untouched(root)
 
 
+def test_ubuntu_2004_both_packages_and_gcc_9_from_the_headers(archive: Any,
+                                                              tmp_path: Path) -> None:
+    """Ubuntu 20.04 (seeds/001's nodes): focal's one-line sources, both packages; the fetched
+    headers say gcc 9, which the ubuntu20.04 image carries."""
+    base, _, key, requests = archive
+    root = tmp_path / "host"
+    make_host(root, distro="ubuntu-20.04", kernel=FOCAL_K)
+    apt_sources(root, f"{base}/ubuntu", "focal", key, deb822=False)
+    requests.clear()
+    headers = obtain(root, FOCAL_K)
+    cache = cache_of(root, FOCAL_K)
+    assert (cache / ".complete").read_text().split() == [f"linux-headers-{FOCAL_K}", FOCAL_BASE]
+    assert headers.unpacked_root is not None
+    flavour = headers.unpacked_root / f"usr/src/linux-headers-{FOCAL_K}"
+    assert compiler.headers_gcc_major(flavour) == 9
+    assert compiler.tags_with(9) == ["ubuntu20.04"]
+    assert any(r.endswith("/dists/focal/InRelease") for r in requests)
+    assert_host_package_state_untouched(root)
+
+
 def test_ubuntu_2404_deb822_sources_with_signed_by(archive: Any, tmp_path: Path) -> None:
     base, _, key, _ = archive
     root = tmp_path / "host"
@@ -172,13 +202,14 @@ def test_headers_that_exist_nowhere_name_package_kernel_and_sources(archive: Any
 
 
 def rocky_host(tmp_path: Path, base: str, key: Key, minor: str) -> Path:
+    major = int(minor.split(".")[0])
     root = tmp_path / "host"
-    make_host(root, distro="rocky-9", kernel=ROCKY9_K)
+    make_host(root, distro=f"rocky-{major}", kernel=ROCKY9_K if major == 9 else ROCKY8_K)
     text = (root / "etc/os-release").read_text()
-    (root / "etc/os-release").write_text(text.replace('"9.4"', f'"{minor}"'))
+    (root / "etc/os-release").write_text(re.sub(r'"\d+\.\d+"', f'"{minor}"', text))
     # The repos of the host's minor (what Rocky's mirrorlist hands a node of that minor).
-    rocky_repos(root, 9, base, key, {"baseos": f"rocky/{minor}/BaseOS/$basearch/os/",
-                                     "appstream": f"rocky/{minor}/AppStream/$basearch/os/"})
+    rocky_repos(root, major, base, key, {"baseos": f"rocky/{minor}/BaseOS/$basearch/os/",
+                                         "appstream": f"rocky/{minor}/AppStream/$basearch/os/"})
     return root
 
 
@@ -206,6 +237,24 @@ def test_rocky_older_minor_comes_from_the_vault(archive: Any, tmp_path: Path) ->
     assert (cache_of(root, ROCKY9_K) / "root/usr/src/kernels" / ROCKY9_K / "Makefile").is_file()
     assert any(r.startswith("/vault/9.4/AppStream/x86_64/os/") and r.endswith(".rpm")
                for r in requests)
+
+
+def test_rocky_8_node_one_minor_behind_gets_kernel_devel_from_the_vault(
+        archive: Any, tmp_path: Path) -> None:
+    """A Rocky 8.10 node still running 8.9's kernel: its repos no longer carry it; the vault of
+    8.9 does (signature checked with the host's rockyofficial key), unpacked into the cache."""
+    base, _, key, requests = archive
+    root = rocky_host(tmp_path, base, key, "8.10")
+    requests.clear()
+    headers = obtain(root, ROCKY8_K, NVIDIA_INSTALLER_ROCKY_VAULT=f"{base}/vault")
+    assert str(headers.host_path) == f"/usr/src/kernels/{ROCKY8_K}"
+    tree = cache_of(root, ROCKY8_K) / "root/usr/src/kernels" / ROCKY8_K
+    assert (tree / "Makefile").is_file() and (tree / "scripts/mod/modpost").is_file()
+    assert (cache_of(root, ROCKY8_K) / ".complete").read_text().split() == [
+        f"kernel-devel-{ROCKY8_K}"]
+    assert any(r.startswith("/vault/8.9/AppStream/x86_64/os/") and r.endswith(".rpm")
+               for r in requests)
+    assert_host_package_state_untouched(root)
 
 
 def test_rocky_8_plan_names_the_vault_of_the_kernels_minor(tmp_path: Path) -> None:
