@@ -4,13 +4,18 @@ health checker does); a version bump to B with the protocol on cordons the node,
 plugin by label (the stand-in API server plays the DaemonSet controller and kubelet: the plugin's
 process is stopped once its label says paused), evicts the GPU pod, unloads A, installs and
 verifies B, restores the labels and uncordons: no manual step. Runs with the same version make
-no API write. One boot.
+no API write. One boot. The modules of A and B are compiled ahead on this machine by
+`installer prebuild` for the guest's kernel and put in the guest's module cache (what a node
+finds after a prebuild): this test is about the protocol, the in-guest compile is proven by
+test_installer_scenarios.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +56,8 @@ cluster() {{ echo "@@ $1"; sleep 0.6; cat /tmp/cluster.json; echo; }}
 # The stand-in API server starts after the driver's first install (the plugin's pid goes
 # in its seed); until then the protocol has nothing to do and makes no call.
 export NVIDIA_DRIVER_VERSION={A}
+mkdir -p {INSTALL}/cache/modules
+cp -a "$VM_FILES/modules/{A}" {INSTALL}/cache/modules/
 step install-a installer run
 echo "@@ driver-a"; cat /sys/module/nvidia/version || true; ls /dev/nvidia* || true
 test -e /dev/nvidia0 || {{ echo "driver A is not loaded: nothing to upgrade"; exit 1; }}
@@ -88,6 +95,7 @@ step rerun-a installer run
 cluster after-rerun-a
 echo "@@ plugin-before"; ls -l /proc/$plugin/fd | grep -o '/dev/nvidia[a-z0-9]*' | sort || true
 
+cp -a "$VM_FILES/modules/{B}" {INSTALL}/cache/modules/  # after A's run pruned other versions
 step upgrade-b env NVIDIA_DRIVER_VERSION={B} $py -m installer run
 cluster after-upgrade
 echo "@@ plugin-after"
@@ -104,9 +112,21 @@ cluster after-rerun-b
 @pytest.fixture(scope="module")
 def boot(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VmResult]:
     www = tmp_path_factory.mktemp("www")
+    prebuilt = tmp_path_factory.mktemp("prebuilt")
     for version in (A, B):
         kit.build_runfile(version, www / version)
-    yield boot_and_run(SCENARIO, gpus=GPUS, files={"www": www}, timeout=2400)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NVIDIA_", "ROOT_"))}
+        env.update(PYTHONPATH=str(REPO), NVIDIA_INSTALL_DIR_HOST=str(prebuilt),
+                   NVIDIA_INSTALL_DIR_CONTAINER=str(prebuilt), NVIDIA_DRIVER_VERSION=version,
+                   NVIDIA_DRIVER_MIRRORS=www.as_uri(), NVIDIA_INSTALLER_FETCH_HEADERS="false")
+        built = subprocess.run(
+            [sys.executable, "-m", "installer", "prebuild", "--kernel", vm_kernel.release],
+            env=env, capture_output=True, text=True, timeout=600, check=False)
+        assert built.returncode == 0, built.stderr[-3000:]
+    modules = prebuilt / "cache/modules"
+    assert sorted(p.name for p in modules.iterdir()) == [A, B]
+    yield boot_and_run(SCENARIO, gpus=GPUS, files={"www": www, "modules": modules},
+                       timeout=2400)
 
 
 def exit_of(section: str) -> int:
@@ -136,6 +156,7 @@ def test_held_upgrade_completes_with_no_manual_step(boot: VmResult) -> None:
     assert boot.section("plugin-before").split() == ["/dev/nvidia0", "/dev/nvidiactl"]
     upgrade = boot.section("upgrade-b")
     assert exit_of(upgrade) == 0, upgrade
+    assert "step build-modules: already satisfied" in upgrade  # B's prebuilt modules were used
     assert re.search(rf"upgrade {A} -> {B}: node {NODE} cordoned it", upgrade), upgrade
     assert "evicted GPU pod ml/train-0" in upgrade
     assert re.search(r"waiting for processes to close /dev/nvidia\*: pid \d+ \(nvidia-device-p\)"
