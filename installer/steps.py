@@ -11,6 +11,7 @@ from pathlib import Path
 
 from installer import host, ldcache, modules, state
 from installer.errors import (
+    InstallerError,
     InstallFailed,
     NouveauActive,
     SecureBootKeysMissing,
@@ -90,14 +91,20 @@ def unload_old_step(ctx: Context) -> Step:
         ]
         log.info("replacing loaded driver %s with %s",
                  driver.version if driver else "unknown", target.version)
-        if holders and ctx.config.upgrade_protocol:  # issue 13: cordon, evict, wait, then unload
-            from installer.cluster import protocol
+        try:
+            if holders and ctx.config.upgrade_protocol:  # issue 13: cordon, evict, wait, unload
+                from installer.cluster import protocol
 
-            old = (driver.version if driver else None) or "unknown"
-            protocol.make_room(ctx.config, ctx.root, ctx.layout, old, target.version)
-            remove_ready_file(ctx)
-            holders = []
-        modules.unload(ctx.root, ctx.runner, holders)
+                old = (driver.version if driver else None) or "unknown"
+                protocol.make_room(ctx.config, ctx.root, ctx.layout, old, target.version)
+                remove_ready_file(ctx)
+                holders = []
+            modules.unload(ctx.root, ctx.runner, holders)
+        except InstallerError:
+            # The new module files were staged before the unload (issue 9's order).
+            if target.source != "dnf":
+                restore_module_files(ctx, driver)
+            raise
         remove_ready_file(ctx)
 
     return Step("unload-old-driver", "unload a different driver version that is loaded",
@@ -180,26 +187,60 @@ def module_files_step(ctx: Context) -> Step:
         ) and modules.ko_files(local) == modules.ko_files(build)
 
     def apply() -> None:
-        local = ctx.root.local_resolved(host_dir)
-        fresh = local.with_name(local.name + ".new")
-        old = local.with_name(local.name + ".old")
-        for leftover in (fresh, old):
-            if leftover.exists():
-                shutil.rmtree(leftover)
-        fresh.mkdir(parents=True)
-        for name in modules.ko_files(build):
-            shutil.copy2(build / name, fresh / name)
-        (fresh / ".installer-stamp").write_text(stamp)
-        if local.exists():
-            os.replace(local, old)
-        os.replace(fresh, local)
-        if old.exists():
-            shutil.rmtree(old)
-        ctx.runner.run(modules.depmod_argv(ctx.root, target.kernel), timeout=300)
+        _replace_module_files(ctx, build, stamp)
         log.info("installed modules into %s and ran depmod", host_dir)
 
     return Step("install-module-files", f"modules into {host_dir} (+ depmod)",
                 satisfied, apply)
+
+
+def _replace_module_files(ctx: Context, build: Path | None, stamp: str) -> None:
+    """The host's module dir swapped by rename for `build`'s .ko files (None: removed), then
+    depmod."""
+    kernel = ctx.target.kernel
+    local = ctx.root.local_resolved(ctx.layout.host_modules_dir(kernel))
+    fresh = local.with_name(local.name + ".new")
+    old = local.with_name(local.name + ".old")
+    for leftover in (fresh, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    if build is not None:
+        fresh.mkdir(parents=True)
+        for name in modules.ko_files(build):
+            shutil.copy2(build / name, fresh / name)
+        (fresh / ".installer-stamp").write_text(stamp)
+    if local.exists():
+        os.replace(local, old)
+    if build is not None:
+        os.replace(fresh, local)
+    if old.exists():
+        shutil.rmtree(old)
+    ctx.runner.run(modules.depmod_argv(ctx.root, kernel), timeout=300)
+
+
+def restore_module_files(ctx: Context, driver: host.LoadedDriver | None) -> None:
+    """After an unload that failed: the host's module dir back to the driver still loaded (its
+    build from the cache), or emptied of ours when the cache has none, so that a reboot's
+    modprobe never loads the new modules under the old user space."""
+    kernel = ctx.target.kernel
+    host_dir = ctx.layout.host_modules_dir(kernel)
+    local = ctx.root.local_resolved(host_dir)
+    if not _modules_dir_writable(ctx, kernel) or not local.exists():
+        return
+    version, flavour = (driver.version, driver.flavour) if driver else (None, None)
+    stamp = f"{version} {flavour}\n"
+    if (local / ".installer-stamp").is_file() and (
+            (local / ".installer-stamp").read_text() == stamp):
+        return
+    build = ctx.layout.module_build(version, kernel, flavour) if version and flavour else None
+    if build is None or not modules.ko_files(build):
+        log.warning("the loaded driver %s stays; its modules are not in the cache, so the new "
+                    "ones are taken out of %s (the next run puts them back)",
+                    version or "unknown", host_dir)
+        _replace_module_files(ctx, None, "")
+        return
+    _replace_module_files(ctx, build, stamp)
+    log.warning("the loaded driver %s stays: %s holds its modules again", version, host_dir)
 
 
 def _modules_dir_writable(ctx: Context, kernel: str) -> bool:

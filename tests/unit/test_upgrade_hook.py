@@ -10,9 +10,14 @@ import pytest
 from fakes import FakeRunner
 from hosttrees import add_process, make_host, module_line, write_driver_version, write_proc_modules
 
-from installer import steps
+from installer import host, steps
 from installer.config import build_config, from_env
-from installer.errors import ClusterApiUnavailable, ConfigError, DriverInUse
+from installer.errors import (
+    ClusterApiUnavailable,
+    ConfigError,
+    DriverHoldersTimeout,
+    DriverInUse,
+)
 from installer.layout import READY_FILE, Layout
 from installer.plan import Context, Target
 
@@ -126,3 +131,74 @@ def test_a_held_upgrade_that_cannot_reach_the_api_fails_before_staging(tmp_path:
     with pytest.raises(ClusterApiUnavailable, match="could not read node gpu-1"):
         steps.driver_free_step(ctx).apply()
     assert not steps.driver_free_step(ctx).is_satisfied()
+
+
+KERNEL = "5.15.0-105-generic"
+
+
+def staged_new_module_files(ctx: Context, old_build: bool = True) -> Path:
+    """The cache's builds of the loaded driver (OLD, proprietary) and of NEW (open); NEW's
+    module files staged on the host as the plan does before the unload."""
+    runner(ctx).on("depmod")
+    builds = [(NEW, "open")] + ([(OLD, "proprietary")] if old_build else [])
+    for version, flavour in builds:
+        build = ctx.layout.module_build(version, KERNEL, flavour)
+        build.mkdir(parents=True)
+        for name in ("nvidia.ko", "nvidia-uvm.ko"):
+            (build / name).write_text(f"{name} {version}")
+    ctx.root.local(f"/lib/modules/{KERNEL}").mkdir(parents=True)
+    steps.module_files_step(ctx).apply()
+    host_dir = ctx.root.local(str(ctx.layout.host_modules_dir(KERNEL)))
+    assert (host_dir / "nvidia.ko").read_text() == f"nvidia.ko {NEW}"
+    return host_dir
+
+
+def runner(ctx: Context) -> FakeRunner:
+    assert isinstance(ctx.runner, FakeRunner)
+    return ctx.runner
+
+
+def depmods(ctx: Context) -> list[list[str]]:
+    return [argv for argv in runner(ctx).argvs() if argv[0] == "depmod"]
+
+
+def test_an_upgrade_that_cannot_make_room_puts_the_loaded_drivers_module_files_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Otherwise a reboot's modprobe would load NEW's modules under OLD's user space."""
+    from installer.cluster import protocol
+
+    ctx = held_host(tmp_path, NVIDIA_INSTALLER_UPGRADE_PROTOCOL="true", NODE_NAME="gpu-1")
+    host_dir = staged_new_module_files(ctx)
+
+    def times_out(*args: object) -> None:
+        raise DriverHoldersTimeout("pid 4242 (nvidia-device-p) holds /dev/nvidia0 after 600 s")
+
+    monkeypatch.setattr(protocol, "make_room", times_out)
+    with pytest.raises(DriverHoldersTimeout):
+        steps.unload_old_step(ctx).apply()
+    assert (host_dir / ".installer-stamp").read_text() == f"{OLD} proprietary\n"
+    assert sorted(p.name for p in host_dir.iterdir()) == [".installer-stamp", "nvidia-uvm.ko",
+                                                          "nvidia.ko"]
+    assert (host_dir / "nvidia.ko").read_text() == f"nvidia.ko {OLD}"
+    assert depmods(ctx) == [["depmod", "-b", str(tmp_path), KERNEL]] * 2
+    assert not [argv for argv in runner(ctx).argvs() if argv[0] == "rmmod"]
+    assert ctx.root.local(READY_FILE).exists()
+    assert not list(host_dir.parent.glob("nvidia-driver-installer.*"))  # no .new/.old left
+
+
+def test_a_refused_unload_without_the_old_build_takes_the_new_module_files_out(
+        tmp_path: Path) -> None:
+    ctx = held_host(tmp_path)  # protocol off: the holder appeared after check-driver-free
+    host_dir = staged_new_module_files(ctx, old_build=False)
+    with pytest.raises(DriverInUse):
+        steps.unload_old_step(ctx).apply()
+    assert not host_dir.exists()
+    assert len(depmods(ctx)) == 2
+
+
+def test_a_failed_unload_leaves_matching_module_files_alone(tmp_path: Path) -> None:
+    ctx = held_host(tmp_path)
+    host_dir = staged_new_module_files(ctx)
+    steps.restore_module_files(ctx, host.LoadedDriver(NEW, "open", ""))
+    assert (host_dir / ".installer-stamp").read_text() == f"{NEW} open\n"
+    assert len(depmods(ctx)) == 1

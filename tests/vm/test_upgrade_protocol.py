@@ -106,6 +106,28 @@ cat {READY_FILE} 2>/dev/null || echo "not ready"
 
 step rerun-b env NVIDIA_DRIVER_VERSION={B} $py -m installer run
 cluster after-rerun-b
+
+# A holder no label pauses (a host process): going back to A times out waiting for it; the
+# node is restored, B stays loaded and /lib/modules holds B's modules again, not A's staged
+# ones (a reboot's modprobe would otherwise load A under B's user space).
+$py -c '
+import os, time
+open("/proc/self/comm", "w").write("dcgm-hostengine")
+held = open("/dev/nvidia0", "rb")
+open("/tmp/stuck.pid.tmp", "w").write(str(os.getpid()))
+os.rename("/tmp/stuck.pid.tmp", "/tmp/stuck.pid")
+time.sleep(600)
+' &
+wait_for "test -s /tmp/stuck.pid" || {{ echo "the stuck holder did not start"; exit 1; }}
+cp -a "$VM_FILES/modules/{A}" {INSTALL}/cache/modules/
+step stuck-a env NVIDIA_DRIVER_VERSION={A} NVIDIA_INSTALLER_HOLDERS_TIMEOUT=2 $py -m installer run
+cluster after-stuck-a
+echo "@@ modules-after-stuck-a"
+cat /sys/module/nvidia/version
+cat /lib/modules/$(uname -r)/updates/nvidia-driver-installer/.installer-stamp
+modinfo -F version nvidia
+readlink {INSTALL}/current
+kill "$(cat /tmp/stuck.pid)"
 """
 
 
@@ -185,3 +207,17 @@ def test_node_ends_uncordoned_with_labels_restored_and_every_phase_visible(
     # The device plugin's pod (no GPU request) is left to its DaemonSet; only GPU pods evicted.
     assert [w for w in state["writes"] if "eviction" in w] == [
         "POST /api/v1/namespaces/ml/pods/train-0/eviction"]
+
+
+def test_an_upgrade_that_times_out_leaves_the_loaded_drivers_modules_on_the_host(
+        boot: VmResult) -> None:
+    stuck = boot.section("stuck-a")
+    assert exit_of(stuck) == 74, stuck
+    assert re.search(r"pid \d+ \(dcgm-hostengine\) holds /dev/nvidia0", stuck), stuck
+    assert f"the loaded driver {B} stays" in stuck
+    loaded, stamp, modinfo, current = boot.section("modules-after-stuck-a").strip().splitlines()[:4]
+    assert (loaded, stamp.split()[0], modinfo, current) == (B, B, B, f"versions/{B}")
+    node = cluster_state(boot, "after-stuck-a")["node"]
+    assert "unschedulable" not in node["spec"]
+    assert node["metadata"]["labels"][PLUGIN_LABEL] == "true"
+    assert node["metadata"]["labels"]["nvidia-driver-installer/upgrade-state"] == "upgrade-failed"
