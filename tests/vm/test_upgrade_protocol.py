@@ -4,10 +4,11 @@ health checker does); a version bump to B with the protocol on cordons the node,
 plugin by label (the stand-in API server plays the DaemonSet controller and kubelet: the plugin's
 process is stopped once its label says paused), evicts the GPU pod, unloads A, installs and
 verifies B, restores the labels and uncordons: no manual step. Runs with the same version make
-no API write. One boot. The modules of A and B are compiled ahead on this machine by
-`installer prebuild` for the guest's kernel and put in the guest's module cache (what a node
-finds after a prebuild): this test is about the protocol, the in-guest compile is proven by
-test_installer_scenarios.py.
+no API write. A last attempt back to A, held by a host process no label pauses, times out and
+leaves B loaded with B's modules in /lib/modules. One boot. The modules of A and B are
+compiled ahead on this machine by `installer prebuild` for the guest's kernel and put in the
+guest's module cache (what a node finds after a prebuild): this test is about the protocol,
+the in-guest compile is proven by test_installer_scenarios.py.
 """
 
 from __future__ import annotations
