@@ -122,7 +122,7 @@ def _steps(ctx: Context) -> list[Step]:
     plan += dnf.dnf_steps(ctx) if dnf_source else runfile.runfile_steps(ctx)
     # Stage everything on the host first, so the old driver is unloaded and the new one
     # loaded back to back (issue 9).
-    if load:
+    if load and not dnf_source:  # dnf checks before its packages change (dnf_steps)
         plan.append(steps.driver_free_step(ctx))
     if not dnf_source:
         plan += [steps.module_files_step(ctx), steps.firmware_step(ctx)]

@@ -324,6 +324,45 @@ def driver_free_step(ctx: Context) -> Step:
                 "(with the upgrade protocol: check the API server answers)", satisfied, apply)
 
 
+def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
+    """dnf source: the driver packages replace the host's user space in /usr as they install,
+    so nothing can be staged: a held driver is refused (protocol off) or freed (protocol on:
+    cordon, evict, wait) before the transaction, and the host's packages stay as they were
+    when that fails. Nothing to do when the packages are already on the target or the loaded
+    driver is the planned version."""
+    done = "driver-freed-before-packages"
+
+    def needs_room() -> bool:
+        if ctx.memo.get(done) or packages.is_satisfied():
+            return False
+        driver = host.loaded_driver(ctx.root)
+        if driver is None and not _any_nvidia_loaded(ctx):
+            return False
+        if driver is not None and driver.version == ctx.target.version:
+            return False
+        return bool(_holders(ctx)) or any(
+            count > 0 for name, count in modules.loaded_modules(ctx.root).items()
+            if name in modules.UNLOAD_ORDER)
+
+    def apply() -> None:
+        if not ctx.config.upgrade_protocol:
+            raise modules.in_use_error(
+                _holders(ctx), modules.loaded_modules(ctx.root),
+                "the host's driver packages were left as they were (dnf replaces the user "
+                "space as it installs, so nothing is staged while the driver is held)")
+        from installer.cluster import protocol
+
+        driver = host.loaded_driver(ctx.root)
+        old = (driver.version if driver else None) or "unknown"
+        protocol.make_room(ctx.config, ctx.root, ctx.layout, old, ctx.target.version)
+        ctx.memo[done] = True
+        remove_ready_file(ctx)
+
+    return Step("check-driver-free", "before the driver packages change the host's user "
+                "space: refuse a held driver (with the upgrade protocol: free it)",
+                lambda: not needs_room(), apply)
+
+
 def _holders(ctx: Context) -> list[str]:
     return [f"pid {h.pid} ({h.command}) holds {h.path}"
             for h in host.holders_of(ctx.root, "/dev/nvidia")]

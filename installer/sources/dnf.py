@@ -32,7 +32,7 @@ from installer.plan import Context, Decision, Step
 from installer.sources import dnf_commands as cmd
 from installer.sources import dnf_metadata
 from installer.sources.dnf_commands import Choice, DnfTarget
-from installer.steps import COMPLETE_MARKER
+from installer.steps import COMPLETE_MARKER, driver_free_before_packages_step
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +79,20 @@ def target_of(ctx: Context) -> DnfTarget:
 def dnf_steps(ctx: Context) -> list[Step]:
     """add-dnf-repo, [enable-epel], install-driver-packages (EL8/9: one transaction with
     kernel-devel, then DKMS for the target kernel), or on EL10 install-kernel-devel,
-    install-driver-packages, lock-driver-version; then populate-install-dir."""
+    install-driver-packages, lock-driver-version; then populate-install-dir. When the driver
+    is to be loaded, check-driver-free comes right before the packages change."""
     dt = target_of(ctx)
     plan = [repo_step(ctx)]
     if ctx.config.dnf_enable_epel:
         plan.append(epel_step(ctx))
+    packages = stream_transaction_step(ctx, dt) if dt.stream else transaction_step(ctx, dt)
     if dt.stream is None:
-        plan += [kernel_devel_step(ctx), transaction_step(ctx, dt), versionlock_step(ctx, dt)]
-    else:
-        plan.append(stream_transaction_step(ctx, dt))
+        plan.append(kernel_devel_step(ctx))
+    if ctx.target.load:
+        plan.append(driver_free_before_packages_step(ctx, packages))
+    plan.append(packages)
+    if dt.stream is None:
+        plan.append(versionlock_step(ctx, dt))
     plan.append(populate_step(ctx, dt))
     return plan
 

@@ -398,3 +398,35 @@ def test_failed_transaction_leaves_the_host_packages_as_they_were(
     assert stream(root) == "580-dkms"
     assert os.readlink(inst(root) / "current") == f"versions/{V580A}"
     assert not (inst(root) / "versions" / V575).exists()
+
+
+def test_a_held_driver_is_refused_before_the_packages_change(
+    root: Path, repo_files: dict[str, str]
+) -> None:
+    """dnf replaces the host's user space as it installs: with driver A loaded and held, an
+    upgrade to B must not run a transaction (A's kernel module under B's libraries)."""
+    from hosttrees import (
+        add_process,
+        module_line,
+        write_driver_version,
+        write_osrelease_kernel,
+        write_proc_modules,
+    )
+
+    ok(run_installer(env_for(root, repo_files["file"], V580A), "run"))  # built ahead, A
+    before = rpms(root)
+    # Now the host runs that kernel with A loaded; the device plugin holds /dev/nvidia0.
+    write_osrelease_kernel(root, KERNEL)
+    (root / "proc/version").write_text(GCC_LINE.format(k=KERNEL))
+    write_proc_modules(root, [module_line("nvidia_uvm"), module_line("nvidia", refcount=1)])
+    write_driver_version(root, V580A)
+    add_process(root, 4242, "nvidia-device-p", {3: "/dev/nvidia0"})
+    result = run_installer(env_for(root, repo_files["file"], V580B), "run")
+    assert result.returncode == 34, result.stderr[-3000:]
+    assert rpms(root) == before
+    assert "step install-driver-packages" not in result.stderr
+    assert "error[driver-in-use]" in result.stderr
+    assert "pid 4242 (nvidia-device-p) holds /dev/nvidia0" in result.stderr
+    assert "driver packages were left as they were" in result.stderr
+    assert stream(root) == "580-dkms"
+    assert os.readlink(inst(root) / "current") == f"versions/{V580A}"

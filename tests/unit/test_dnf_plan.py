@@ -75,9 +75,9 @@ def test_auto_on_rocky_with_the_cuda_repo_file_picks_dnf(tmp_path: Path) -> None
     names = [s.name for s in plan.steps]
     assert names[names.index("add-dnf-repo") :] == [
         "add-dnf-repo",
+        "check-driver-free",
         "install-driver-packages",
         "populate-install-dir",
-        "check-driver-free",
         "unload-old-driver",
         "activate-install",
         "configure-ld-cache",
@@ -322,3 +322,71 @@ def test_repo_step_keeps_an_existing_repo_file(tmp_path: Path) -> None:
     add_repo_file(tmp_path)
     plan = plan_for(tmp_path, FakeRunner())
     assert step(plan, "add-dnf-repo").is_satisfied()
+
+
+OLD = "550.127.05"
+
+
+def held_rocky_plan(tmp_path: Path, **env: str) -> Plan:
+    """Rocky 9 with NVIDIA's repo, driver OLD loaded and /dev/nvidia0 held by the device
+    plugin; the plan asks for 580."""
+    from hosttrees import add_process, module_line, write_driver_version, write_proc_modules
+
+    add_repo_file(tmp_path)
+    plan = plan_for(tmp_path, FakeRunner(), NVIDIA_DRIVER_VERSION="580.105.08",
+                    NVIDIA_KERNEL_MODULE_TYPE="proprietary", **env)
+    write_proc_modules(tmp_path, [module_line("nvidia_uvm"), module_line("nvidia", refcount=1)])
+    write_driver_version(tmp_path, OLD)
+    add_process(tmp_path, 4242, "nvidia-device-p", {3: "/dev/nvidia0"})
+    return plan
+
+
+def test_a_held_driver_is_refused_before_dnf_changes_the_hosts_packages(tmp_path: Path) -> None:
+    from installer.errors import DriverInUse
+
+    plan = held_rocky_plan(tmp_path)
+    names = [s.name for s in plan.steps]
+    assert names.index("check-driver-free") == names.index("install-driver-packages") - 1
+    check = step(plan, "check-driver-free")
+    assert not check.is_satisfied()
+    with pytest.raises(DriverInUse) as caught:
+        check.apply()
+    assert "pid 4242 (nvidia-device-p) holds /dev/nvidia0" in caught.value.message
+    assert "driver packages were left as they were" in caught.value.message
+    runner = plan.context.runner
+    assert isinstance(runner, FakeRunner) and runner.calls == []  # no dnf, no rpm
+
+
+def test_with_the_protocol_the_room_is_made_before_the_packages_change(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("kubernetes", reason="pip install kubernetes")
+    from installer.cluster import protocol
+    from installer.layout import READY_FILE
+
+    plan = held_rocky_plan(tmp_path, NVIDIA_INSTALLER_UPGRADE_PROTOCOL="true",
+                           NODE_NAME="gpu-1")
+    ready = plan.context.root.local(READY_FILE)
+    ready.parent.mkdir(parents=True, exist_ok=True)
+    ready.write_text(f"DRIVER_VERSION={OLD}\n")
+    calls = []
+
+    def make_room(config: object, root: object, layout: object, old: str, new: str) -> None:
+        calls.append((old, new))
+        (tmp_path / "proc/4242/fd/3").unlink()  # the paused plugin let go
+
+    monkeypatch.setattr(protocol, "make_room", make_room)
+    check = step(plan, "check-driver-free")
+    assert not check.is_satisfied()
+    check.apply()
+    assert calls == [(OLD, "580.105.08")]
+    assert check.is_satisfied() and not ready.exists()
+    runner = plan.context.runner
+    assert isinstance(runner, FakeRunner) and runner.calls == []
+
+
+def test_packages_already_on_the_target_need_no_free_driver(tmp_path: Path) -> None:
+    plan = held_rocky_plan(tmp_path)
+    from hosttrees import write_driver_version
+
+    write_driver_version(tmp_path, "580.105.08")  # the planned version is the loaded one
+    assert step(plan, "check-driver-free").is_satisfied()
