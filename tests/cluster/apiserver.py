@@ -27,6 +27,7 @@ import contextlib
 import copy
 import json
 import re
+import sys
 import threading
 import time
 import uuid
@@ -405,6 +406,12 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     cluster: Cluster
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that closes its pooled connection at exit (the kubernetes client does)
+        is not an error; anything else still prints its traceback."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class ApiServer:
