@@ -298,17 +298,12 @@ def driver_free_step(ctx: Context) -> Step:
     protocol frees the driver right before the unload (issue 13); here it only checks that the
     API server answers, so a held upgrade that cannot reach it changes nothing on the host."""
 
-    def held() -> bool:
-        busy = [name for name, count in modules.loaded_modules(ctx.root).items()
-                if name in modules.UNLOAD_ORDER and count > 0]
-        return bool(busy or _holders(ctx))
-
     def satisfied() -> bool:
         if unload_old_step(ctx).is_satisfied():
             return True  # nothing will be unloaded
         if ctx.config.upgrade_protocol and ctx.memo.get("cluster-api-answers"):
             return True
-        return not held()
+        return not _driver_held(ctx)
 
     def apply() -> None:
         if not ctx.config.upgrade_protocol:
@@ -340,9 +335,7 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
             return False
         if driver is not None and driver.version == ctx.target.version:
             return False
-        return bool(_holders(ctx)) or any(
-            count > 0 for name, count in modules.loaded_modules(ctx.root).items()
-            if name in modules.UNLOAD_ORDER)
+        return _driver_held(ctx)
 
     def apply() -> None:
         if not ctx.config.upgrade_protocol:
@@ -361,6 +354,12 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
     return Step("check-driver-free", "before the driver packages change the host's user "
                 "space: refuse a held driver (with the upgrade protocol: free it)",
                 lambda: not needs_room(), apply)
+
+
+def _driver_held(ctx: Context) -> bool:
+    busy = [name for name, count in modules.loaded_modules(ctx.root).items()
+            if name in modules.UNLOAD_ORDER and count > 0]
+    return bool(busy or _holders(ctx))
 
 
 def _holders(ctx: Context) -> list[str]:
