@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 from fakes import FakeRunner
-from hosttrees import add_process, make_host, module_line, write_driver_version, write_proc_modules
+from hosttrees import (
+    add_process,
+    make_host,
+    module_line,
+    root_env,
+    write_driver_version,
+    write_proc_modules,
+)
 
 from installer import host, steps
 from installer.config import build_config, from_env
@@ -34,7 +41,7 @@ def held_host(tmp_path: Path, **env: str) -> Context:
     ready = root.local(READY_FILE)
     ready.parent.mkdir(parents=True)
     ready.write_text(f"DRIVER_VERSION={OLD}\n")
-    config = from_env({"ROOT_MOUNT_DIR": str(tmp_path), **env})
+    config = from_env(root_env(tmp_path, **env))
     layout = Layout.from_config(config, root)
     facts = host.gather(root, free_space_path=tmp_path)
     target = Target(NEW, 580, "open", "5.15.0-105-generic", "runfile", [], None, True,
