@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,11 @@ QEMU = "qemu-system-x86_64"
 KERNEL_CMDLINE = "console=ttyS0 panic=-1 loglevel=4 mitigations=off"
 STATE_DISK_BYTES = 2 << 30
 SECTION_MARKER = "@@ "
+# Under TCG the guest kernel now and then locks up both vCPUs in runc's container start (seen
+# 2026-11-25: runc and runc init each stuck in the kernel, never in the installer or the kit's
+# modules). The watchdog says so about 25 s in; the boot is then retried once.
+LOCKUP = "watchdog: BUG: soft lockup"
+LOCKUP_RETRIES = 1
 KERNEL_LINE = re.compile(r"^\[\s*\d+\.\d+\] ")
 
 
@@ -71,6 +77,10 @@ class VmError(RuntimeError):
         self.console = console
 
 
+class GuestLockup(VmError):
+    """The guest kernel's watchdog reported a soft lockup; qemu was stopped at once."""
+
+
 def boot_and_run(
     script: str,
     *,
@@ -91,13 +101,34 @@ def boot_and_run(
     guest = find_guest_kernel(kernel)
     if guest is None:
         raise VmError(f"no bootable kernel {kernel or ''} in /boot with /lib/modules", "")
-    run_dir = Path(tempfile.mkdtemp(prefix="installer-vm-run-"))
+    disk = state_disk(state_dir) if state_dir is not None else None
+    before = disk.with_name(disk.name + ".before-boot") if disk is not None else None
+    if disk is not None and before is not None:
+        _copy_sparse(disk, before)  # a retried boot starts from the same disk
     try:
-        _prepare_run_dir(run_dir, script, gpus, files)
-        command = _qemu_command(guest, run_dir, state_dir)
-        return _run_qemu(command, run_dir, timeout)
+        for attempt in range(LOCKUP_RETRIES + 1):
+            run_dir = Path(tempfile.mkdtemp(prefix="installer-vm-run-"))
+            try:
+                _prepare_run_dir(run_dir, script, gpus, files)
+                command = _qemu_command(guest, run_dir, state_dir)
+                return _run_qemu(command, run_dir, timeout)
+            except GuestLockup as lockup:
+                if attempt == LOCKUP_RETRIES:
+                    raise
+                warnings.warn(f"guest kernel soft lockup (qemu stopped), the boot is retried "
+                              f"once from the same disk: {lockup.console[-600:]}", stacklevel=2)
+                if disk is not None and before is not None:
+                    _copy_sparse(before, disk)
+            finally:
+                shutil.rmtree(run_dir, ignore_errors=True)
+        raise AssertionError("unreachable")
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        if before is not None:
+            before.unlink(missing_ok=True)
+
+
+def _copy_sparse(source: Path, dest: Path) -> None:
+    subprocess.run(["cp", "--sparse=always", str(source), str(dest)], check=True)
 
 
 def _prepare_run_dir(
@@ -202,16 +233,23 @@ def _run_qemu(command: list[str], run_dir: Path, timeout: float) -> VmResult:
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=subprocess.STDOUT
         )
+        locked_up = False
         try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
+            while time.monotonic() - started < timeout and process.poll() is None:
+                try:
+                    process.wait(timeout=min(5.0, max(0.1, timeout - (time.monotonic() - started))))
+                except subprocess.TimeoutExpired:
+                    locked_up = LOCKUP in _read_text(run_dir / "console.log")
+                    if locked_up:
+                        break
         finally:
             if process.poll() is None:
                 process.kill()
                 process.wait()
     duration = time.monotonic() - started
     console = _read_text(run_dir / "console.log") + _read_text(run_dir / "qemu.log")
+    if locked_up:
+        raise GuestLockup(f"the guest kernel locked up after {duration:.0f}s", console)
     exit_code_file = run_dir / "exit_code"
     if not exit_code_file.is_file():
         reason = "timed out" if duration >= timeout else f"qemu exited {process.returncode}"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vm.guest_kernel import GuestKernel
-from vm.harness import FakeGpu, VmError, boot_and_run
+from vm.harness import FakeGpu, GuestLockup, VmError, boot_and_run
 
 pytestmark = pytest.mark.vm
 
@@ -82,4 +82,29 @@ def test_timeout_kills_qemu(vm_kernel: GuestKernel) -> None:
     with pytest.raises(VmError, match="timed out"):
         boot_and_run("sleep 600", timeout=4, kernel=vm_kernel.release)
 
+    assert _children_of_this_process() == []
+
+
+LOCKS_UP = """
+echo "@@ attempt"
+if [ -e /var/lib/vm-probe/attempted ]; then echo "the disk kept the last attempt"
+else echo fresh; fi
+mkdir -p /var/lib/vm-probe && touch /var/lib/vm-probe/attempted && sync
+echo "<0>watchdog: BUG: soft lockup - CPU#0 stuck for 26s! [exe:214]" > /dev/kmsg
+sleep 600
+"""
+
+
+def test_a_lockup_stops_the_guest_at_once_and_the_boot_is_retried_once_from_the_same_disk(
+        vm_kernel: GuestKernel, tmp_path: Path) -> None:
+    """What the watchdog prints is written to the kernel log by the scenario; the harness must
+    stop qemu within seconds (not at the timeout) and retry the boot once on the disk as it
+    was before the first attempt."""
+    with pytest.warns(UserWarning, match="soft lockup"), \
+            pytest.raises(GuestLockup, match="locked up") as caught:
+        boot_and_run(LOCKS_UP, state_dir=tmp_path / "state", timeout=500,
+                     kernel=vm_kernel.release)
+    assert "fresh" in caught.value.console
+    assert "the disk kept the last attempt" not in caught.value.console
+    assert not list((tmp_path / "state").glob("*.before-boot"))
     assert _children_of_this_process() == []
