@@ -3,6 +3,7 @@ versions, download, prebuild."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -132,7 +133,7 @@ def describe_plan(plan: Plan) -> list[str]:
 
 def verify_installed(config: Config, runner: Runner | None = None) -> Any:
     """Verify the driver that is loaded now against the record (or the requested version)."""
-    from installer import verify, versions
+    from installer import components, verify, versions
 
     root = HostRoot(config.root)
     layout = Layout.from_config(config, root)
@@ -141,11 +142,14 @@ def verify_installed(config: Config, runner: Runner | None = None) -> Any:
     expected = record.version if record else None
     if record is None and versions.parse_request(config.version).kind == "exact":
         expected = config.version
+    fabric_required, switches = components.fabric_required(root)  # issue 21
     return verify.verify(
         install_dir=layout.install_local,
         expected_version=expected,
         expected_gpus=[g.address for g in gpus],
         runner=runner or SubprocessRunner(),
+        fabric_required=fabric_required,
+        switches=switches,
     )
 
 
@@ -168,7 +172,7 @@ def status(config: Config) -> dict[str, Any]:
 def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
     """Unload the driver and remove what the installer put on the host. Returns what it
     removed. Raises DriverInUse when the driver is held."""
-    from installer import ldcache, modules
+    from installer import components, ldcache, modules
     from installer.steps import remove_tree
 
     runner = runner or SubprocessRunner()
@@ -178,8 +182,11 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
     with state.HostLock(layout.lock_file, config.lock_timeout):
         record = state.read_record(layout.state_file)
         holders = [f"pid {h.pid} ({h.command}) holds {h.path}"
-                   for h in host.holders_of(root, "/dev/nvidia")]
-        modules.unload(root, runner, holders)
+                   for h in components.not_ours(root, layout, host.holders_of(root, "/dev/nvidia"))]
+        with contextlib.ExitStack() as pause:
+            if not holders:  # issue 21: our daemons go only when nothing else holds the driver
+                pause.enter_context(components.paused(root, layout))
+            modules.unload(root, runner, holders)
         removed += modules.remove_nodes(layout.dev_dir)
         ready = root.local(READY_FILE)
         if ready.exists():

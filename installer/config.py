@@ -277,6 +277,29 @@ SETTINGS: tuple[Setting, ...] = (
         "Components <c> whose nvidia.com/gpu.deploy.<c> label is set to "
         "paused-for-driver-upgrade during an upgrade.",
     ),
+    # issue 21: the daemons beside the driver (installer/components)
+    Setting(
+        "fabricmanager",
+        "NVIDIA_FABRICMANAGER",
+        "auto",
+        "auto: where NVSwitch PCI functions are found (HGX/DGX A100, H100, H200), install "
+        "Fabric Manager of the driver's exact version and run it (`installer fabricmanager`); "
+        "false: never (the host runs its own).",
+    ),
+    Setting(
+        "fabricmanager_redist",
+        "NVIDIA_FABRICMANAGER_REDIST",
+        "https://developer.download.nvidia.com/compute/nvidia-driver/redist",
+        "Comma-separated base URLs of NVIDIA's driver redist tree, tried in order (mirrors "
+        "first): each holds redistrib_<version>.json and the fabricmanager archive it names.",
+    ),
+    Setting(
+        "daemon_restarts",
+        "NVIDIA_INSTALLER_DAEMON_RESTARTS",
+        "5",
+        "How often `installer fabricmanager` / `installer persistenced` restart a daemon that "
+        "died (backoff 1 s doubling to 30 s) within 10 minutes before exiting non-zero.",
+    ),
 )
 
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
@@ -337,6 +360,11 @@ class Config:
     force_eviction: bool = False
     pause_components: tuple[str, ...] = (
         "device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "mig-manager")
+    # issue 21
+    fabricmanager: str = "auto"
+    fabricmanager_redist: tuple[str, ...] = (
+        "https://developer.download.nvidia.com/compute/nvidia-driver/redist",)
+    daemon_restarts: int = 5
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def module_args_for(self, module: str) -> list[str]:
@@ -536,6 +564,10 @@ _PARSERS: dict[str, Callable[[str, Setting], object]] = {
     "holders_timeout": _number,
     "force_eviction": _switch,
     "pause_components": lambda v, s: _components(v, s),
+    # issue 21
+    "fabricmanager": _choice("auto", "false"),
+    "fabricmanager_redist": lambda v, s: _redist(v, s),
+    "daemon_restarts": _count,
 }
 
 
@@ -570,6 +602,13 @@ def _components(value: str, setting: Setting) -> tuple[str, ...]:
             raise ConfigError(f"{setting.env}: {item!r} is not a component name "
                               "(lower-case letters, digits and '-')")
     return items
+
+
+def _redist(value: str, setting: Setting) -> tuple[str, ...]:
+    bases = tuple(b.rstrip("/") for b in _mirrors(value, setting) if b)
+    if not bases:
+        raise ConfigError(f"{setting.env} must name at least one URL")
+    return bases
 
 
 def _branch_path(value: str, setting: Setting) -> str:

@@ -108,6 +108,9 @@ def make_plan(
         extra = dnf.plan_decisions(ctx)
         topics = {d.topic for d in extra}
         decisions = [d for d in decisions if d.topic not in topics] + extra
+    from installer import components  # issue 21: Fabric Manager on NVSwitch nodes
+
+    decisions += components.decisions(ctx)
     return Plan(ctx, decisions, _steps(ctx), blockers)
 
 
@@ -120,6 +123,9 @@ def _steps(ctx: Context) -> list[Step]:
     # install-module-files; the packages' files fill versions/<ver> instead of nvidia-installer.
     dnf_source = ctx.target.source == "dnf"
     plan += dnf.dnf_steps(ctx) if dnf_source else runfile.runfile_steps(ctx)
+    from installer import components  # issue 21: beside the user space in versions/<ver>
+
+    plan += components.steps(ctx)
     # Stage everything on the host first, so the old driver is unloaded and the new one
     # loaded back to back (issue 9).
     if load and not dnf_source:  # dnf checks before its packages change (dnf_steps)

@@ -3,6 +3,7 @@ ld cache, verification and the install record."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -84,28 +85,32 @@ def unload_old_step(ctx: Context) -> Step:
         return driver.version == target.version and driver.flavour == target.flavour
 
     def apply() -> None:
+        from installer import components  # issue 21: our own daemons hold /dev/nvidia* too
+
         driver = host.loaded_driver(ctx.root)
-        holders = [
-            f"pid {h.pid} ({h.command}) holds {h.path}"
-            for h in host.holders_of(ctx.root, "/dev/nvidia")
-        ]
+        holders = _holders(ctx)
         log.info("replacing loaded driver %s with %s",
                  driver.version if driver else "unknown", target.version)
         try:
-            if holders and ctx.config.upgrade_protocol:  # issue 13: cordon, evict, wait, unload
-                from installer.cluster import protocol
+            with contextlib.ExitStack() as pause:
+                if holders and ctx.config.upgrade_protocol:  # issue 13: cordon, evict, wait
+                    from installer.cluster import protocol
 
-                old = (driver.version if driver else None) or "unknown"
-                protocol.make_room(ctx.config, ctx.root, ctx.layout, old, target.version)
+                    old = (driver.version if driver else None) or "unknown"
+                    # The protocol waits for every holder to go, ours included.
+                    pause.enter_context(components.paused(ctx.root, ctx.layout))
+                    protocol.make_room(ctx.config, ctx.root, ctx.layout, old, target.version)
+                    remove_ready_file(ctx)
+                    holders = []
+                elif not holders:  # ours only: stopped now, so the unload can happen
+                    pause.enter_context(components.paused(ctx.root, ctx.layout))
+                modules.unload(ctx.root, ctx.runner, holders)
                 remove_ready_file(ctx)
-                holders = []
-            modules.unload(ctx.root, ctx.runner, holders)
         except InstallerError:
             # The new module files were staged before the unload (issue 9's order).
             if target.source != "dnf":
                 restore_module_files(ctx, driver)
             raise
-        remove_ready_file(ctx)
 
     return Step("unload-old-driver", "unload a different driver version that is loaded",
                 satisfied, apply)
@@ -343,11 +348,19 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
                 _holders(ctx), modules.loaded_modules(ctx.root),
                 "the host's driver packages were left as they were (dnf replaces the user "
                 "space as it installs, so nothing is staged while the driver is held)")
+        from installer import components
         from installer.cluster import protocol
 
         driver = host.loaded_driver(ctx.root)
         old = (driver.version if driver else None) or "unknown"
-        protocol.make_room(ctx.config, ctx.root, ctx.layout, old, ctx.target.version)
+        # The protocol waits for our daemons to go too; they stay stopped until the unload, or
+        # until this run ends (its host lock released).
+        components.pause(ctx.root, ctx.layout)
+        try:
+            protocol.make_room(ctx.config, ctx.root, ctx.layout, old, ctx.target.version)
+        except InstallerError:
+            components.resume(ctx.root)
+            raise
         ctx.memo[done] = True
         remove_ready_file(ctx)
 
@@ -357,14 +370,22 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
 
 
 def _driver_held(ctx: Context) -> bool:
+    from installer import components
+
     busy = [name for name, count in modules.loaded_modules(ctx.root).items()
             if name in modules.UNLOAD_ORDER and count > 0]
-    return bool(busy or _holders(ctx))
+    everyone = host.holders_of(ctx.root, "/dev/nvidia")
+    others = components.not_ours(ctx.root, ctx.layout, everyone)
+    # Issue 21: when our own daemons (stopped right before the unload) are the only processes
+    # holding the driver, the module references are theirs; the unload checks again.
+    return bool(others or (busy and len(others) == len(everyone)))
 
 
 def _holders(ctx: Context) -> list[str]:
-    return [f"pid {h.pid} ({h.command}) holds {h.path}"
-            for h in host.holders_of(ctx.root, "/dev/nvidia")]
+    from installer import components
+
+    return [f"pid {h.pid} ({h.command}) holds {h.path}" for h in components.not_ours(
+        ctx.root, ctx.layout, host.holders_of(ctx.root, "/dev/nvidia"))]
 
 
 def ld_cache_step(ctx: Context) -> Step:
@@ -505,7 +526,10 @@ def prune_step(ctx: Context) -> Step:
     def keep(path: Path) -> bool:
         name = path.name
         if path.parent == layout.downloads:
-            return name.startswith(f"NVIDIA-Linux-{ctx.facts.arch}-{target.version}.run")
+            from installer import components  # issue 21: e.g. the Fabric Manager archive
+
+            return name.startswith(f"NVIDIA-Linux-{ctx.facts.arch}-{target.version}.run") or (
+                components.keeps_download(name, target.version, ctx.facts.arch))
         return name == target.version and path.parent != layout.cache_local / "extracted"
 
     def leftovers() -> list[Path]:

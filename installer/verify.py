@@ -37,6 +37,12 @@ class GpuInfo:
     uuid: str
     pci_bus_id: str
     memory_total_mib: Optional[int]
+    # issue 21: NVML's fabric registration (FABRIC_STATES names, or "unavailable": NVML does
+    # not report it for this GPU) with its status ("success" or the NVML error), and whether
+    # persistence mode is "enabled" or "disabled" (None: not asked, or NVML failed).
+    fabric_state: Optional[str] = None
+    fabric_status: Optional[str] = None
+    persistence_mode: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -45,7 +51,13 @@ class GpuInfo:
             "uuid": self.uuid,
             "pci_bus_id": self.pci_bus_id,
             "memory_total_mib": self.memory_total_mib,
+            "fabric": {"state": self.fabric_state, "status": self.fabric_status},
+            "persistence_mode": self.persistence_mode,
         }
+
+    @property
+    def fabric_done(self) -> bool:
+        return self.fabric_state == "completed" and self.fabric_status == "success"
 
 
 @dataclass(frozen=True)
@@ -63,10 +75,22 @@ class VerifyReport:
     problems: tuple[str, ...]
     nvml_library: Optional[str] = None
     smi_gpus: tuple[GpuInfo, ...] = field(default=(), repr=False)
+    fabric_required: bool = False  # issue 21: an NVSwitch node (Fabric Manager must have run)
+    switches: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def fabric(self) -> str:
+        """not-applicable (no NVSwitch), completed, pending, or unknown (no GPU reports it)."""
+        if not self.fabric_required:
+            return "not-applicable"
+        reporting = [g for g in self.gpus if g.fabric_state not in (None, "unavailable")]
+        if not reporting:
+            return "unknown"
+        return "completed" if all(g.fabric_done for g in reporting) else "pending"
 
     def to_json(self) -> dict[str, Any]:
         """The `installer verify --json` document."""
@@ -80,6 +104,8 @@ class VerifyReport:
             },
             "nvml_library": self.nvml_library,
             "gpus": [gpu.to_json() for gpu in self.gpus],
+            "fabric": {"required": self.fabric_required, "state": self.fabric,
+                       "nvswitches": list(self.switches)},
             "problems": list(self.problems),
         }
 
@@ -88,9 +114,16 @@ class VerifyReport:
         lines = []
         for gpu in self.gpus:
             memory = "? MiB" if gpu.memory_total_mib is None else f"{gpu.memory_total_mib} MiB"
+            extra = "".join(
+                f", {label} {value}" for label, value in
+                (("fabric", gpu.fabric_state), ("persistence mode", gpu.persistence_mode))
+                if value is not None)
             lines.append(
                 f"GPU {gpu.index}: {gpu.name or '?'} {gpu.pci_bus_id} {gpu.uuid or '?'} {memory}"
+                + extra
             )
+        if self.fabric_required:
+            lines.append(f"fabric: {self.fabric} ({len(self.switches)} NVSwitch(es))")
         if self.ok:
             version = self.nvml_driver_version or self.smi_driver_version or "?"
             lines.append(
@@ -119,6 +152,8 @@ def verify(
     expected_gpus: Sequence[str],
     runner: Runner,
     timeout: float = 60,
+    fabric_required: bool = False,
+    switches: Sequence[str] = (),
 ) -> VerifyReport:
     """Asks the installed nvidia-smi and NVML (in a child process) about the loaded driver.
 
@@ -127,6 +162,8 @@ def verify(
     `LD_LIBRARY_PATH=<install_dir>/lib64`. `timeout` bounds the two together. Changes nothing
     on the host and raises nothing for a driver that answers wrongly: every difference from
     `expected_version` / `expected_gpus` is a sentence in `problems` (see `require_ok`).
+    With `fabric_required` (an NVSwitch node) every GPU that reports its fabric state must
+    have completed its registration with success (Fabric Manager ran), else CUDA fails.
     """
     deadline = time.monotonic() + timeout
     lib_dir = Path(install_dir) / "lib64"
@@ -165,6 +202,8 @@ def verify(
         problems.extend(_compare_gpus("nvidia-smi", smi_gpus, expected))
     if nvml_answered and smi_answered:
         problems.extend(_compare_sources(nvml_gpus, smi_gpus))
+    if nvml_answered and fabric_required:
+        problems.extend(fabric_problems(nvml_gpus))
 
     return VerifyReport(
         expected_version=expected_version,
@@ -175,7 +214,36 @@ def verify(
         problems=tuple(problems),
         nvml_library=nvml_library,
         smi_gpus=smi_gpus,
+        fabric_required=fabric_required,
+        switches=tuple(switches),
     )
+
+
+def fabric_problems(gpus: Sequence[GpuInfo]) -> list[str]:
+    """On an NVSwitch node: every GPU whose fabric state NVML reports must be registered."""
+    problems = []
+    for gpu in gpus:
+        if gpu.fabric_state in (None, "unavailable") or gpu.fabric_done:
+            continue
+        label = f"GPU {gpu.index} ({gpu.pci_bus_id})"
+        if gpu.fabric_state == "completed":
+            problems.append(f"{label}: its NVLink fabric registration failed "
+                            f"({gpu.fabric_status}); CUDA fails on it")
+        else:
+            problems.append(f"{label}: NVLink fabric {gpu.fabric_state}, not completed: "
+                            "Fabric Manager has not configured the NVSwitches (CUDA fails with "
+                            "error 802, system not yet initialized)")
+    return problems
+
+
+def nvml_gpus(install_dir: Path, runner: Runner, timeout: float = 60
+              ) -> tuple[tuple[GpuInfo, ...], list[str]]:
+    """The GPUs as NVML reports them (with fabric state and persistence mode), asked in a
+    child with the install dir's libraries, and what went wrong asking. Read-only."""
+    lib_dir = Path(install_dir) / "lib64"
+    problems: list[str] = []
+    answer = _query_nvml({"LD_LIBRARY_PATH": str(lib_dir)}, runner, timeout, problems)
+    return (answer[1] if answer else ()), problems
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -336,9 +404,16 @@ def _query_nvml(
                 uuid=str(raw.get("uuid") or ""),
                 pci_bus_id=normalize_bus_id(str(raw.get("pci_bus_id") or "")),
                 memory_total_mib=_int_or_none(raw.get("memory_total_mib")),
+                fabric_state=_str_or_none((raw.get("fabric") or {}).get("state")),
+                fabric_status=_str_or_none((raw.get("fabric") or {}).get("status")),
+                persistence_mode=_str_or_none(raw.get("persistence_mode")),
             )
         )
     return str(version), tuple(gpus), library
+
+
+def _str_or_none(value: object) -> Optional[str]:
+    return value if isinstance(value, str) else None
 
 
 def _check_nvml_library_path(library: Optional[str], lib_dir: Path, problems: list[str]) -> None:
@@ -473,7 +548,52 @@ def _nvml_device(pynvml: Any, index: int) -> dict[str, Any]:
         gpu["memory_total_mib"] = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20)
     except Exception as exc:
         gpu["error"] = _error_json(call, exc)
+        return gpu
+    gpu["fabric"] = _nvml_fabric(pynvml, handle)
+    try:
+        mode = pynvml.nvmlDeviceGetPersistenceMode(handle)
+        gpu["persistence_mode"] = "enabled" if mode == pynvml.NVML_FEATURE_ENABLED else "disabled"
+    except Exception:  # not supported on this GPU or platform: left unknown
+        gpu["persistence_mode"] = None
     return gpu
+
+
+# nvml.h's NVML_GPU_FABRIC_STATE_* values.
+FABRIC_STATES = {0: "not-supported", 1: "not-started", 2: "in-progress", 3: "completed"}
+
+
+def _nvml_fabric(pynvml: Any, handle: Any) -> dict[str, Any]:
+    """nvmlDeviceGetGpuFabricInfoV (v2 struct), else the v1 call of older drivers. A GPU that
+    NVML keeps no fabric state for (before Hopper) answers NOT_SUPPORTED: "unavailable"."""
+    import ctypes
+
+    versioned = getattr(pynvml, "c_nvmlGpuFabricInfoV_t", None)
+    try:
+        try:
+            if versioned is None:
+                raise pynvml.NVMLError_FunctionNotFound(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            info = versioned()
+            pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+        except pynvml.NVMLError_FunctionNotFound:
+            info = pynvml.c_nvmlGpuFabricInfo_t()
+            pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+    except pynvml.NVMLError_NotSupported:
+        return {"state": "unavailable", "status": None}
+    except Exception as exc:
+        return {"state": "unavailable", "status": None, "error": _error_json(
+            "nvmlDeviceGetGpuFabricInfoV", exc)}
+    status = int(info.status)
+    return {
+        "state": FABRIC_STATES.get(int(info.state) & 0xFF, f"unknown-{int(info.state)}"),
+        "status": "success" if status == 0 else _nvml_error_text(pynvml, status),
+    }
+
+
+def _nvml_error_text(pynvml: Any, status: int) -> str:
+    try:
+        return f"{_text(pynvml.nvmlErrorString(status))} ({status})"
+    except Exception:
+        return f"NVML error {status}"
 
 
 def _error_json(call: str, exc: BaseException) -> dict[str, str]:

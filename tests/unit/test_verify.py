@@ -552,6 +552,8 @@ def test_json_shape(install_dir: Path) -> None:
                 "uuid": UUIDS[0],
                 "pci_bus_id": "0000:3b:00.0",
                 "memory_total_mib": 81920,
+                "fabric": {"state": None, "status": None},
+                "persistence_mode": None,
             },
             {
                 "index": 1,
@@ -559,8 +561,11 @@ def test_json_shape(install_dir: Path) -> None:
                 "uuid": UUIDS[1],
                 "pci_bus_id": "0000:5e:00.0",
                 "memory_total_mib": 81920,
+                "fabric": {"state": None, "status": None},
+                "persistence_mode": None,
             },
         ],
+        "fabric": {"required": False, "state": "not-applicable", "nvswitches": []},
         "problems": [
             "NVML reports driver 550.54.15, expected 550.90.07",
             "nvidia-smi reports driver 550.54.15, expected 550.90.07",
