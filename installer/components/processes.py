@@ -27,8 +27,8 @@ class Daemon:
 
 def find(root: HostRoot, names: tuple[str, ...], install_dirs: tuple[PurePosixPath, ...]
          ) -> list[Daemon]:
-    """Processes named `names` whose executable lies in one of `install_dirs` (as the host
-    or a container sees the install dir): ours, never a daemon the host runs from its own
+    """Processes named `names` whose program lies in one of `install_dirs` (as the host or a
+    container sees the install dir): ours, never a daemon the host runs from its own
     packages. Reads the host's /proc only."""
     proc = root.local_resolved("/proc")
     wanted = {name[:COMM_LIMIT]: name for name in names}
@@ -42,12 +42,17 @@ def find(root: HostRoot, names: tuple[str, ...], install_dirs: tuple[PurePosixPa
             comm = (proc / pid / "comm").read_text().strip()
             if comm not in wanted:
                 continue
-            exe = os.readlink(proc / pid / "exe")
+            exe = os.readlink(proc / pid / "exe").removesuffix(" (deleted)")
+            argv = (proc / pid / "cmdline").read_bytes().split(b"\0")[:2]
         except OSError:
             continue
-        path = PurePosixPath(exe.removesuffix(" (deleted)"))
-        if any(_under(path, directory) for directory in install_dirs):
-            found.append(Daemon(int(pid), wanted[comm], exe))
+        # The executable, or the program an interpreter runs (a script's path is argv[1]).
+        candidates = [exe, *(a.decode(errors="replace") for a in argv)]
+        for candidate in candidates:
+            path = PurePosixPath(candidate)
+            if path.name == wanted[comm] and any(_under(path, d) for d in install_dirs):
+                found.append(Daemon(int(pid), wanted[comm], candidate))
+                break
     return sorted(found, key=lambda d: d.pid)
 
 
