@@ -448,7 +448,8 @@ class FabricManagerMismatch(InstallerError):
     default_hint = (
         "The redist tree serves a Fabric Manager archive of another version or layout: fix the "
         "mirror's copy of the archive and of redistrib_<version>.json. The archive was removed "
-        "from the cache and nothing in the install dir was changed."
+        "from the cache; no Fabric Manager file was installed and the loaded driver was left "
+        "as it was."
     )
 
 
