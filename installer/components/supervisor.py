@@ -56,7 +56,7 @@ def paused(root: HostRoot, lock_file: Path | None) -> bool:
         return False
     if lock_file is None or not lock_file.exists():
         return True
-    with open(lock_file, "a+") as handle:
+    with open(lock_file, "rb") as handle:  # the install dir may be mounted read-only
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
