@@ -182,10 +182,11 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
     with state.HostLock(layout.lock_file, config.lock_timeout):
         record = state.read_record(layout.state_file)
         holders = [f"pid {h.pid} ({h.command}) holds {h.path}"
-                   for h in components.not_ours(root, layout, host.holders_of(root, "/dev/nvidia"))]
+                   for h in components.not_ours(root, layout, config,
+                                                host.holders_of(root, "/dev/nvidia"))]
         with contextlib.ExitStack() as pause:
             if not holders:  # issue 21: our daemons go only when nothing else holds the driver
-                pause.enter_context(components.paused(root, layout))
+                pause.enter_context(components.paused(root, layout, config))
             modules.unload(root, runner, holders)
         removed += modules.remove_nodes(layout.dev_dir)
         ready = root.local(READY_FILE)

@@ -98,12 +98,12 @@ def unload_old_step(ctx: Context) -> Step:
 
                     old = (driver.version if driver else None) or "unknown"
                     # The protocol waits for every holder to go, ours included.
-                    pause.enter_context(components.paused(ctx.root, ctx.layout))
+                    pause.enter_context(components.paused(ctx.root, ctx.layout, ctx.config))
                     protocol.make_room(ctx.config, ctx.root, ctx.layout, old, target.version)
                     remove_ready_file(ctx)
                     holders = []
                 elif not holders:  # ours only: stopped now, so the unload can happen
-                    pause.enter_context(components.paused(ctx.root, ctx.layout))
+                    pause.enter_context(components.paused(ctx.root, ctx.layout, ctx.config))
                 modules.unload(ctx.root, ctx.runner, holders)
                 remove_ready_file(ctx)
         except InstallerError:
@@ -355,7 +355,7 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
         old = (driver.version if driver else None) or "unknown"
         # The protocol waits for our daemons to go too; they stay stopped until the unload, or
         # until this run ends (its host lock released).
-        components.pause(ctx.root, ctx.layout)
+        components.pause(ctx.root, ctx.layout, ctx.config)
         try:
             protocol.make_room(ctx.config, ctx.root, ctx.layout, old, ctx.target.version)
         except InstallerError:
@@ -375,7 +375,7 @@ def _driver_held(ctx: Context) -> bool:
     busy = [name for name, count in modules.loaded_modules(ctx.root).items()
             if name in modules.UNLOAD_ORDER and count > 0]
     everyone = host.holders_of(ctx.root, "/dev/nvidia")
-    others = components.not_ours(ctx.root, ctx.layout, everyone)
+    others = components.not_ours(ctx.root, ctx.layout, ctx.config, everyone)
     # Issue 21: when our own daemons (stopped right before the unload) are the only processes
     # holding the driver, the module references are theirs; the unload checks again.
     return bool(others or (busy and len(others) == len(everyone)))
@@ -385,7 +385,7 @@ def _holders(ctx: Context) -> list[str]:
     from installer import components
 
     return [f"pid {h.pid} ({h.command}) holds {h.path}" for h in components.not_ours(
-        ctx.root, ctx.layout, host.holders_of(ctx.root, "/dev/nvidia"))]
+        ctx.root, ctx.layout, ctx.config, host.holders_of(ctx.root, "/dev/nvidia"))]
 
 
 def ld_cache_step(ctx: Context) -> Step:

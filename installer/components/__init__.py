@@ -49,30 +49,30 @@ def keeps_download(name: str, version: str, arch: str) -> bool:
     return fabricmanager.keeps_download(name, version, arch)
 
 
-def _install_dirs(layout: Layout, config: Config | None = None) -> tuple[PurePosixPath, ...]:
-    dirs = {layout.install_host, PurePosixPath(str(layout.install_local))}
-    if config is not None:
-        dirs.add(PurePosixPath(str(config.install_dir_container)))
+def _install_dirs(layout: Layout, config: Config) -> tuple[PurePosixPath, ...]:
+    """The install dir as the host, this process and the DaemonSet's containers see it."""
+    dirs = {layout.install_host, PurePosixPath(str(layout.install_local)),
+            PurePosixPath(str(config.install_dir_container))}
     return tuple(sorted(dirs))
 
 
-def our_daemons(root: HostRoot, layout: Layout) -> set[int]:
+def our_daemons(root: HostRoot, layout: Layout, config: Config) -> set[int]:
     """Pids of the daemons we run from the install dir (they hold /dev/nvidia*)."""
     from installer.components import processes
 
-    return {d.pid for d in processes.find(root, DAEMONS, _install_dirs(layout))}
+    return {d.pid for d in processes.find(root, DAEMONS, _install_dirs(layout, config))}
 
 
-def not_ours(root: HostRoot, layout: Layout, holders: list[Holder]) -> list[Holder]:
-    """`holders` less our own daemons, which `stop_before_unload` stops right before an
-    unload."""
+def not_ours(root: HostRoot, layout: Layout, config: Config,
+             holders: list[Holder]) -> list[Holder]:
+    """`holders` less our own daemons, which `pause` stops right before an unload."""
     if not holders:
         return holders
-    ours = our_daemons(root, layout)
+    ours = our_daemons(root, layout, config)
     return [h for h in holders if h.pid not in ours]
 
 
-def pause(root: HostRoot, layout: Layout) -> None:
+def pause(root: HostRoot, layout: Layout, config: Config) -> None:
     """Before the driver is freed for an unload: the pause file tells `installer
     fabricmanager` and `installer persistenced` to stop their daemons and not restart them
     while this installer holds the host lock; our daemons get SIGTERM here too and are waited
@@ -83,7 +83,7 @@ def pause(root: HostRoot, layout: Layout) -> None:
     from installer.components.supervisor import PAUSE_FILE
 
     root.write_atomic(PAUSE_FILE, f"INSTALLER_PID={os.getpid()}\n")
-    daemons = processes.find(root, DAEMONS, _install_dirs(layout))
+    daemons = processes.find(root, DAEMONS, _install_dirs(layout, config))
     if daemons:
         for daemon in processes.terminate(root, daemons):
             log.warning("cannot stop %s (pid %d) from here", daemon.name, daemon.pid)
@@ -98,9 +98,9 @@ def resume(root: HostRoot) -> None:
 
 
 @contextlib.contextmanager
-def paused(root: HostRoot, layout: Layout) -> Iterator[None]:
+def paused(root: HostRoot, layout: Layout, config: Config) -> Iterator[None]:
     """Our daemons stopped (and kept stopped) for the duration."""
-    pause(root, layout)
+    pause(root, layout, config)
     try:
         yield
     finally:

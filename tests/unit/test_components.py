@@ -240,7 +240,7 @@ def test_our_daemons_are_known_by_their_program_in_the_install_dir(tmp_path: Pat
     from installer import host
 
     holders = host.holders_of(root, "/dev/nvidia")
-    assert [h.pid for h in components.not_ours(root, layout, holders)] == [102, 103]
+    assert [h.pid for h in components.not_ours(root, layout, config, holders)] == [102, 103]
 
 
 def test_a_driver_held_only_by_our_daemons_is_free_to_replace(tmp_path: Path) -> None:
