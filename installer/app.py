@@ -166,7 +166,21 @@ def status(config: Config) -> dict[str, Any]:
         else None,
         "ready": ready is not None,
         "ready_file": str(READY_FILE),
+        "daemons": _daemons(root),  # issue 21
     }
+
+
+def _daemons(root: HostRoot) -> dict[str, Any]:
+    """What `installer fabricmanager` / `installer persistenced` last said (their files)."""
+    from installer.components import NAMES
+    from installer.components.supervisor import ready_file
+
+    found: dict[str, Any] = {}
+    for name in NAMES:
+        text = root.read_text(ready_file(name))
+        found[name] = dict(line.split("=", 1) for line in text.splitlines() if "=" in line) \
+            if text else None
+    return found
 
 
 def uninstall(config: Config, runner: Runner | None = None) -> list[str]:

@@ -234,6 +234,8 @@ def test_our_daemons_are_known_by_their_program_in_the_install_dir(tmp_path: Pat
                        cmdline="/usr/bin/nvidia-persistenced")
     os.symlink("/usr/bin/nvidia-persistenced", proc / "exe")
     add_process(tmp_path, 103, "python3", {5: "/dev/nvidia0"})
+    # The DaemonSet's container sees the install dir at NVIDIA_INSTALL_DIR_CONTAINER.
+    our_process(tmp_path, 104, str(config.install_dir_container), "nv-fabricmanager")
     found = processes.find(root, components.DAEMONS, (layout.install_host,))
     assert [(d.pid, d.name) for d in found] == [(100, "nv-fabricmanager"),
                                                 (101, "nvidia-persistenced")]
@@ -241,6 +243,17 @@ def test_our_daemons_are_known_by_their_program_in_the_install_dir(tmp_path: Pat
 
     holders = host.holders_of(root, "/dev/nvidia")
     assert [h.pid for h in components.not_ours(root, layout, config, holders)] == [102, 103]
+    assert components.our_daemons(root, layout, config) == {100, 101, 104}
+
+
+def test_status_shows_what_the_daemons_said(tmp_path: Path) -> None:
+    from installer import app
+
+    root = make_host(tmp_path, gpus=[H100])
+    config = from_env(root_env(tmp_path))
+    root.write_atomic(ready_file("fabricmanager"), f"DRIVER_VERSION={V}\nSTATE=running\n")
+    assert app.status(config)["daemons"] == {
+        "fabricmanager": {"DRIVER_VERSION": V, "STATE": "running"}, "persistenced": None}
 
 
 def test_a_driver_held_only_by_our_daemons_is_free_to_replace(tmp_path: Path) -> None:
