@@ -80,13 +80,15 @@ def pause(root: HostRoot, layout: Layout, config: Config) -> None:
     names it as a holder. The pause ends with `resume`, or with this process (a pause file
     whose installer released the lock is stale)."""
     from installer.components import processes
-    from installer.components.supervisor import PAUSE_FILE
+    from installer.components.supervisor import PAUSE_FILE, ready_file
 
     root.write_atomic(PAUSE_FILE, f"INSTALLER_PID={os.getpid()}\n")
     daemons = processes.find(root, DAEMONS, _install_dirs(layout, config))
     if daemons:
         for daemon in processes.terminate(root, daemons):
             log.warning("cannot stop %s (pid %d) from here", daemon.name, daemon.pid)
+    for name in NAMES:  # their containers are not ready while the daemons are stopped
+        root.local(ready_file(name)).unlink(missing_ok=True)
 
 
 def resume(root: HostRoot) -> None:

@@ -137,6 +137,7 @@ class Supervisor:
                     running, ready = None, False
                     self._clear(marker)
                 if driver is None:
+                    self._clear(marker)
                     said = self._say(said, f"{name}: waiting for the installer to verify a "
                                      f"driver ({READY_FILE})")
                     self.stop.wait(self.poll)
