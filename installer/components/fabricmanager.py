@@ -249,5 +249,7 @@ class FabricManagerDaemon:
         return (driver.version if driver else None) or "unknown"
 
     def failed(self, message: str) -> FabricManagerFailed:
-        tail = "\n".join(self.tail) or "(it printed nothing)"
+        # The last lines only: the error it exits with is last, and the termination message
+        # keeps 4 KiB (kubectl logs has the rest).
+        tail = "\n".join(list(self.tail)[-12:]) or "(it printed nothing)"
         return FabricManagerFailed(f"{message}; its last lines:\n{tail}")
