@@ -268,8 +268,9 @@ def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> I
         state = work / "vmstate"
         first = boot_and_run(FIRST_BOOT, state_dir=state, gpus=GPUS, files={"f": files},
                              timeout=1800)
+        # The HGX part at its end reinstalls B by hand and runs three containers.
         second = boot_and_run(SECOND_BOOT, state_dir=state, gpus=GPUS, files={"f": files},
-                              timeout=1500)
+                              timeout=2100)
         yield Boots(built, first, second)
     finally:
         buildah.remove()
