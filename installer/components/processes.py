@@ -14,10 +14,6 @@ from installer.hostroot import HostRoot
 
 log = logging.getLogger(__name__)
 
-# /proc/<pid>/comm keeps 15 characters.
-COMM_LIMIT = 15
-
-
 @dataclass(frozen=True)
 class Daemon:
     pid: int
@@ -27,11 +23,11 @@ class Daemon:
 
 def find(root: HostRoot, names: tuple[str, ...], install_dirs: tuple[PurePosixPath, ...]
          ) -> list[Daemon]:
-    """Processes named `names` whose program lies in one of `install_dirs` (as the host or a
-    container sees the install dir): ours, never a daemon the host runs from its own
-    packages. Reads the host's /proc only."""
+    """Processes whose program is one of `names` in one of `install_dirs` (as the host or a
+    container sees the install dir): ours, never a daemon the host runs from its own packages.
+    The program is the executable, or the script an interpreter runs (argv[0] or argv[1]; its
+    comm is then the interpreter's). Reads the host's /proc only."""
     proc = root.local_resolved("/proc")
-    wanted = {name[:COMM_LIMIT]: name for name in names}
     found = []
     try:
         pids = [entry for entry in os.listdir(proc) if entry.isdigit()]
@@ -39,19 +35,14 @@ def find(root: HostRoot, names: tuple[str, ...], install_dirs: tuple[PurePosixPa
         return []
     for pid in pids:
         try:
-            comm = (proc / pid / "comm").read_text().strip()
-            if comm not in wanted:
-                continue
             exe = os.readlink(proc / pid / "exe").removesuffix(" (deleted)")
             argv = (proc / pid / "cmdline").read_bytes().split(b"\0")[:2]
-        except OSError:
+        except OSError:  # gone, a kernel thread, or not ours to read
             continue
-        # The executable, or the program an interpreter runs (a script's path is argv[1]).
-        candidates = [exe, *(a.decode(errors="replace") for a in argv)]
-        for candidate in candidates:
+        for candidate in (exe, *(a.decode(errors="replace") for a in argv)):
             path = PurePosixPath(candidate)
-            if path.name == wanted[comm] and any(_under(path, d) for d in install_dirs):
-                found.append(Daemon(int(pid), wanted[comm], candidate))
+            if path.name in names and any(_under(path, d) for d in install_dirs):
+                found.append(Daemon(int(pid), path.name, candidate))
                 break
     return sorted(found, key=lambda d: d.pid)
 

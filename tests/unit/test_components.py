@@ -215,7 +215,8 @@ def test_prune_keeps_the_installed_versions_fabric_manager_archive(tmp_path: Pat
 
 
 def our_process(root: Path, pid: int, install: str, name: str, *, script: bool = False) -> None:
-    proc = add_process(root, pid, name[:15], {4: "/dev/nvidia0"},
+    # A script's comm is its interpreter's (what the kit's Python stand-ins show).
+    proc = add_process(root, pid, "python3" if script else name[:15], {4: "/dev/nvidia0"},
                        cmdline=f"/usr/bin/python3\0{install}/versions/{V}/bin/{name}" if script
                        else f"{install}/versions/{V}/bin/{name}")
     exe = "/usr/bin/python3.11" if script else f"{install}/versions/{V}/bin/{name}"
