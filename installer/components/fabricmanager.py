@@ -12,16 +12,18 @@ import signal
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from installer import host, runner, verify
 from installer.components import fm_archive, nvswitch
-from installer.components.supervisor import Driver, Idle, Running
 from installer.config import Config
 from installer.errors import ConfigError, FabricManagerFailed, FabricManagerMissing
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Step
+
+if TYPE_CHECKING:  # the supervisor is imported by `installer fabricmanager` only
+    from installer.components.supervisor import Driver, Idle, Running
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +201,8 @@ class FabricManagerDaemon:
         shutil.rmtree(self.work, ignore_errors=True)
 
     def plan(self, driver: Driver) -> Union[Idle, Callable[[], Running]]:
+        from installer.components.supervisor import Idle
+
         if self.config.fabricmanager == "false":
             return Idle("NVIDIA_FABRICMANAGER=false")
         gpus = host.nvidia_gpus(self.root)

@@ -8,7 +8,6 @@ import logging
 import os
 import re
 import shutil
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -161,6 +160,8 @@ def drop_cached(layout: Layout, version: str, arch: str) -> None:
 def unpack(archive: Path, dest: Path) -> Path:
     """Extract `archive` into `dest` (members must stay inside its one top directory; only
     directories, regular files and relative links inside it). Returns the top directory."""
+    import tarfile  # only when unpacking: the warm path never does
+
     top = archive.name[: -len(".tar.xz")]
     with tarfile.open(archive, "r:xz") as tar:
         for member in tar.getmembers():
