@@ -10,6 +10,7 @@ import re
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
@@ -36,6 +37,7 @@ CONFIG_PREFIX = "NVFM_CONFIG_"
 FORCED = {"DAEMONIZE": "0", "LOG_FILE_NAME": ""}
 # What nv-fabricmanager logs once every NVSwitch routes GPU NVLink traffic.
 CONFIGURED = "Successfully configured all the available NVSwitches"
+NVML_EVERY = 3.0  # seconds between fabric checks while it is not ready
 _KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -195,6 +197,7 @@ class FabricManagerDaemon:
         self.work = Path(tempfile.mkdtemp(prefix="installer-fabricmanager-"))
         self.tail: collections.deque[str] = collections.deque(maxlen=30)
         self.configured = False
+        self.asked = 0.0
         self.layout = Layout.from_config(config, root)
 
     def close(self) -> None:
@@ -238,8 +241,9 @@ class FabricManagerDaemon:
     def ready(self, running: Running) -> str | None:
         """Once it said the switches are configured and every GPU whose fabric state NVML
         reports has completed its registration."""
-        if not self.configured:
+        if not self.configured or time.monotonic() - self.asked < NVML_EVERY:
             return None
+        self.asked = time.monotonic()  # NVML is asked in a child process: not every second
         gpus, problems = verify.nvml_gpus(self.layout.install_local, runner.SubprocessRunner())
         if problems or verify.fabric_problems(gpus):
             return None
