@@ -10,7 +10,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Union
 
@@ -81,6 +81,9 @@ def host(tmp_path: Path) -> HostRoot:
     return root
 
 
+STARTED: list[InThread] = []
+
+
 class InThread:
     """A supervisor running in a thread, as the container's main loop."""
 
@@ -89,6 +92,7 @@ class InThread:
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
+        STARTED.append(self)
 
     def _run(self) -> None:
         try:
@@ -100,6 +104,14 @@ class InThread:
         self.supervisor.stop.set()
         self.thread.join(20)
         assert not self.thread.is_alive()
+
+
+@pytest.fixture(autouse=True)
+def no_supervisor_left() -> Iterator[None]:
+    """A failed test still stops its supervisor (and so its daemon)."""
+    yield
+    while STARTED:
+        STARTED.pop().stop()
 
 
 def eventually(check: Callable[[], bool], timeout: float = 15.0) -> None:
