@@ -248,11 +248,8 @@ def prebuild(config: Config, runner: Runner | None = None) -> str:
     registry's (registry-unavailable, registry-auth-failed) when pushing."""
     from dataclasses import replace
 
-    from installer.errors import ConfigError
     from installer.sources import prebuilt
 
-    if config.module_registry_push and not config.module_registry:
-        raise ConfigError("--push needs NVIDIA_MODULE_REGISTRY (where to publish)")
     # Never pull what we are asked to build; the lookup below only reports.
     config = replace(config, allow_no_gpu=True, source="runfile")
     runner = runner or SubprocessRunner()
