@@ -18,7 +18,7 @@ from installer.errors import CommandFailed, CommandNotFound
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 40
-# Credentials other tools read from the environment (oras-py reads these two itself).
+# Credentials registry tools read from the environment (oras, for one); dropped as well.
 _FOREIGN_SECRETS = frozenset({"ORAS_USER", "ORAS_PASS"})
 
 
