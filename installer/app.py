@@ -85,7 +85,14 @@ def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutco
 
 def _execute(config: Config, layout: Layout, plan: Plan) -> list[pipeline.StepOutcome]:
     if not config.upgrade_protocol:
-        return pipeline.execute(plan)
+        outcomes = pipeline.execute(plan)
+        # Issue 20: a node an earlier run left mid-upgrade (its marker, protocol.HINT_NAME) is
+        # restored even with the protocol switched off since; the warm path only stats a file.
+        if (layout.install_local / ".upgrade-protocol").exists():
+            from installer.cluster import protocol
+
+            protocol.finish_switched_off(config, layout)
+        return outcomes
     from installer.cluster import protocol  # issue 13: restore the node after an upgrade
 
     try:
