@@ -394,8 +394,9 @@ class ClusterApiForbidden(InstallerError):
     reference = "cluster-api-forbidden"
     exit_code = 71
     default_hint = (
-        "The API server refused the request: apply daemonset/base/rbac.yaml (ServiceAccount, "
-        "ClusterRole, ClusterRoleBinding) and set serviceAccountName in the DaemonSet."
+        "The API server refused the request: apply the upgrade protocol's Component "
+        "(daemonset/components/upgrade-protocol: ServiceAccount, RBAC, admission policy), and "
+        "check that the installer writes only to its own node (the message names the policy)."
     )
 
 
