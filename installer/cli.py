@@ -28,6 +28,8 @@ TERMINATION_LIMIT = 4096
 def settings_options(func: F) -> F:
     """Add one flag per setting; the environment variable is the fallback (shown in --help)."""
     for setting in reversed(SETTINGS):
+        if setting.secret:  # issue 20: a flag's value shows in `ps`; environment or file only
+            continue
         if setting.flag_is_switch:
             option = click.option(setting.flag, setting.name, is_flag=True, default=None,
                                   help=f"{setting.help} [env {setting.env}]")

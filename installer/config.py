@@ -20,6 +20,9 @@ class Setting:
     default: str
     help: str
     flag_is_switch: bool = False
+    # issue 20: a credential: no command-line flag (ps shows argv) and kept out of every child
+    # process's environment (installer.runner).
+    secret: bool = False
 
     @property
     def flag(self) -> str:
@@ -193,7 +196,8 @@ SETTINGS: tuple[Setting, ...] = (
         "module_registry_push",
         "NVIDIA_MODULE_REGISTRY_PUSH",
         "false",
-        "Publish modules this node compiled to the module registry (needs push credentials).",
+        "Publish modules this node compiled to the module registry (needs the registry, push "
+        "credentials and NVIDIA_MODULE_PUBLISHER_KEY; a builder's job, not a node's).",
         flag_is_switch=True,
     ),
     Setting(
@@ -201,12 +205,15 @@ SETTINGS: tuple[Setting, ...] = (
         "NVIDIA_MODULE_REGISTRY_USERNAME",
         "",
         "User name for the module registry (from a Kubernetes Secret).",
+        secret=True,
     ),
     Setting(
         "module_registry_password",
         "NVIDIA_MODULE_REGISTRY_PASSWORD",
         "",
-        "Password or token for the module registry (from a Kubernetes Secret; never logged).",
+        "Password or token for the module registry (from a Kubernetes Secret; never logged). "
+        "Environment only; prefer NVIDIA_MODULE_REGISTRY_PASSWORD_FILE.",
+        secret=True,
     ),
     # issue 12
     Setting(
@@ -277,6 +284,48 @@ SETTINGS: tuple[Setting, ...] = (
         "Components <c> whose nvidia.com/gpu.deploy.<c> label is set to "
         "paused-for-driver-upgrade during an upgrade.",
     ),
+    # issue 20: who may publish the modules a node loads
+    Setting(
+        "module_trusted_keys",
+        "NVIDIA_MODULE_TRUSTED_KEYS",
+        "",
+        "PEM file (public keys or certificates) whose cosign signatures make a pulled module "
+        "artifact usable. Unset: no pulled artifact is ever used (the node compiles).",
+    ),
+    Setting(
+        "module_digests",
+        "NVIDIA_MODULE_DIGESTS",
+        "",
+        "Comma-separated sha256:<hex> manifest digests: only these (signed) artifacts are used.",
+    ),
+    Setting(
+        "module_require_prebuilt",
+        "NVIDIA_MODULE_REQUIRE_PREBUILT",
+        "false",
+        "Fail (prebuilt-modules-required) instead of compiling when no verified artifact can "
+        "be used.",
+        flag_is_switch=True,
+    ),
+    Setting(
+        "module_publisher_key",
+        "NVIDIA_MODULE_PUBLISHER_KEY",
+        "",
+        "Builder only: PEM private key that signs what `prebuild --push` publishes (cosign's "
+        "key-based scheme).",
+    ),
+    Setting(
+        "module_registry_password_file",
+        "NVIDIA_MODULE_REGISTRY_PASSWORD_FILE",
+        "",
+        "File holding the module registry's password or token (a mounted Secret).",
+    ),
+    Setting(
+        "module_registry_token_realms",
+        "NVIDIA_MODULE_REGISTRY_TOKEN_REALMS",
+        "",
+        "Comma-separated https://host[:port] token services the registry may send the "
+        "installer to besides itself (e.g. https://auth.docker.io); others are refused.",
+    ),
 )
 
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
@@ -337,6 +386,13 @@ class Config:
     force_eviction: bool = False
     pause_components: tuple[str, ...] = (
         "device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "mig-manager")
+    # issue 20
+    module_trusted_keys: Path | None = None
+    module_digests: tuple[str, ...] = ()
+    module_require_prebuilt: bool = False
+    module_publisher_key: Path | None = None
+    module_registry_password_file: Path | None = None
+    module_registry_token_realms: tuple[str, ...] = ()
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def module_args_for(self, module: str) -> list[str]:
@@ -536,7 +592,48 @@ _PARSERS: dict[str, Callable[[str, Setting], object]] = {
     "holders_timeout": _number,
     "force_eviction": _switch,
     "pause_components": lambda v, s: _components(v, s),
+    # issue 20
+    "module_trusted_keys": lambda v, s: _local_file(v, s),
+    "module_digests": lambda v, s: _digests(v, s),
+    "module_require_prebuilt": _switch,
+    "module_publisher_key": lambda v, s: _local_file(v, s),
+    "module_registry_password_file": lambda v, s: _local_file(v, s),
+    "module_registry_token_realms": lambda v, s: _realms(v, s),
 }
+
+
+def secret_env_vars() -> frozenset[str]:
+    """The environment variables holding credentials (issue 20): never passed to children."""
+    return frozenset(s.env for s in SETTINGS if s.secret)
+
+
+def _local_file(value: str, setting: Setting) -> Path | None:
+    """A file in the installer's own file system (in a pod: a mounted Secret or ConfigMap)."""
+    value = value.strip()
+    if not value:
+        return None
+    if not value.startswith("/"):
+        raise ConfigError(f"{setting.env}={value!r} must be an absolute path")
+    return Path(value)
+
+
+def _digests(value: str, setting: Setting) -> tuple[str, ...]:
+    items = tuple(v.strip().lower() for v in value.split(",") if v.strip())
+    for item in items:
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", item):
+            raise ConfigError(f"{setting.env}: {item!r} is not a sha256:<64 hex> digest",
+                              hint="Copy the digest `installer prebuild --push` printed "
+                              "(<repository>@sha256:...).")
+    return items
+
+
+def _realms(value: str, setting: Setting) -> tuple[str, ...]:
+    items = tuple(v.strip().rstrip("/") for v in value.split(",") if v.strip())
+    for item in items:
+        if not re.fullmatch(r"https://[A-Za-z0-9.-]+(:[0-9]+)?", item):
+            raise ConfigError(f"{setting.env}: {item!r} is not https://host[:port]",
+                              hint="Credentials go to a token service over HTTPS only.")
+    return items
 
 
 def _registry(value: str, setting: Setting) -> str | None:
@@ -607,8 +704,38 @@ def _check_consistency(config: Config) -> None:
         )
     if not config.root.is_absolute():
         raise ConfigError(f"ROOT_MOUNT_DIR={config.root} must be an absolute path")
+    _check_registry(config)  # issue 20
     if config.upgrade_protocol and not config.node_name:  # issue 13
         raise ConfigError(
             "NVIDIA_INSTALLER_UPGRADE_PROTOCOL=true needs NODE_NAME (this node's name)",
             hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
+        )
+
+
+def _check_registry(config: Config) -> None:
+    """Issue 20: asking to publish without a registry or a publisher key is an error, not a
+    silent no-op; one password source only."""
+    if config.module_registry_push and not config.module_registry:
+        raise ConfigError(
+            "NVIDIA_MODULE_REGISTRY_PUSH=true (or --push) needs NVIDIA_MODULE_REGISTRY: there "
+            "is nowhere to publish",
+            hint="Set NVIDIA_MODULE_REGISTRY=<host[:port]/repository>, or drop the push.",
+        )
+    if config.module_registry_push and config.module_publisher_key is None:
+        raise ConfigError(
+            "NVIDIA_MODULE_REGISTRY_PUSH=true (or --push) needs NVIDIA_MODULE_PUBLISHER_KEY: "
+            "nodes use only artifacts signed by a key they trust",
+            hint="Give the builder the private key (a mounted Secret) whose public key the "
+            "nodes have in NVIDIA_MODULE_TRUSTED_KEYS (docs/deploy.md).",
+        )
+    if config.module_require_prebuilt and not (config.module_registry
+                                               and config.module_trusted_keys):
+        raise ConfigError(
+            "NVIDIA_MODULE_REQUIRE_PREBUILT=true needs NVIDIA_MODULE_REGISTRY and "
+            "NVIDIA_MODULE_TRUSTED_KEYS: without both no artifact can ever be used",
+        )
+    if config.module_registry_password and config.module_registry_password_file:
+        raise ConfigError(
+            "NVIDIA_MODULE_REGISTRY_PASSWORD and NVIDIA_MODULE_REGISTRY_PASSWORD_FILE are both "
+            "set: use one",
         )

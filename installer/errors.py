@@ -394,8 +394,9 @@ class ClusterApiForbidden(InstallerError):
     reference = "cluster-api-forbidden"
     exit_code = 71
     default_hint = (
-        "The API server refused the request: apply daemonset/base/rbac.yaml (ServiceAccount, "
-        "ClusterRole, ClusterRoleBinding) and set serviceAccountName in the DaemonSet."
+        "The API server refused the request: apply the upgrade protocol's Component "
+        "(daemonset/components/upgrade-protocol: ServiceAccount, RBAC, admission policy), and "
+        "check that the installer writes only to its own node (the message names the policy)."
     )
 
 
@@ -427,4 +428,58 @@ class DriverHoldersTimeout(InstallerError):
         "that does not follow nvidia.com/gpu.deploy.<component> labels, or a host process). "
         "The node was restored; stop them, add their component to "
         "NVIDIA_INSTALLER_PAUSE_COMPONENTS, or raise NVIDIA_INSTALLER_HOLDERS_TIMEOUT."
+    )
+
+
+# issue 20: fleet trust (publisher identity of module artifacts, the upgrade protocol's state)
+class ArtifactUntrusted(RegistryUnavailable):
+    reference = "artifact-untrusted"
+    exit_code = 85
+    default_hint = (
+        "No signature by a key in NVIDIA_MODULE_TRUSTED_KEYS vouches for the artifact (or its "
+        "digest is not in NVIDIA_MODULE_DIGESTS): the node compiles instead. Publish with "
+        "`installer prebuild --push` and NVIDIA_MODULE_PUBLISHER_KEY, or sign the artifact "
+        "with `cosign sign --key` (docs/deploy.md, \"Prebuilt modules you can trust\")."
+    )
+
+
+class RegistryRealmRefused(RegistryAuthFailed):
+    reference = "registry-realm-refused"
+    exit_code = 86
+    default_hint = (
+        "The registry sent the installer to a token service on another host or over plain "
+        "HTTP; no credentials were sent there. If that service is the registry's own, list "
+        "it in NVIDIA_MODULE_REGISTRY_TOKEN_REALMS (https://host[:port])."
+    )
+
+
+class TrustRootInvalid(ConfigError):
+    reference = "trust-root-invalid"
+    exit_code = 87
+    default_hint = (
+        "NVIDIA_MODULE_TRUSTED_KEYS must name a readable PEM file of public keys (`cosign "
+        "public-key`, `openssl pkey -pubout`) or certificates; NVIDIA_MODULE_PUBLISHER_KEY a "
+        "readable, unencrypted PEM private key (ECDSA P-256/P-384, RSA or Ed25519)."
+    )
+
+
+class PrebuiltRequired(InstallerError):
+    reference = "prebuilt-modules-required"
+    exit_code = 88
+    default_hint = (
+        "NVIDIA_MODULE_REQUIRE_PREBUILT=true and no verified artifact could be used (the reason "
+        "is above): publish one for this key with the builder (`installer prebuild --kernel "
+        "<K> --push`), check NVIDIA_MODULE_TRUSTED_KEYS and NVIDIA_MODULE_DIGESTS, or let the "
+        "node compile by setting it to false. Nothing on the host was changed."
+    )
+
+
+class UpgradeAnnotationInvalid(InstallerError):
+    reference = "upgrade-annotation-invalid"
+    exit_code = 89
+    default_hint = (
+        "The node's nvidia-driver-installer/upgrade annotation is not what the installer "
+        "writes. Look at it (`kubectl get node <node> -o yaml`), restore the node by hand "
+        "(uncordon, the nvidia.com/gpu.deploy.* labels) and remove the annotation "
+        "(`kubectl annotate node <node> nvidia-driver-installer/upgrade-`)."
     )

@@ -184,7 +184,7 @@ def module_files_step(ctx: Context) -> Step:
         local = ctx.root.local_resolved(host_dir)
         return (local / ".installer-stamp").is_file() and (
             (local / ".installer-stamp").read_text() == stamp
-        ) and modules.ko_files(local) == modules.ko_files(build)
+        ) and _same_modules(local, build)
 
     def apply() -> None:
         _replace_module_files(ctx, build, stamp)
@@ -192,6 +192,19 @@ def module_files_step(ctx: Context) -> Step:
 
     return Step("install-module-files", f"modules into {host_dir} (+ depmod)",
                 satisfied, apply)
+
+
+def _same_modules(installed: Path, build: Path) -> bool:
+    """The same .ko files, each of the same size and mtime (copy2 keeps the build's): a
+    rebuilt or re-pulled cache is copied again (issue 20)."""
+    names = modules.ko_files(build)
+    if modules.ko_files(installed) != names:
+        return False
+    for name in names:
+        a, b = (installed / name).stat(), (build / name).stat()
+        if (a.st_size, a.st_mtime_ns) != (b.st_size, b.st_mtime_ns):
+            return False
+    return True
 
 
 def _replace_module_files(ctx: Context, build: Path | None, stamp: str) -> None:
