@@ -279,7 +279,6 @@ SETTINGS: tuple[Setting, ...] = (
     ),
 )
 
-SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _MODULE_ARG = re.compile(r"^[a-z0-9_-]+\.[A-Za-z0-9_]+=[A-Za-z0-9_.,:/+-]*$")
@@ -337,7 +336,6 @@ class Config:
     force_eviction: bool = False
     pause_components: tuple[str, ...] = (
         "device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "mig-manager")
-    extra: Mapping[str, str] = field(default_factory=dict)
 
     def module_args_for(self, module: str) -> list[str]:
         """`param=value` strings for one module (names compare with - and _ alike)."""
