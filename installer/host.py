@@ -9,24 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from installer import distros
 from installer.errors import ConfigError, UnsupportedArch, UnsupportedDistro
 from installer.hostroot import HostRoot
 
-Family = Literal["debian", "rhel"]
 Flavour = Literal["open", "proprietary"]
 
 OS_RELEASE_PATHS = ("/etc/os-release", "/usr/lib/os-release")
-
-# ID -> (family, supported majors). Ubuntu's "major" is the year: 22 for 22.04; its point
-# releases are separate distros, so it is matched on the full VERSION_ID instead.
-_UBUNTU_VERSIONS = ("20.04", "22.04", "24.04")
-_SUPPORTED: dict[str, tuple[Family, tuple[int, ...]]] = {
-    "ubuntu": ("debian", (20, 22, 24)),
-    "debian": ("debian", (11, 12)),
-    "rocky": ("rhel", (8, 9, 10)),
-    "rhel": ("rhel", (8, 9, 10)),
-    "almalinux": ("rhel", (8, 9, 10)),
-}
 
 NVIDIA_VENDOR_ID = 0x10DE
 # PCI base class 03 (display): 0x0300 VGA controller, 0x0302 3D controller (headless
@@ -50,14 +39,14 @@ class Distro:
     id: str
     version_id: str
     major: int
-    family: Family
+    family: str  # a family's name in installer.distros
     pretty_name: str
     codename: str = ""
     source: str = ""
 
     @property
-    def package_manager(self) -> Literal["apt", "dnf"]:
-        return "apt" if self.family == "debian" else "dnf"
+    def package_manager(self) -> str:
+        return distros.named(self.family).package_manager
 
     def __str__(self) -> str:
         return self.pretty_name or f"{self.id} {self.version_id}"
@@ -186,20 +175,17 @@ def distro_from_os_release(text: str, source: str) -> Distro:
     distro_id = values.get("ID", "").lower()
     version_id = values.get("VERSION_ID", "")
     found = f"ID={distro_id or '?'} VERSION_ID={version_id or '?'} (read from {source})"
-    supported = _SUPPORTED.get(distro_id)
+    family = distros.for_os_release(distro_id)
     head = version_id.split(".", 1)[0]
-    if supported is None or not head.isdigit():
+    if family is None or not head.isdigit():
         raise UnsupportedDistro(f"unsupported distribution: {found}")
-    family, majors = supported
-    major = int(head)
-    ok = version_id in _UBUNTU_VERSIONS if distro_id == "ubuntu" else major in majors
-    if not ok:
+    if not family.supports(distro_id, version_id):
         raise UnsupportedDistro(f"unsupported distribution version: {found}")
     return Distro(
         id=distro_id,
         version_id=version_id,
-        major=major,
-        family=family,
+        major=int(head),
+        family=family.name,
         pretty_name=values.get("PRETTY_NAME", f"{distro_id} {version_id}"),
         codename=values.get("VERSION_CODENAME", ""),
         source=source,

@@ -9,13 +9,12 @@ of a build in the cache, so every later step treats it exactly like modules buil
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from installer.dirs import is_complete, mark_complete, staged_dir
 from installer.errors import ArtifactInvalid, RegistryUnavailable
 from installer.plan import Context, Decision, Step
-from installer.steps import COMPLETE_MARKER, remove_tree
 
 if TYPE_CHECKING:
     from installer.config import Config
@@ -70,7 +69,7 @@ def vermagic(path: Path) -> str | None:
 def _built(ctx: Context) -> Path | None:
     t = ctx.target
     final = ctx.layout.module_build(t.version, t.kernel, t.flavour)
-    return final if (final / COMPLETE_MARKER).is_file() else None
+    return final if is_complete(final) else None
 
 
 class _Lookup:
@@ -168,10 +167,7 @@ def use(ctx: Context, artifact: Artifact) -> Path:
     assert settings is not None
     t = ctx.target
     final = ctx.layout.module_build(t.version, t.kernel, t.flavour)
-    staging = final.with_name(f".{final.name}.pull")
-    remove_tree(staging)
-    staging.mkdir(parents=True)
-    try:
+    with staged_dir(final, suffix=".pull") as staging:
         registry.pull(settings, artifact, staging)
         for module in sorted(staging.glob("*.ko")):
             magic = vermagic(module)
@@ -183,12 +179,7 @@ def use(ctx: Context, artifact: Artifact) -> Path:
         if not (staging / "nvidia.ko").is_file():
             raise ArtifactInvalid(f"{artifact.reference} holds no nvidia.ko")
         (staging / ARTIFACT_MARKER).write_text(f"{artifact.reference}\n")
-        (staging / COMPLETE_MARKER).write_text(f"{t.version} {t.kernel} {t.flavour}\n")
-        final.parent.mkdir(parents=True, exist_ok=True)
-        remove_tree(final)
-        os.replace(staging, final)
-    finally:
-        remove_tree(staging)
+        mark_complete(staging, f"{t.version} {t.kernel} {t.flavour}\n")
     log.info("using prebuilt modules %s (%s)", artifact.reference,
              ", ".join(name for name, _, _ in artifact.files))
     return final
