@@ -14,7 +14,7 @@ from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Plan, Step, Target
 from installer.runner import Runner
-from installer.sources import dnf, runfile
+from installer.sources import runfile
 
 FetchBytes = Callable[[str], bytes]
 FetchRunfile = Callable[[list[str], Path, str], Path]
@@ -104,6 +104,8 @@ def make_plan(
         if found is not None:
             decisions.append(found)
     if source == "dnf":
+        from installer.sources import dnf  # only where it can be the source (warm path)
+
         # Issue 10: the stream and version dnf will install replace the catalog's version.
         extra = dnf.plan_decisions(ctx)
         topics = {d.topic for d in extra}
@@ -119,7 +121,12 @@ def _steps(ctx: Context) -> list[Step]:
     # dnf source (issue 4): the kmod package owns /lib/modules/<k>/extra, so no
     # install-module-files; the packages' files fill versions/<ver> instead of nvidia-installer.
     dnf_source = ctx.target.source == "dnf"
-    plan += dnf.dnf_steps(ctx) if dnf_source else runfile.runfile_steps(ctx)
+    if dnf_source:
+        from installer.sources import dnf
+
+        plan += dnf.dnf_steps(ctx)
+    else:
+        plan += runfile.runfile_steps(ctx)
     # Stage everything on the host first, so the old driver is unloaded and the new one
     # loaded back to back (issue 9).
     if load and not dnf_source:  # dnf checks before its packages change (dnf_steps)
@@ -168,6 +175,8 @@ def _choose_source(config: Config, facts: host.HostFacts) -> str:
         return "dnf"
     if config.source == "runfile" or "dnf" not in offered:
         return "runfile"
+    from installer.sources import dnf
+
     return "dnf" if dnf.repo_evidence(HostRoot(config.root), config) else "runfile"
 
 
@@ -175,6 +184,8 @@ def _source_reason(config: Config, facts: host.HostFacts, source: str) -> str:
     if config.source == "runfile":
         return "NVIDIA_DRIVER_SOURCE=runfile"
     if source == "dnf":
+        from installer.sources import dnf
+
         why = ("NVIDIA_DRIVER_SOURCE=dnf" if config.source == "dnf" else
                f"auto on {facts.distro}: "
                f"{dnf.repo_evidence(HostRoot(config.root), config)}")
