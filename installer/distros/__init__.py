@@ -8,15 +8,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from installer.distros.debian import Debian
-from installer.distros.family import Family
+from installer.distros.family import Family, PackageNotFound
 from installer.distros.rhel import Rhel
 from installer.errors import UnsupportedDistro
 
 if TYPE_CHECKING:
     from installer.host import Distro
 
-__all__ = ["FAMILIES", "Family", "for_compiler_package", "for_os_release", "image_compilers",
-           "named", "of"]
+__all__ = ["FAMILIES", "Family", "PackageNotFound", "for_compiler_package", "for_os_release",
+           "image_compilers", "named", "of"]
 
 FAMILIES: tuple[Family, ...] = (Debian(), Rhel())
 

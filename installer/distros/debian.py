@@ -38,13 +38,13 @@ class Debian(Family):
         return f"linux-headers-{kernel}"
 
     def source_files(self, root: HostRoot) -> list[PurePosixPath]:
-        from installer.headers import apt
+        from installer.distros import apt
 
         return apt.source_files(root)
 
     def fetch_headers(self, root: HostRoot, config: Config, facts: HostFacts, work: Path,
                       runner: Runner, package: str, where: str) -> list[str]:
-        from installer.headers import apt
+        from installer.distros import apt
 
         return apt.fetch(root, config, facts, work, runner, package, where)
 

@@ -14,6 +14,15 @@ if TYPE_CHECKING:
     from installer.runner import Runner
 
 
+class PackageNotFound(Exception):
+    """None of the host's package sources has the package; `detail` says what was tried (the
+    caller names the package and what it was needed for)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
 class Family(ABC):
     """One family of distributions (one package format, one package manager)."""
 
@@ -51,7 +60,7 @@ class Family(ABC):
                       runner: Runner, package: str, where: str) -> list[str]:
         """Fetch `package` (and what it needs) through the image's package tool reading the
         host's sources, unpacked under `work/root`; returns the packages fetched. Writes only
-        under `work`. Raises KernelHeadersMissing or HeadersFetchFailed."""
+        under `work`. Raises PackageNotFound (no source has it) or HeadersFetchFailed."""
 
     @abstractmethod
     def owns_compiler_package(self, package: str) -> bool:

@@ -36,13 +36,13 @@ class Rhel(Family):
         return f"kernel-devel-{kernel}"
 
     def source_files(self, root: HostRoot) -> list[PurePosixPath]:
-        from installer.headers import dnf
+        from installer.distros import dnf
 
         return dnf.repo_files(root)
 
     def fetch_headers(self, root: HostRoot, config: Config, facts: HostFacts, work: Path,
                       runner: Runner, package: str, where: str) -> list[str]:
-        from installer.headers import dnf
+        from installer.distros import dnf
 
         return dnf.fetch(root, config, facts, work, runner, package, where)
 

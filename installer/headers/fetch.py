@@ -73,7 +73,7 @@ def plan_source(root: HostRoot, config: Config, facts: HostFacts) -> SourcePlan:
                           f"of the URIs in {names})")
     vault = ""
     if facts.distro.id == "rocky" and config.rocky_vault:
-        from installer.headers import dnf
+        from installer.distros import dnf
 
         vault = (f" and Rocky's vault for "
                  f"{dnf.kernel_minor(release, facts.distro)} ({shown(config.rocky_vault)})")
@@ -97,8 +97,11 @@ def obtain(root: HostRoot, config: Config, facts: HostFacts, layout: Layout,
         raise kernel.missing_headers_error(release, family, tried=source.where)
     final = cache_dir(layout, release)
     with staged_dir(final) as work:
-        packages = distros.of(facts.distro).fetch_headers(root, config, facts, work, runner,
-                                                          source.package, source.where)
+        try:
+            packages = distros.of(facts.distro).fetch_headers(
+                root, config, facts, work, runner, source.package, source.where)
+        except distros.PackageNotFound as exc:
+            raise kernel.missing_headers_error(release, family, tried=exc.detail) from None
         if kernel.find_unpacked_headers(work / "root", release) is None:
             raise kernel.missing_headers_error(
                 release, family, tried=f"{', '.join(packages)} from {source.where} hold no "

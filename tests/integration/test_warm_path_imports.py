@@ -25,8 +25,8 @@ VERSION = "580.105.08"
 # Module name prefixes the warm path must never load.
 NOT_ON_THE_WARM_PATH = (
     "installer.sources.dnf",  # dnf, dnf_commands, dnf_metadata (sqlite3, configparser, lzma)
-    "installer.headers.apt",
-    "installer.headers.dnf",
+    "installer.distros.apt",  # the families' header fetchers
+    "installer.distros.dnf",
     "installer.delivery.cache",
     "installer.delivery.fetch",
     "installer.delivery.part",

@@ -1,5 +1,5 @@
-"""RHEL-family headers (kernel-devel) through the image's dnf, reading the host's repos, vars and
-keys with a private config, cache and rpm database (the host's are never touched)."""
+"""The RHEL family's header fetch: kernel-devel through the image's dnf reading the host's repos,
+vars and keys with a private config, cache and rpm database (the host's are never touched)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from installer import kernel
+from installer.distros.family import PackageNotFound
 from installer.errors import CommandFailed, HeadersFetchFailed
 from installer.hostroot import HostRoot
 from installer.runner import Result, Runner
@@ -204,9 +204,7 @@ def fetch(root: HostRoot, config: Config, facts: HostFacts, work: Path, runner: 
     result = download(runner, private, package, rpms_dir)
     rpms = sorted(rpms_dir.glob("*.rpm"))
     if not rpms:
-        raise kernel.missing_headers_error(
-            facts.kernel_release, facts.distro.family,
-            tried=f"no source has it; tried {where}; dnf said:\n" + result.tail(15))
+        raise PackageNotFound(f"no source has it; tried {where}; dnf said:\n" + result.tail(15))
     try:
         if private.keys:
             checked = [runner.run(argv, timeout=300) for argv in verify_argvs(private, rpms)]

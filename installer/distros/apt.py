@@ -1,5 +1,5 @@
-"""Debian/Ubuntu headers through the image's apt-get, reading the host's sources and keys with a
-private state and cache (the host's dpkg database and /var/lib/apt are never touched)."""
+"""The Debian family's header fetch: the image's apt-get reading the host's sources and keys with
+a private state and cache (the host's dpkg database and /var/lib/apt are never touched)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from installer import kernel
+from installer.distros.family import PackageNotFound
 from installer.errors import CommandFailed, HeadersFetchFailed
 from installer.hostroot import HostRoot
 from installer.runner import Result, Runner
@@ -183,10 +183,8 @@ def fetch(root: HostRoot, config: Config, facts: HostFacts, work: Path, runner: 
     updated = update(runner, private)
     packages = header_packages(runner, private, package)
     if packages is None:
-        raise kernel.missing_headers_error(
-            facts.kernel_release, facts.distro.family,
-            tried=f"no source has it; tried {where}; apt-get update said:\n"
-            + updated.tail(15))
+        raise PackageNotFound(f"no source has it; tried {where}; apt-get update said:\n"
+                              + updated.tail(15))
     try:
         debs = download(runner, private, packages, work / "debs")
         for deb in debs:
