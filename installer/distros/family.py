@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from installer.config import Config
-    from installer.host import HostFacts
+    from installer.host import Distro, HostFacts
     from installer.hostroot import HostRoot
     from installer.runner import Runner
 
@@ -61,6 +61,11 @@ class Family(ABC):
         """Fetch `package` (and what it needs) through the image's package tool reading the
         host's sources, unpacked under `work/root`; returns the packages fetched. Writes only
         under `work`. Raises PackageNotFound (no source has it) or HeadersFetchFailed."""
+
+    def vault(self, config: Config, distro: Distro, kernel: str) -> tuple[str, str] | None:
+        """An archive of older releases the header fetch also reads for `kernel`: (what it is,
+        its URL), or None."""
+        return None
 
     @abstractmethod
     def owns_compiler_package(self, package: str) -> bool:

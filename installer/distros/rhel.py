@@ -11,7 +11,7 @@ from installer.distros.family import Family
 
 if TYPE_CHECKING:
     from installer.config import Config
-    from installer.host import HostFacts
+    from installer.host import Distro, HostFacts
     from installer.hostroot import HostRoot
     from installer.runner import Runner
 
@@ -45,6 +45,14 @@ class Rhel(Family):
         from installer.distros import dnf
 
         return dnf.fetch(root, config, facts, work, runner, package, where)
+
+    def vault(self, config: Config, distro: Distro, kernel: str) -> tuple[str, str] | None:
+        # Rocky moves the kernels of older minor releases to its vault.
+        if distro.id != "rocky" or not config.rocky_vault:
+            return None
+        from installer.distros import dnf
+
+        return f"Rocky's vault for {dnf.kernel_minor(kernel, distro)}", config.rocky_vault
 
     def owns_compiler_package(self, package: str) -> bool:
         return _TOOLSET.fullmatch(package) is not None

@@ -71,12 +71,8 @@ def plan_source(root: HostRoot, config: Config, facts: HostFacts) -> SourcePlan:
                               "from")
         return SourcePlan(tool, package, f"the mirror {shown(config.headers_mirror)} (in place "
                           f"of the URIs in {names})")
-    vault = ""
-    if facts.distro.id == "rocky" and config.rocky_vault:
-        from installer.distros import dnf
-
-        vault = (f" and Rocky's vault for "
-                 f"{dnf.kernel_minor(release, facts.distro)} ({shown(config.rocky_vault)})")
+    archive = family.vault(config, facts.distro, release)
+    vault = f" and {archive[0]} ({shown(archive[1])})" if archive else ""
     if not files and not vault:
         return SourcePlan(None, package, f"the host has no package sources "
                           f"({family.sources_where} is empty)")
