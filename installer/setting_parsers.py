@@ -102,9 +102,14 @@ def root(value: str, setting: Named) -> Path:
 def url(value: str, setting: Named) -> str | None:
     if not value:
         return None
-    from installer.delivery.urls import control_character
+    # Control characters are not printable: a printable URL needs no closer look (and the
+    # defaults, parsed when config is imported, load nothing of delivery).
+    if not value.isprintable():
+        from installer.delivery.urls import control_character
 
-    bad = control_character(value)
+        bad = control_character(value)
+    else:
+        bad = None
     if bad is not None:
         raise ConfigError(
             f"{setting.env}={_redact(value)!r} holds a control character ({bad}): "
