@@ -176,7 +176,7 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
     """Unload the driver and remove what the installer put on the host. Returns what it
     removed. Raises DriverInUse when the driver is held."""
     from installer import ldcache, modules
-    from installer.steps import remove_tree
+    from installer.dirs import remove_tree
 
     runner = runner or SubprocessRunner()
     root = HostRoot(config.root)

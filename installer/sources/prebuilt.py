@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
 from installer.errors import (
     ArtifactInvalid,
     PrebuiltRequired,
@@ -24,7 +24,6 @@ from installer.errors import (
     RegistryUnavailable,
 )
 from installer.plan import Context, Decision, Step
-from installer.steps import COMPLETE_MARKER, remove_tree
 
 if TYPE_CHECKING:
     from installer.config import Config
@@ -112,7 +111,7 @@ def _build_dir(ctx: Context) -> Path:
 
 def _built(ctx: Context) -> Path | None:
     final = _build_dir(ctx)
-    return final if (final / COMPLETE_MARKER).is_file() else None
+    return final if is_complete(final) else None
 
 
 def _pulled(build: Path) -> bool:
@@ -345,10 +344,7 @@ def use(ctx: Context, artifact: Artifact) -> Path:
     assert settings is not None
     t = ctx.target
     final = _build_dir(ctx)
-    staging = final.with_name(f".{final.name}.pull")
-    remove_tree(staging)
-    staging.mkdir(parents=True)
-    try:
+    with staged_dir(final, suffix=".pull") as staging:
         registry.pull(settings, artifact, staging)
         names = sorted(p.name for p in staging.iterdir())
         if not set(names) <= MODULE_NAMES or "nvidia.ko" not in names:
@@ -366,12 +362,7 @@ def use(ctx: Context, artifact: Artifact) -> Path:
         (staging / EVIDENCE_FILE).write_text(artifact.evidence.to_json())
         (staging / STAT_FILE).write_text(json.dumps(stats, sort_keys=True) + "\n")
         (staging / ARTIFACT_MARKER).write_text(f"{artifact.reference}\n")
-        (staging / COMPLETE_MARKER).write_text(f"{t.version} {t.kernel} {t.flavour}\n")
-        final.parent.mkdir(parents=True, exist_ok=True)
-        remove_tree(final)
-        os.replace(staging, final)
-    finally:
-        remove_tree(staging)
+        mark_complete(staging, f"{t.version} {t.kernel} {t.flavour}\n")
     log.info("using prebuilt modules %s signed by %s (%s)", artifact.reference, artifact.signer,
              ", ".join(f.name for f in artifact.files))
     return final
