@@ -21,7 +21,7 @@ class ClusterApiForbidden(InstallerError):
     exit_code = 71
     default_hint = (
         "The API server refused the request: apply the upgrade protocol's Component "
-        "(daemonset/components/upgrade-protocol: ServiceAccount, RBAC, admission policy), and "
+        "(daemonset/components/upgrade-protocol: RBAC, token, admission policy), and "
         "check that the installer writes only to its own node (the message names the policy)."
     )
 
