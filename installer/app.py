@@ -186,11 +186,10 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
         record = state.read_record(layout.state_file)
         holders = [f"pid {h.pid} ({h.command}) holds {h.path}"
                    for h in host.holders_of(root, "/dev/nvidia")]
-        if not holders:  # issue 21: the scheduling gate closes (and the version label goes)
-            from installer import gate_steps
+        # Issue 21: when the unload goes ahead, the scheduling gate closes (the label goes).
+        from installer import gate_steps
 
-            gate_steps.close_before_unload(config, root, "uninstalling the driver",
-                                           drop_label=True)
+        gate_steps.close_before_unload(config, root, "uninstalling the driver", drop_label=True)
         modules.unload(root, runner, holders)
         removed += modules.remove_nodes(layout.dev_dir)
         ready = root.local(READY_FILE)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from installer import host, readiness
+from installer import host, modules, readiness
 from installer.config import Config
 from installer.errors import SchedulingGateUnavailable
 from installer.hostroot import HostRoot
@@ -80,11 +80,19 @@ def open_step(ctx: Context) -> Step:
 def close_before_unload(config: Config, root: HostRoot, why: str, *,
                         drop_label: bool = False) -> None:
     """Right before a driver is unloaded, with the gate on: the readiness file goes first (so
-    nothing opens the gate again), then the taint goes on. Raises the gate's errors, and then
-    nothing is unloaded."""
-    if not config.scheduling_gate:
+    nothing opens the gate again), then the taint goes on. Nothing when the unload will not go
+    ahead (a process holds /dev/nvidia*, a module is in use: the unload refuses and the driver
+    keeps working). Raises the gate's errors, and then nothing is unloaded."""
+    if not config.scheduling_gate or _held(root):
         return
     from installer.cluster import gate
 
     root.local(READY_FILE).unlink(missing_ok=True)
     gate.close(config, why, drop_label=drop_label)
+
+
+def _held(root: HostRoot) -> bool:
+    """What makes modules.unload refuse: a holder of /dev/nvidia*, a module in use."""
+    present = modules.loaded_modules(root)
+    return bool(host.holders_of(root, "/dev/nvidia")) or any(
+        present.get(name, 0) > 0 for name in modules.UNLOAD_ORDER)

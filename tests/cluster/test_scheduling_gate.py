@@ -328,6 +328,23 @@ def test_an_upgrade_whose_taint_cannot_be_set_unloads_nothing(
     assert host.loaded_driver(ctx.root) is not None
 
 
+def test_an_unload_that_will_be_refused_leaves_the_gate_open(env: Gate) -> None:
+    """A module in use (no process named): the unload refuses, the old driver keeps working,
+    so the node keeps serving too."""
+    open_node(env.cluster, version=OLD)
+    env.loaded(OLD)
+    write_proc_modules(env.root, [module_line("nvidia_uvm", refcount=2), module_line("nvidia")])
+    env.ready(OLD)
+    runner = FakeRunner().on("rmmod")
+    ctx = env.context(env.config(), runner)
+    from installer.errors import DriverInUse
+
+    with pytest.raises(DriverInUse, match=r"nvidia_uvm \(refcount 2\)"):
+        steps.unload_old_step(ctx).apply()
+    assert env.writes() == [] and runner.calls == []
+    assert ctx.root.local(READY_FILE).exists()
+
+
 def test_an_upgrade_through_the_protocol_with_the_gate(both: Gate,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Both Components: one token, two roles, two copies of the policy: the protocol's cordon,
