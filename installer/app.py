@@ -186,6 +186,10 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
         record = state.read_record(layout.state_file)
         holders = [f"pid {h.pid} ({h.command}) holds {h.path}"
                    for h in host.holders_of(root, "/dev/nvidia")]
+        # Issue 21: when the unload goes ahead, the scheduling gate closes (the label goes).
+        from installer import gate_steps
+
+        gate_steps.close_before_unload(config, root, "uninstalling the driver", drop_label=True)
         modules.unload(root, runner, holders)
         removed += modules.remove_nodes(layout.dev_dir)
         ready = root.local(READY_FILE)
@@ -218,6 +222,19 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
                 remove_tree(path)
                 removed.append(str(layout.install_host / name))
     return removed
+
+
+def serve_gate(config: Config) -> None:
+    """`installer gate` (issue 21): keep the node's scheduling gate in step with its readiness
+    until SIGTERM. Raises ConfigError when the gate is off."""
+    from installer.errors import ConfigError
+
+    if not config.scheduling_gate:
+        raise ConfigError("`installer gate` needs NVIDIA_INSTALLER_SCHEDULING_GATE=true (and "
+                          "NODE_NAME)")
+    from installer.cluster import gate
+
+    gate.serve(config)
 
 
 def list_versions(config: Config) -> list[str]:

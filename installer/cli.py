@@ -165,6 +165,18 @@ def uninstall(**options: Any) -> None:
         click.echo(f"removed {item}")
 
 
+@cli.command()
+@settings_options
+def gate(**options: Any) -> None:
+    """Keep this node's scheduling gate in step with its readiness (the scheduling-gate
+    container): untaint once the driver and what it needs are up, taint again when they stay
+    down (NVIDIA_INSTALLER_GATE_CLOSE_AFTER)."""
+    from installer import app
+
+    config = make_config(options)
+    app.serve_gate(config)
+
+
 def report_error(error: InstallerError) -> None:
     """`error[<reference>]: message` + `hint:` on stderr and in Kubernetes' termination log."""
     hint = f"\nhint: {error.hint}" if error.hint else ""

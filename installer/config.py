@@ -276,6 +276,24 @@ class Config:
         "installer to besides itself (e.g. https://auth.docker.io); others are refused.",
     )
 
+    # issue 21: the scheduling gate (installer/cluster/gate.py, docs/deploy.md)
+    scheduling_gate: bool = setting(
+        "NVIDIA_INSTALLER_SCHEDULING_GATE", "false", parse.switch,
+        "Keep the node tainted (NVIDIA_INSTALLER_GATE_TAINT, NoSchedule) until the driver is "
+        "verified and what it needs is up; taint it again before a driver is unloaded; label it "
+        "with the verified version (needs NODE_NAME and the API; see docs/deploy.md).",
+        switch=True,
+    )
+    gate_taint: str = setting(
+        "NVIDIA_INSTALLER_GATE_TAINT", "nvidia.com/gpu.driver-not-ready", parse.taint_key,
+        "Key of the scheduling gate's NoSchedule taint (register nodes with it).",
+    )
+    gate_close_after: float = setting(
+        "NVIDIA_INSTALLER_GATE_CLOSE_AFTER", "60", parse.seconds_or_never,
+        "`installer gate`: seconds the driver or a component it needs may stay down on an open "
+        "node before the taint goes back on (0: never).",
+    )
+
     def module_args_for(self, module: str) -> list[str]:
         """`param=value` strings for one module (names compare with - and _ alike)."""
         wanted = module.replace("-", "_")
@@ -331,6 +349,11 @@ def _check_consistency(config: Config) -> None:
     if not config.root.is_absolute():
         raise ConfigError(f"ROOT_MOUNT_DIR={config.root} must be an absolute path")
     _check_registry(config)
+    if config.scheduling_gate and not config.node_name:  # issue 21
+        raise ConfigError(
+            "NVIDIA_INSTALLER_SCHEDULING_GATE=true needs NODE_NAME (this node's name)",
+            hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
+        )
     if config.upgrade_protocol and not config.node_name:  # issue 13
         raise ConfigError(
             "NVIDIA_INSTALLER_UPGRADE_PROTOCOL=true needs NODE_NAME (this node's name)",

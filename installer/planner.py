@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from installer import catalog, compiler, distros, host, kernel, steps, versions
+from installer import catalog, compiler, distros, gate_steps, host, kernel, steps, versions
 from installer.config import Config, check_build_path
 from installer.delivery.urls import redact_url
 from installer.errors import ConfigError, NoNvidiaGpu
@@ -116,6 +116,9 @@ def make_plan(
 def _steps(ctx: Context) -> list[Step]:
     load = ctx.target.load
     plan = [steps.secure_boot_step(ctx)]
+    gate = load and ctx.config.scheduling_gate  # issue 21: tainted while not ready
+    if gate:
+        plan.append(gate_steps.close_step(ctx))
     if load:
         plan.append(steps.nouveau_step(ctx))
     # dnf source (issue 4): the kmod package owns /lib/modules/<k>/extra, so no
@@ -140,6 +143,8 @@ def _steps(ctx: Context) -> list[Step]:
     if load:
         plan += [steps.load_step(ctx), steps.device_nodes_step(ctx), steps.verify_step(ctx)]
     plan += [steps.record_step(ctx), steps.prune_step(ctx)]
+    if gate:
+        plan.append(gate_steps.open_step(ctx))
     return plan
 
 

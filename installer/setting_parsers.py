@@ -249,3 +249,38 @@ def realms(value: str, setting: Named) -> tuple[str, ...]:
             raise ConfigError(f"{setting.env}: {item!r} is not https://host[:port]",
                               hint="Credentials go to a token service over HTTPS only.")
     return items
+
+
+def seconds_or_never(value: str, setting: Named) -> float:
+    """Seconds >= 0, where 0 means never."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0 or number == float("inf"):
+        raise ConfigError(f"{setting.env}={value!r} must be a number of seconds >= 0 "
+                          "(0: never)")
+    return number
+
+
+_TAINT_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_TAINT_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def taint_key(value: str, setting: Named) -> str:
+    """A taint key (a qualified name: [DNS subdomain/]name) the scheduling gate may own."""
+    value = value.strip()
+    prefix, _, name = value.rpartition("/")
+    if not _TAINT_NAME.match(name) or ("/" in value and not _TAINT_PREFIX.match(prefix)):
+        raise ConfigError(f"{setting.env}={value!r} is not a taint key ([prefix/]name, e.g. "
+                          "nvidia.com/gpu.driver-not-ready)")
+    if value == "nvidia.com/gpu":
+        raise ConfigError(
+            f"{setting.env}={value!r} cannot gate anything: Kubernetes' ExtendedResourceToleration"
+            " admission gives every pod that requests nvidia.com/gpu a toleration for that key",
+            hint="Use a key of its own, e.g. nvidia.com/gpu.driver-not-ready.")
+    if prefix == "node.kubernetes.io":
+        raise ConfigError(f"{setting.env}={value!r}: node.kubernetes.io/ taints belong to "
+                          "Kubernetes' node lifecycle controller",
+                          hint="Use a key of its own, e.g. nvidia.com/gpu.driver-not-ready.")
+    return value

@@ -9,7 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
-from installer import host, ldcache, modules, state
+from installer import gate_steps, host, ldcache, modules, state
 from installer.dirs import remove_tree
 from installer.errors import (
     InstallerError,
@@ -99,6 +99,10 @@ def unload_old_step(ctx: Context) -> Step:
                 protocol.make_room(ctx.config, ctx.root, ctx.layout, old, target.version)
                 remove_ready_file(ctx)
                 holders = []
+            # Issue 21: when the unload goes ahead, the scheduling gate closes first.
+            gate_steps.close_before_unload(ctx.config, ctx.root, f"unloading driver "
+                                           f"{driver.version if driver else 'unknown'} for "
+                                           f"{target.version}")
             modules.unload(ctx.root, ctx.runner, holders)
         except InstallerError:
             # The new module files were staged before the unload (issue 9's order).

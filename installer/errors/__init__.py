@@ -20,6 +20,8 @@ from installer.errors.cluster import (
     DriverHoldersTimeout,
     EvictionTimeout,
     NodeNotFound,
+    SchedulingGateForbidden,
+    SchedulingGateUnavailable,
     UpgradeAnnotationInvalid,
 )
 from installer.errors.commands import (
@@ -113,6 +115,8 @@ __all__ = [
     "RegistryUnavailable",
     "RepoUnavailable",
     "RunfileMismatch",
+    "SchedulingGateForbidden",
+    "SchedulingGateUnavailable",
     "SecureBootKeysMissing",
     "TrustRootInvalid",
     "UnknownVersion",

@@ -1,4 +1,5 @@
-"""The upgrade protocol's talk with the Kubernetes API server (installer/cluster)."""
+"""The Kubernetes API server's answers to the upgrade protocol and the scheduling gate
+(installer/cluster)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class ClusterApiForbidden(InstallerError):
     exit_code = 71
     default_hint = (
         "The API server refused the request: apply the upgrade protocol's Component "
-        "(daemonset/components/upgrade-protocol: ServiceAccount, RBAC, admission policy), and "
+        "(daemonset/components/upgrade-protocol: RBAC, token, admission policy), and "
         "check that the installer writes only to its own node (the message names the policy)."
     )
 
@@ -64,4 +65,30 @@ class UpgradeAnnotationInvalid(InstallerError):
         "writes. Look at it (`kubectl get node <node> -o yaml`), restore the node by hand "
         "(uncordon, the nvidia.com/gpu.deploy.* labels) and remove the annotation "
         "(`kubectl annotate node <node> nvidia-driver-installer/upgrade-`)."
+    )
+
+
+class SchedulingGateUnavailable(ClusterApiUnavailable):
+    """Issue 21: the API server did not answer while the node's scheduling gate was opened or
+    closed."""
+
+    reference = "scheduling-gate-unavailable"
+    exit_code = 110
+    default_hint = (
+        "The node keeps its scheduling-gate taint (NVIDIA_INSTALLER_GATE_TAINT) until a run or "
+        "the scheduling-gate container reaches the API server again; before an unload, nothing "
+        "was unloaded. Check the node's network and the pod's service account "
+        "(daemonset/components/scheduling-gate); the pod retries."
+    )
+
+
+class SchedulingGateForbidden(ClusterApiForbidden):
+    """Issue 21: the API server refused a change of the node's scheduling gate."""
+
+    reference = "scheduling-gate-forbidden"
+    exit_code = 111
+    default_hint = (
+        "Apply daemonset/components/scheduling-gate (its RBAC and admission policy), and keep "
+        "the policy's gateTaintKey equal to NVIDIA_INSTALLER_GATE_TAINT (docs/deploy.md, "
+        "\"The scheduling gate\"). The node keeps its taint."
     )

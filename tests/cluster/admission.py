@@ -9,14 +9,19 @@ ones before; one that fails to evaluate makes any expression using it fail), val
 first false one denies with its message or messageExpression; an evaluation error denies under
 failurePolicy Fail), the reason's HTTP code (Forbidden 403, Invalid 422, Unauthorized 401), and
 the message the API server writes: `ValidatingAdmissionPolicy '<policy>' with binding
-'<binding>' denied request: <message>`.
+'<binding>' denied request: <message>`. Issue 21: the `authorizer` variable (k8s.io/apiserver
+pkg/cel/library Authz: group, resource, subresource, namespace, name, check, allowed, reason,
+errored) asks an Authorizer, which answers for the request's user from RBAC rules; without one
+every check is denied, as for a user nothing is bound to. `<list>.join(<sep>)` of the Kubernetes
+CEL environment's strings library (messageExpressions use it) is provided too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,6 +36,81 @@ class Denied:
     code: int
     reason: str
     message: str
+
+
+@dataclass(frozen=True)
+class Authorizer:
+    """Answers authorization checks for the request's user: `allowed(verb, group, resource,
+    namespace)`, with resource as RBAC names it (`pods/eviction`) and namespace "" for a check
+    across every namespace (only cluster-wide grants answer it)."""
+
+    allowed: Callable[[str, str, str, str], bool]
+
+
+@dataclass(frozen=True)
+class _Check:
+    """A check being built: authorizer.group(g).resource(r)[.subresource(s)][.namespace(n)]..."""
+
+    authorizer: Authorizer
+    group: str = ""
+    resource: str = ""
+    subresource: str = ""
+    namespace: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class _Decision:
+    allowed: bool
+
+
+def _kubernetes_functions() -> dict[str, Callable[..., Any]]:
+    """The Authz library's methods and the strings library's join as cel-python functions (a
+    method call `x.f(a)` is f(x, a))."""
+    from celpy import celtypes
+
+    def rebuild(**field: str) -> Callable[[_Check, Any], _Check]:
+        (key,) = field
+        return lambda check, value: replace(check, **{key: str(value)})
+
+    def group(authorizer: Any, value: Any) -> _Check:
+        if not isinstance(authorizer, Authorizer):
+            raise TypeError("group() is a method of the authorizer")
+        return _Check(authorizer, group=str(value))
+
+    def check(target: _Check, verb: Any) -> _Decision:
+        resource = target.resource + (f"/{target.subresource}" if target.subresource else "")
+        return _Decision(target.authorizer.allowed(str(verb), target.group, resource,
+                                                   target.namespace))
+
+    return {
+        "group": group,
+        "resource": rebuild(resource=""),
+        "subresource": rebuild(subresource=""),
+        "namespace": rebuild(namespace=""),
+        "name": rebuild(name=""),
+        "check": check,
+        "allowed": lambda decision: celtypes.BoolType(decision.allowed),
+        "errored": lambda decision: celtypes.BoolType(False),
+        "reason": lambda decision: celtypes.StringType(""),
+        "join": lambda items, separator="": celtypes.StringType(
+            str(separator).join(str(item) for item in items)),
+    }
+
+
+NOTHING_BOUND = Authorizer(lambda verb, group, resource, namespace: False)
+
+
+def rbac_authorizer(rules: list[Json]) -> Authorizer:
+    """RBAC's answer from the rules of the roles bound to the user (cluster.apiserver's
+    cluster_role_rules: a Role's rules carry `_namespace`)."""
+
+    def allowed(verb: str, group: str, resource: str, namespace: str) -> bool:
+        return any(group in rule.get("apiGroups", []) and resource in rule.get("resources", [])
+                   and verb in rule.get("verbs", [])
+                   and rule.get("_namespace", namespace) == namespace for rule in rules)
+
+    return Authorizer(allowed)
 
 
 def load_policies(path: Path) -> list[tuple[Json, str]]:
@@ -108,7 +188,7 @@ def _program(expression: str) -> Any:
     import celpy
 
     env = celpy.Environment()
-    return env.program(env.compile(expression))
+    return env.program(env.compile(expression), functions=_kubernetes_functions())
 
 
 def _evaluate(expression: str, activation: dict[str, Any]) -> Any:
@@ -118,11 +198,13 @@ def _evaluate(expression: str, activation: dict[str, Any]) -> Any:
     return result
 
 
-def check(policies: list[tuple[Json, str]], req: Json) -> Optional[Denied]:
+def check(policies: list[tuple[Json, str]], req: Json,
+          authorizer: Authorizer = NOTHING_BOUND) -> Optional[Denied]:
     """None when every matching policy admits the request, else the first denial."""
     import celpy
 
-    base = {k: celpy.json_to_cel(v) for k, v in req.items()}
+    base: dict[str, Any] = {k: celpy.json_to_cel(v) for k, v in req.items()}
+    base["authorizer"] = authorizer
     for policy, binding in policies:
         if not _matches(policy, req):
             continue

@@ -12,9 +12,10 @@ Semantics follow the API reference (kubernetes.io/docs/reference/kubernetes-api)
 - DELETE /api/v1/namespaces/{ns}/pods/{name}: graceful, or at once with gracePeriodSeconds=0.
 - POST /api/v1/namespaces/{ns}/events: core/v1 Event; for a Node the namespace must be default.
 - Bearer-token authentication (401) and, when given, the rules of a ClusterRole (403).
-- Issue 20: when given, ValidatingAdmissionPolicies (their CEL run by cluster.admission) on every
-  write, with the token's userInfo as the API server builds it for a pod-bound ServiceAccount
-  token (the node claim in `extra`): a denial is 403 `... is forbidden: ValidatingAdmissionPolicy
+- Issue 20: when given, ValidatingAdmissionPolicies (their CEL run by cluster.admission, its
+  `authorizer` answering from the same ClusterRole rules) on every write, with the token's
+  userInfo as the API server builds it for a pod-bound ServiceAccount token (the node claim in
+  `extra`): a denial is 403 `... is forbidden: ValidatingAdmissionPolicy
   ... denied request: ...`. managedFields for spec.unschedulable: the field manager that last
   changed it (`fieldManager`, else the User-Agent's product, as the API server derives it).
 
@@ -339,13 +340,13 @@ class Cluster:
         """Run the ValidatingAdmissionPolicies on a write; raises the API server's denial."""
         if not self.policies:
             return
-        from cluster.admission import check, request, user_info
+        from cluster.admission import Authorizer, check, request, user_info
 
         req = request(operation, resource, name, user_info(self.username, self.token_node),
                       namespace=namespace, subresource=subresource,
                       obj=_public(obj) if obj is not None else None,
                       old=_public(old) if old is not None else None)
-        denied = check(self.policies, req)
+        denied = check(self.policies, req, Authorizer(self.allowed))
         if denied is not None:
             raise ApiError(denied.code, denied.reason,
                            f'{resource} "{name}" is forbidden: {denied.message}',
@@ -354,12 +355,9 @@ class Cluster:
     def allowed(self, verb: str, group: str, resource: str, namespace: str = "") -> bool:
         if self.rules is None:
             return True
-        for rule in self.rules:
-            if (group in rule.get("apiGroups", []) and resource in rule.get("resources", [])
-                    and verb in rule.get("verbs", [])
-                    and rule.get("_namespace", namespace) == namespace):
-                return True
-        return False
+        from cluster.admission import rbac_authorizer
+
+        return rbac_authorizer(self.rules).allowed(verb, group, resource, namespace)
 
 
 def _own_unschedulable(node: Json, manager: str, is_set: bool) -> None:

@@ -2,7 +2,8 @@
 the API server sends them for the installer's pod-bound ServiceAccount token: every write the
 upgrade protocol makes on its own node is admitted; what issue 20 finding 2 did with a stolen
 token (cordon and taint another node, strip a control-plane node's taints, delete a pod
-elsewhere) is denied, and so are fields the protocol never writes."""
+elsewhere) is denied, and so are fields the protocol never writes. The policy's `authorizer`
+answers from the protocol's RBAC (its role bound, the scheduling gate's not)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,24 @@ import pytest
 
 pytest.importorskip("celpy", reason="pip install cel-python")
 
-from cluster.admission import Denied, check, load_policies, request, user_info
+from cluster.admission import (
+    Authorizer,
+    Denied,
+    check,
+    load_policies,
+    rbac_authorizer,
+    request,
+    user_info,
+)
+from cluster.apiserver import cluster_role_rules
 
 from deploy.manifests import DAEMONSET_DIR
 from installer.cluster import protocol
 
 POLICY = DAEMONSET_DIR / "components" / "upgrade-protocol" / "admission-policy.yaml"
 POLICIES = load_policies(POLICY)
+PROTOCOL_ROLE = rbac_authorizer(cluster_role_rules(
+    DAEMONSET_DIR / "components" / "upgrade-protocol" / "rbac.yaml"))
 ME, OTHER = "gpu-node-1", "gpu-node-2"
 TOKEN = user_info(node=ME)
 
@@ -42,11 +54,12 @@ def node(name: str = ME) -> dict[str, Any]:
     }
 
 
-def update(old: dict[str, Any], change: Any, user: dict[str, Any] = TOKEN) -> Denied | None:
+def update(old: dict[str, Any], change: Any, user: dict[str, Any] = TOKEN,
+           authorizer: Authorizer = PROTOCOL_ROLE) -> Denied | None:
     new = copy.deepcopy(old)
     change(new)
     return check(POLICIES, request("UPDATE", "nodes", old["metadata"]["name"], user, obj=new,
-                                   old=old))
+                                   old=old), authorizer)
 
 
 def begin(n: dict[str, Any]) -> None:
@@ -80,10 +93,10 @@ def test_every_write_of_the_protocol_on_its_own_node_is_admitted() -> None:
              "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": ME, "uid": "9c1e"},
              "reason": "DriverUpgradeStarted"}
     assert check(POLICIES, request("CREATE", "events", f"{ME}.1", TOKEN, namespace="default",
-                                   obj=event)) is None
+                                   obj=event), PROTOCOL_ROLE) is None
     pod = {"metadata": {"name": "train", "namespace": "ml"}, "spec": {"nodeName": ME}}
     assert check(POLICIES, request("DELETE", "pods", "train", TOKEN, namespace="ml",
-                                   old=pod)) is None
+                                   old=pod), PROTOCOL_ROLE) is None
 
 
 @pytest.mark.parametrize(("what", "change"), [
@@ -154,11 +167,11 @@ def test_pods_and_events_of_other_nodes_are_denied() -> None:
 
 
 def test_the_fields_the_installer_writes_are_named_in_one_place() -> None:
-    """The place a new protocol field (a startup taint, a driver-version label) goes."""
+    """The place a new field of a feature (the gate's taint and label, issue 21) goes."""
     (own_node,) = [p for p, _ in POLICIES
                    if p["metadata"]["name"] == "nvidia-driver-installer-own-node"]
     names = [v["name"] for v in own_node["spec"]["variables"]]
     assert {"writableLabels", "writableLabelPrefixes", "writableAnnotations",
-            "removableTaintKeys"} <= set(names)
+            "writableTaintKeys", "mayCordon", "gateTaintKey"} <= set(names)
     text = POLICY.read_text()
     assert text.count(protocol.STATE_LABEL) == 1 and text.count(protocol.ANNOTATION + "'") == 1

@@ -1,8 +1,9 @@
-"""The DaemonSet side of the upgrade protocol: the base pod has no API identity at all; the
-protocol's ServiceAccount, least-privilege RBAC and admission policy come with
-components/upgrade-protocol (pod deletion only with components/force-eviction); NODE_NAME from
-the downward API; the device plugin leaving a node whose deploy label says
-paused-for-driver-upgrade; nodes pull prebuilt modules read-only and a builder Job publishes."""
+"""The DaemonSet side of the upgrade protocol: the base pod has no API rights at all (its
+ServiceAccount, shared by the Components that need one, has nothing bound and no token mounted);
+the protocol's least-privilege RBAC and admission policy come with components/upgrade-protocol
+(pod deletion only with components/force-eviction); NODE_NAME from the downward API; the device
+plugin leaving a node whose deploy label says paused-for-driver-upgrade; nodes pull prebuilt
+modules read-only and a builder Job publishes."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ def _granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
 @pytest.mark.parametrize("overlay", ["ubuntu", "rocky", "debian", "module-registry"])
 def test_without_the_protocol_the_pod_has_no_api_identity(overlay: str) -> None:
     docs = render(DAEMONSET_DIR / "overlays" / overlay)
-    assert {d["kind"] for d in docs} == {"DaemonSet"}  # no ServiceAccount, no RBAC
+    # No RBAC, no policy: the ServiceAccount is there only for the Components to share (issue
+    # 21: two Components each shipping it would collide in kustomize), with nothing bound.
+    assert {d["kind"] for d in docs} == {"DaemonSet", "ServiceAccount"}
     spec = pod_spec(installer_daemonset(docs))
     assert spec["automountServiceAccountToken"] is False
     assert "serviceAccountName" not in spec
