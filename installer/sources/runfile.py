@@ -143,6 +143,7 @@ class BuildRequest:
     kernel: str
     flavour: str
     kernel_source: str
+    kernel_output: str
     install_path: Path
     log_file: Path
     tmpdir: Path
@@ -160,7 +161,10 @@ def build_modules_argv(req: BuildRequest) -> list[str]:
         "--accept-license",
         "--kernel-modules-only",
         f"--kernel-name={req.kernel}",
+        # Both paths, always: nvidia-installer takes a given source path as the output path
+        # too, which is wrong for Debian's split headers (-common and -amd64).
         f"--kernel-source-path={req.kernel_source}",
+        f"--kernel-output-path={req.kernel_output}",
         f"--kernel-install-path={req.install_path}",
         *module_type_args(req.version, req.flavour),
         "--no-drm",
@@ -371,7 +375,8 @@ def build_step(ctx: Context) -> Step:
                 version=t.version,
                 kernel=t.kernel,
                 flavour=t.flavour,
-                kernel_source=str(t.headers.host_path),
+                kernel_source=str(t.headers.source_path),
+                kernel_output=str(t.headers.output_path),
                 install_path=staging,
                 log_file=log_file,
                 tmpdir=tmp,
