@@ -333,7 +333,8 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
         driver = host.loaded_driver(ctx.root)
         if driver is None and not _any_nvidia_loaded(ctx):
             return False
-        if driver is not None and driver.version == ctx.target.version:
+        if (driver is not None and not ctx.target.version_pending
+                and driver.version == ctx.target.version):
             return False
         return _driver_held(ctx)
 
@@ -347,7 +348,8 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
 
         driver = host.loaded_driver(ctx.root)
         old = (driver.version if driver else None) or "unknown"
-        protocol.make_room(ctx.config, ctx.root, ctx.layout, old, ctx.target.version)
+        new = "the dnf stream's newest" if ctx.target.version_pending else ctx.target.version
+        protocol.make_room(ctx.config, ctx.root, ctx.layout, old, new)
         ctx.memo[done] = True
         remove_ready_file(ctx)
 
@@ -525,7 +527,8 @@ def prune_step(ctx: Context) -> Step:
             remove_tree(path)
             log.info("pruned %s (%.1f MB)", path, size / 1e6)
 
-    return Step("prune-cache", f"keep only {target.version}: drop other versions and the "
+    keeping = "the version dnf installs" if target.version_pending else target.version
+    return Step("prune-cache", f"keep only {keeping}: drop other versions and the "
                 "extracted tree", satisfied, apply)
 
 

@@ -108,7 +108,8 @@ def plan_decisions(ctx: Context) -> list[Decision]:
     module metadata dnf cached on an earlier run, else how it will be chosen."""
     dt = target_of(ctx)
     if dt.stream is None:
-        return []
+        packages = f"{dt.branch}.* packages" if dt.branch else "packages"
+        return _pending_version(ctx, dt, f"NVIDIA's repo ({packages}; EL10 has no streams)")
     streams = dnf_metadata.read_cached(_cache_dir(ctx))
     kernel = ctx.target.kernel
     if streams is None:
@@ -120,12 +121,15 @@ def plan_decisions(ctx: Context) -> list[Decision]:
                 "chosen when run, from the repo's module metadata (not cached here yet): the "
                 f"precompiled stream when NVIDIA ships a kmod for kernel {kernel}, else DKMS; "
                 "the version is the stream's newest unless pinned",
-            )
+            ),
+            *_pending_version(ctx, dt, f"stream {cmd.MODULE}:{options}"),
         ]
     try:
         choice = choose(dt, kernel, streams)
     except ModuleMetadataMissing as exc:
-        return [Decision("dnf-stream", "unavailable", exc.message)]
+        ctx.target.version_pending = True
+        return [Decision("dnf-stream", "unavailable", exc.message),
+                Decision("version", "none", f"`run` fails: {exc.message}")]
     ctx.target.version = choice.version
     return [
         Decision("dnf-stream", f"{cmd.MODULE}:{choice.stream}", choice.reason),
@@ -135,6 +139,17 @@ def plan_decisions(ctx: Context) -> list[Decision]:
             f"what dnf installs from stream {choice.stream} (the repo's cached module metadata)",
         ),
     ]
+
+
+def _pending_version(ctx: Context, dt: DnfTarget, where: str) -> list[Decision]:
+    """Unpinned, dnf installs the newest the repo offers, which is known only when run: the
+    catalog's version (what the runfile source would install) is not named (issue 19)."""
+    if dt.pinned:
+        return []
+    ctx.target.version_pending = True
+    return [Decision("version", f"the newest in {where}, chosen when run",
+                     "dnf installs what the repo offers; its module metadata is not cached here "
+                     "yet (the first run caches it, then plan names the version)")]
 
 
 def choose(dt: DnfTarget, kernel: str, streams: dnf_metadata.Streams) -> Choice:
