@@ -9,10 +9,11 @@ import shutil
 import time
 from pathlib import Path
 
-from installer import host, ldcache, modules, state
+from installer import host, ldcache, load_rollback, modules, state
 from installer.errors import (
     InstallerError,
     InstallFailed,
+    ModuleLoadFailed,
     NouveauActive,
     SecureBootKeysMissing,
 )
@@ -135,6 +136,7 @@ def activate_step(ctx: Context) -> Step:
     def apply() -> None:
         install = layout.install_local
         _retire_old_layout(install, ("bin", "lib64", "drivers", "current"))
+        load_rollback.note_links(ctx, ("current", *links, "drivers"))  # issue 19
         _swap_link(install / "current", str(Path("versions") / target.version))
         for name, dest in links.items():
             _swap_link(install / name, str(dest))
@@ -266,6 +268,7 @@ def firmware_step(ctx: Context) -> Step:
 
     def apply() -> None:
         dest = ctx.root.local_resolved(host_dir)
+        load_rollback.note_firmware(ctx, dest)  # issue 19
         try:
             for item in missing():
                 dest.mkdir(parents=True, exist_ok=True)
@@ -377,6 +380,7 @@ def ld_cache_step(ctx: Context) -> Step:
                                      ctx.target.version)
 
     def apply() -> None:
+        load_rollback.note_drop_in(ctx)  # issue 19
         ldcache.configure(ctx.root, ctx.runner, layout.lib_dir_host)
 
     return Step("configure-ld-cache", "ld.so.conf.d drop-in for lib64/ and the host's ldconfig",
@@ -398,7 +402,14 @@ def load_step(ctx: Context) -> Step:
             user_args={modules.kernel_name(m): ctx.config.module_args_for(m)
                        for m in modules.LOAD_ORDER},
         )
-        modules.load(ctx.root, ctx.runner, request)
+        try:
+            modules.load(ctx.root, ctx.runner, request)
+        except ModuleLoadFailed as exc:
+            # Issue 19: a refused load leaves no half-activated install behind.
+            undone = load_rollback.undo(ctx)
+            raise ModuleLoadFailed(
+                exc.message + (f"; put back: {', '.join(undone)}" if undone else ""),
+                hint=exc.hint) from exc
 
     return Step("load-modules", "load nvidia, nvidia-uvm, nvidia-modeset", satisfied, apply)
 

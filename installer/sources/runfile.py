@@ -392,8 +392,9 @@ def build_step(ctx: Context) -> Step:
                 remove_tree(staging)
                 raise ModuleBuildFailed(
                     f"building the {t.flavour} kernel modules of {t.version} for kernel "
-                    f"{t.kernel} failed (exit {exc.returncode}); last lines of "
-                    f"{log_file.name}:\n" + _tail(log_file, exc.output_tail),
+                    f"{t.kernel} failed (exit {exc.returncode})"
+                    + _compiler_errors(log_file)
+                    + f"; last lines of {log_file.name}:\n" + _tail(log_file, exc.output_tail),
                 ) from exc
         if not (staging / "nvidia.ko").is_file():
             remove_tree(staging)
@@ -409,6 +410,25 @@ def build_step(ctx: Context) -> Step:
 
     return Step("build-modules", f"compile {t.flavour} modules for {t.kernel} (cached per "
                 "version, kernel and flavour)", satisfied, apply)
+
+
+# gcc's diagnostics: `nvidia/nv-pci.c:223:9: error: too few arguments to function ...`.
+_COMPILER_ERROR = re.compile(r"^\S+:\d+:(?:\d+:)? (?:fatal )?error: ")
+
+
+def _compiler_errors(log_file: Path, limit: int = 5) -> str:
+    """The compiler's own `error:` lines from the build log: nvidia-installer runs make -k, so
+    they sit far above the log's tail (make goes on compiling every other file)."""
+    try:
+        text = log_file.read_text(errors="replace")
+    except OSError:
+        return ""
+    found = list(dict.fromkeys(line.strip() for line in text.splitlines()
+                               if _COMPILER_ERROR.match(line.strip())))
+    if not found:
+        return ""
+    more = f" (and {len(found) - limit} more)" if len(found) > limit else ""
+    return "; the compiler said:\n" + "\n".join(found[:limit]) + more
 
 
 def _tail(log_file: Path, fallback: str, lines: int = 25) -> str:
