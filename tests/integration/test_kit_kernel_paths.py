@@ -12,11 +12,13 @@ from shutil import which
 
 import kit
 import pytest
+from hostkit import debian_headers
 
 VERSION = "550.54.15"
-K = "6.1.0-56-amd64"
+# This machine's Debian headers (linux-headers-amd64: 6.1.0-56-amd64 when written).
+K = (debian_headers() or ("6.1.0-56-amd64", ()))[0]
 AMD64 = f"/usr/src/linux-headers-{K}"
-COMMON = "/usr/src/linux-headers-6.1.0-56-common"
+COMMON = f"/usr/src/linux-headers-{K.removesuffix('-amd64')}-common"
 INSTALL_YOUR_KERNEL_SOURCE = (
     "Please make sure you have installed the kernel source files for your kernel and that they "
     "are properly configured; on Red Hat Linux systems, for example, be sure you have the "

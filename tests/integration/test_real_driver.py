@@ -37,8 +37,10 @@ from realdriver import (
 
 pytestmark = pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
 
-K56 = "6.1.0-56-amd64"
-COMMON56 = "/usr/src/linux-headers-6.1.0-56-common"
+# This machine's Debian headers: 6.1.0-56-amd64 when written, which NVIDIA's 535.261.03 open
+# sources do not compile for.
+K56 = (debian_headers() or ("6.1.0-56-amd64", ()))[0]
+COMMON56 = f"/usr/src/linux-headers-{K56.removesuffix('-amd64')}-common"
 AMD64_56 = f"/usr/src/linux-headers-{K56}"
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 
@@ -46,7 +48,7 @@ FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 @pytest.fixture(scope="module")
 def proprietary(tmp_path_factory: pytest.TempPathFactory) -> RealInstall:
     installed = proprietary_install(tmp_path_factory)
-    assert installed.kernel == K56, "this machine's headers are not Debian's 6.1.0-56"
+    assert installed.kernel == K56
     assert installed.result.returncode == 0, installed.result.stderr[-5000:]
     return installed
 
@@ -68,7 +70,7 @@ def test_debians_split_headers_reach_nvidia_installer_as_source_and_output(
     stderr = proprietary.result.stderr
     assert f"plan: kernel-source-path = {COMMON56}" in stderr
     assert f"plan: kernel-output-path = {AMD64_56}" in stderr
-    assert "building ahead for 6.1.0-56-amd64" in stderr
+    assert f"building ahead for {K56}" in stderr
 
 
 def test_nvidia_ko_is_nvidias_535_for_the_target_kernel(proprietary: RealInstall) -> None:
@@ -196,7 +198,8 @@ def test_open_sources_older_than_the_kernel_fail_with_the_compilers_line(
     inst = install_dir(root)
     assert not (inst / "current").exists()
     assert not (inst / "cache/modules" / VERSION / kernel / "open").exists()
-    assert not list((inst / "cache/tmp").iterdir()) if (inst / "cache/tmp").exists() else True
+    scratch = inst / "cache/tmp"
+    assert not scratch.exists() or not any(scratch.iterdir())
     after = tree_snapshot(root)
     outside = {path for path, info in after.items()
                if not path.startswith(INSTALL_DIR_HOST[1:]) and before.get(path) != info}

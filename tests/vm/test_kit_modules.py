@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from realdriver import parts
 
 from vm.fake_modules import build_fake_modules, expected_gpu_uuid
@@ -71,7 +70,9 @@ $VM_FILES/real-nvidia-modprobe -m && echo "modeset node: ok"
 echo "@@ real-nodes"
 stat -c '%n %F %t:%T %a %u:%g' /dev/nvidia* | sort
 echo "@@ char-links"
-for link in /dev/char/*; do [ -L "$link" ] && echo "$link -> $(readlink "$link")"; done | grep nvidia
+for link in /dev/char/*; do
+  [ -L "$link" ] && echo "$link -> $(readlink "$link")"
+done | grep nvidia
 mknod /dev/nvidia2 c 195 2
 echo "@@ open-nodes"
 (exec 4</dev/nvidiactl) && echo "nvidiactl opens"
