@@ -47,6 +47,8 @@ def install(payload: Path, tmp_path: Path, *flags: str,
     log = tmp_path / "nvidia-installer.log"
     argv = [str(payload / "nvidia-installer"), "-s", "-K", "--skip-depmod", "--skip-module-load",
             f"-k{K}", "-j2", f"--kernel-install-path={tmp_path}/modules",
+            # the kernel-module pass writes the GSP firmware: never into this machine's
+            f"--override-file-type-destination=FIRMWARE:{tmp_path}/firmware",
             f"--log-file-name={log}", *flags]
     clean = {k: v for k, v in os.environ.items() if k not in ("SYSSRC", "SYSOUT")}
     result = subprocess.run(argv, capture_output=True, text=True, timeout=300,
