@@ -85,7 +85,14 @@ def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutco
 
 def _execute(config: Config, layout: Layout, plan: Plan) -> list[pipeline.StepOutcome]:
     if not config.upgrade_protocol:
-        return pipeline.execute(plan)
+        outcomes = pipeline.execute(plan)
+        # Issue 20: a node an earlier run left mid-upgrade (its marker, protocol.HINT_NAME) is
+        # restored even with the protocol switched off since; the warm path only stats a file.
+        if (layout.install_local / ".upgrade-protocol").exists():
+            from installer.cluster import protocol
+
+            protocol.finish_switched_off(config, layout)
+        return outcomes
     from installer.cluster import protocol  # issue 13: restore the node after an upgrade
 
     try:
@@ -169,7 +176,7 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
     """Unload the driver and remove what the installer put on the host. Returns what it
     removed. Raises DriverInUse when the driver is held."""
     from installer import ldcache, modules
-    from installer.steps import remove_tree
+    from installer.dirs import remove_tree
 
     runner = runner or SubprocessRunner()
     root = HostRoot(config.root)
@@ -248,11 +255,8 @@ def prebuild(config: Config, runner: Runner | None = None) -> str:
     registry's (registry-unavailable, registry-auth-failed) when pushing."""
     from dataclasses import replace
 
-    from installer.errors import ConfigError
     from installer.sources import prebuilt
 
-    if config.module_registry_push and not config.module_registry:
-        raise ConfigError("--push needs NVIDIA_MODULE_REGISTRY (where to publish)")
     # Never pull what we are asked to build; the lookup below only reports.
     config = replace(config, allow_no_gpu=True, source="runfile")
     runner = runner or SubprocessRunner()

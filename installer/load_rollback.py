@@ -45,7 +45,8 @@ def note_drop_in(ctx: Context) -> None:
 def undo(ctx: Context) -> list[str]:
     """Put back what this run staged; returns what it did, for the error message. Never
     raises: the load's failure is what the caller reports."""
-    from installer.steps import remove_ready_file, remove_tree, restore_module_files
+    from installer.dirs import remove_tree
+    from installer.steps import remove_ready_file, restore_module_files
 
     done: list[str] = []
     try:

@@ -220,7 +220,7 @@ def test_rocky_9_kernel_devel_from_the_hosts_repos_signature_checked(archive: An
     requests.clear()
     headers = obtain(root, ROCKY9_K, NVIDIA_INSTALLER_ROCKY_VAULT=UNREACHABLE)
     tree = cache_of(root, ROCKY9_K) / "root/usr/src/kernels" / ROCKY9_K
-    assert str(headers.host_path) == f"/usr/src/kernels/{ROCKY9_K}"
+    assert str(headers.output_path) == str(headers.source_path) == f"/usr/src/kernels/{ROCKY9_K}"
     assert (tree / "Makefile").is_file() and (tree / "scripts/mod/modpost").is_file()
     assert (cache_of(root, ROCKY9_K) / ".complete").read_text().split() == [
         f"kernel-devel-{ROCKY9_K}"]
@@ -247,7 +247,7 @@ def test_rocky_8_node_one_minor_behind_gets_kernel_devel_from_the_vault(
     root = rocky_host(tmp_path, base, key, "8.10")
     requests.clear()
     headers = obtain(root, ROCKY8_K, NVIDIA_INSTALLER_ROCKY_VAULT=f"{base}/vault")
-    assert str(headers.host_path) == f"/usr/src/kernels/{ROCKY8_K}"
+    assert str(headers.output_path) == str(headers.source_path) == f"/usr/src/kernels/{ROCKY8_K}"
     tree = cache_of(root, ROCKY8_K) / "root/usr/src/kernels" / ROCKY8_K
     assert (tree / "Makefile").is_file() and (tree / "scripts/mod/modpost").is_file()
     assert (cache_of(root, ROCKY8_K) / ".complete").read_text().split() == [

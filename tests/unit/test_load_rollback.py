@@ -11,7 +11,7 @@ import pytest
 from fakes import FakeRunner
 from test_steps import context
 
-from installer import kmsg, modules, state, steps
+from installer import dirs, kmsg, modules, state, steps
 from installer.errors import ModuleLoadFailed
 from installer.layout import LD_DROP_IN, READY_FILE
 from installer.plan import Context
@@ -63,7 +63,7 @@ def stage(ctx: Context, version: str) -> None:
     build.mkdir(parents=True)
     for name in ("nvidia", "nvidia-uvm", "nvidia-modeset"):
         (build / f"{name}.ko").write_bytes(f"{name} {version}".encode())
-    (build / steps.COMPLETE_MARKER).write_text(f"{version} {K} open\n")
+    (build / dirs.COMPLETE_MARKER).write_text(f"{version} {K} open\n")
     version_dir = ctx.layout.version_dir(version)
     (version_dir / "lib64").mkdir(parents=True)
     (version_dir / "bin").mkdir()
