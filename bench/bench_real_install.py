@@ -10,8 +10,10 @@ Node A: a Debian 12 host root with Debian's split 6.1.0-56 headers; `installer r
 extracts, compiles NVIDIA's proprietary modules (nvidia-installer stand-in, NVIDIA's Makefile)
 and installs, building ahead (nothing is loaded). It publishes the modules to docker-registry
 on 127.0.0.1. Node B: no headers; `installer run` with the registry pulls the modules instead of
-compiling. Phase times are the installer's own `step X: done in N s` lines. The compile runs
-under `nice -n 10` (the machine is shared); the load average is printed with the figures.
+compiling. Phase times are the installer's own `step X: done in N s` lines. Node A signs what it
+publishes (NVIDIA_MODULE_PUBLISHER_KEY), node B trusts that key (NVIDIA_MODULE_TRUSTED_KEYS). The
+compile runs under `nice -n 10` (the machine is shared); the load average is printed with the
+figures.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from hostkit import hidden_headers_argv, installer_argv, installer_env, make_deb
 from httpfaults import serve_directory
 from kit import real_parts
 from kit.builder import build_real_runfile
-from registrykit import PASSWORD, USER, Registry
+from registrykit import PASSWORD, USER, Registry, make_key_pair
 
 STEP_DONE = re.compile(r"step (\S+): done in ([\d.]+) s")
 PHASES = {
@@ -69,6 +71,7 @@ def main() -> int:
         www = work / "www"
         run = build_real_runfile(www / real_parts.VERSION, parts, pad_to=args.size_mb * 10**6)
         size = run.stat().st_size
+        private, public = make_key_pair(work / "keys")
         registry = Registry(work / "registry").start()
         try:
             with serve_directory(www) as (base, _):
@@ -80,11 +83,13 @@ def main() -> int:
                     "NVIDIA_MODULE_REGISTRY_PLAIN_HTTP": "true",
                     "NVIDIA_MODULE_REGISTRY_USERNAME": USER,
                     "NVIDIA_MODULE_REGISTRY_PASSWORD": PASSWORD,
+                    "NVIDIA_MODULE_TRUSTED_KEYS": str(public),
                 }
                 node_a = work / "a"
                 kernel = make_debian_host(node_a)
                 a, a_wall, a_load = timed_run(installer_env(
-                    node_a, kernel, NVIDIA_MODULE_REGISTRY_PUSH="true", **common))
+                    node_a, kernel, NVIDIA_MODULE_REGISTRY_PUSH="true",
+                    NVIDIA_MODULE_PUBLISHER_KEY=str(private), **common))
                 node_b = work / "b"
                 make_debian_host(node_b, headers=False)
                 b, b_wall, b_load = timed_run(installer_env(node_b, kernel, **common))

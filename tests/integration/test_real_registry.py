@@ -1,7 +1,7 @@
 """NVIDIA's real 535.261.03 modules (about 135 MB) through a real OCI registry
-(docker-registry on 127.0.0.1): `installer prebuild --push` publishes the session's real build
-(test_real_driver's, compiled once), and a node with no kernel headers pulls, verifies and
-installs them without compiling."""
+(docker-registry on 127.0.0.1): `installer prebuild --push` publishes, signed with the builder's
+key, the session's real build (test_real_driver's, compiled once), and a node with no kernel
+headers that trusts that key pulls, verifies and installs them without compiling."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from realdriver import (
     same_bytes,
     seed_modules,
 )
-from registrykit import PASSWORD, USER, Registry
+from registrykit import PASSWORD, USER, Registry, make_key_pair
 
 pytestmark = pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
 
@@ -56,10 +56,12 @@ def test_real_modules_are_published_once_and_pulled_by_a_node_without_headers(
 ) -> None:
     run = runfile(tmp_path_factory)
     repository = reg.repository("fleet/nvidia-modules")
+    private, public = make_key_pair(tmp_path_factory.mktemp("real-keys"))
     builder = tmp_path_factory.mktemp("real-builder") / "host"
     kernel = make_debian_host(builder, gpus=())
     seed_modules(built.build_dir, install_dir(builder), kernel)
-    env = env_for(builder, kernel, run, "proprietary", **registry_settings(repository))
+    env = env_for(builder, kernel, run, "proprietary", **registry_settings(repository),
+                  NVIDIA_MODULE_PUBLISHER_KEY=str(private))
     env.pop("NVIDIA_KERNEL_RELEASE")
     pushed = ok(run_installer_niced(env, "prebuild", "--kernel", kernel, "--push", timeout=900))
     reference = pushed.stdout.strip()
@@ -75,7 +77,8 @@ def test_real_modules_are_published_once_and_pulled_by_a_node_without_headers(
 
     node = tmp_path_factory.mktemp("real-node") / "host"
     make_debian_host(node, headers=False)  # no headers: only the artifact can do it
-    node_env = env_for(node, kernel, run, "proprietary", **registry_settings(repository))
+    node_env = env_for(node, kernel, run, "proprietary", **registry_settings(repository),
+                       NVIDIA_MODULE_TRUSTED_KEYS=str(public))
     result = ok(run_installer_niced(node_env, "run", timeout=900))
     assert "using prebuilt modules" in result.stderr
     assert "step build-modules: already satisfied" in result.stderr
