@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from installer import host, ldcache, state
-from installer.layout import LD_DROP_IN
+from installer.dirs import remove_tree
+from installer.layout import LD_DROP_IN, READY_FILE
 from installer.plan import Context
 
 log = logging.getLogger(__name__)
@@ -42,12 +44,13 @@ def note_drop_in(ctx: Context) -> None:
         ctx.memo[DROP_IN] = not ctx.root.local_resolved(LD_DROP_IN).exists()
 
 
-def undo(ctx: Context) -> list[str]:
-    """Put back what this run staged; returns what it did, for the error message. Never
-    raises: the load's failure is what the caller reports."""
-    from installer.dirs import remove_tree
-    from installer.steps import remove_ready_file, restore_module_files
+RestoreModules = Callable[[Context, "host.LoadedDriver | None"], None]
 
+
+def undo(ctx: Context, restore_module_files: RestoreModules) -> list[str]:
+    """Put back what this run staged; returns what it did, for the error message. Never
+    raises: the load's failure is what the caller reports. `restore_module_files` puts the
+    host's module dir back to a driver's build (steps.py's, shared with a failed unload)."""
     done: list[str] = []
     try:
         links = ctx.memo.get(LINKS)
@@ -77,7 +80,9 @@ def undo(ctx: Context) -> list[str]:
         if ctx.memo.get(DROP_IN) is True:
             ldcache.remove(ctx.root, ctx.runner)
             done.append(f"{LD_DROP_IN} removed")
-        remove_ready_file(ctx)
+        ready = ctx.root.local(READY_FILE)
+        if ready.exists():
+            ready.unlink()
     except Exception as exc:  # the refusal stays the error; this only adds to it
         log.error("could not put everything back after the failed load: %s", exc)
     for item in done:
