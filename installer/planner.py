@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from installer import catalog, compiler, distros, host, kernel, steps, versions
+from installer import catalog, compiler, distros, host, kernel, prefetch, steps, versions
 from installer.config import Config, check_build_path
 from installer.delivery.urls import redact_url
 from installer.errors import ConfigError, NoNvidiaGpu
@@ -73,7 +73,7 @@ def make_plan(
     if source == "runfile":
         default_url = versions.runfile_url(resolution.version, facts.arch, config.branch_path,
                                            catalog=shipped_or_custom)
-        urls = runfile.download_urls(config, resolution.version, facts.arch, default_url)
+        urls = prefetch.download_urls(config, resolution.version, facts.arch, default_url)
         decisions.append(Decision("download", redact_url(urls[0]), _url_reason(config, urls)))
         headers = (kernel.find_headers(root, facts.kernel_release)
                    or header_fetch.cached(layout, facts.kernel_release)

@@ -13,29 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from installer import delivery, kernel
-from installer.config import Config
 from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
 from installer.headers import steps as header_steps
 from installer.layout import Layout
 from installer.plan import Context, Step
+from installer.prefetch import runfile_name
 
 log = logging.getLogger(__name__)
-
-def runfile_name(version: str, arch: str) -> str:
-    return f"NVIDIA-Linux-{arch}-{version}.run"
-
-
-def download_urls(config: Config, version: str, arch: str, default_url: str) -> list[str]:
-    """URLs to try in order: an explicit URL alone, else each mirror's
-    `<mirror>/<v>/<runfile>`, then the default (catalog or GKE layout)."""
-    if config.download_url:
-        return [config.download_url]
-    name = runfile_name(version, arch)
-    urls = [f"{mirror.rstrip('/')}/{version}/{name}" for mirror in config.mirrors]
-    urls.append(default_url)
-    return urls
-
 
 def extract_argv(runfile: Path, target: Path, tmpdir: Path) -> list[str]:
     return ["sh", str(runfile), "--extract-only", "--target", str(target), "--tmpdir", str(tmpdir)]

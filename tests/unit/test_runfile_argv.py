@@ -3,10 +3,10 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 from installer.config import from_env
+from installer.prefetch import download_urls
 from installer.sources.runfile import (
     BuildRequest,
     build_modules_argv,
-    download_urls,
     extract_argv,
     install_userspace_argv,
     module_type_args,
