@@ -456,3 +456,17 @@ def test_jammy_headers_fetched_then_compiler_missing_before_the_driver(archive: 
     assert any(r.endswith(".deb") for r in requests)
     assert not [r for r in requests if r.endswith(".run")]
 
+
+
+def test_headers_in_the_image_are_used_at_their_own_paths() -> None:
+    """The installer's own image (here: this machine, Debian's headers installed): no bind
+    mounts, and Debian's split trees as source and output (issue 19)."""
+    from installer import kernel
+
+    found = debian_headers()
+    assert found is not None
+    release, (amd64, common, _kbuild) = found
+    headers = kernel.find_container_headers(release)
+    assert headers is not None and headers.in_container and headers.binds == ()
+    assert (str(headers.source_path), str(headers.output_path)) == (common, amd64)
+    assert kernel.with_host_trees(HostRoot(Path("/root")), headers, ["make"]) == ["make"]
