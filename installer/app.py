@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from installer import catalog, host, pipeline, planner, state
@@ -15,40 +14,10 @@ from installer.errors import InstallerError
 from installer.hostroot import HostRoot
 from installer.layout import LD_DROP_IN, READY_FILE, Layout
 from installer.plan import Plan
+from installer.prefetch import fetch_bytes_for, fetch_runfile_for
 from installer.runner import Runner, SubprocessRunner
 
 log = logging.getLogger(__name__)
-
-
-def _download_settings(config: Config) -> Any:
-    from installer import delivery
-
-    return delivery.DownloadSettings(
-        retries=config.retries,
-        connect_timeout=config.connect_timeout,
-        read_timeout=config.read_timeout,
-        allow_unverified=config.allow_unverified,
-    )
-
-
-def fetch_bytes_for(config: Config) -> planner.FetchBytes:
-    def fetch(url: str) -> bytes:
-        from installer import delivery
-
-        return delivery.fetch_bytes(url, _download_settings(config), max_bytes=64 << 20)
-
-    return fetch
-
-
-def fetch_runfile_for(config: Config) -> planner.FetchRunfile:
-    def fetch(urls: list[str], dest_dir: Path, filename: str) -> Path:
-        from installer import delivery
-
-        fetched = delivery.fetch_file(urls, dest_dir, filename, sha256=config.sha256,
-                                      checksum_urls=None, settings=_download_settings(config))
-        return Path(fetched.path)
-
-    return fetch
 
 
 def build_plan(config: Config, runner: Runner | None = None) -> Plan:
@@ -244,21 +213,6 @@ def list_versions(config: Config) -> list[str]:
         releases = ", ".join(r.version for r in branch.releases)
         lines.append(f"R{branch.major:<4} {branch.type:<20} {releases}")
     return lines
-
-
-def download_runfile(config: Config, dest: Path, arch: str) -> Path:
-    """Prefetch the planned .run into `dest` for air-gapped nodes (no host facts needed)."""
-    from installer import versions
-    from installer.sources import runfile
-
-    loaded = catalog.load(config.catalog, fetch_bytes_for(config))
-    resolution = versions.resolve(config.version, loaded, (), track=config.track)
-    default_url = versions.runfile_url(resolution.version, arch, config.branch_path,
-                                       catalog=loaded)
-    urls = runfile.download_urls(config, resolution.version, arch, default_url)
-    name = runfile.runfile_name(resolution.version, arch)
-    log.info("downloading %s (%s)", name, "; ".join(resolution.reasons))
-    return fetch_runfile_for(config)(urls, dest, name)
 
 
 # Issue 14: the steps that produce (and publish) the modules of one key, nothing on the host.

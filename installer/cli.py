@@ -130,10 +130,10 @@ def versions(**options: Any) -> None:
 @settings_options
 def download(dest: Path, arch: str, **options: Any) -> None:
     """Prefetch the .run for a version (air-gapped nodes, mirrors)."""
-    from installer import app
+    from installer import prefetch  # not app: the planner and its steps are not needed here
 
     config = make_config(options)
-    path = app.download_runfile(config, dest, arch)
+    path = prefetch.download_runfile(config, dest, arch)
     click.echo(str(path))
 
 

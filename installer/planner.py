@@ -5,11 +5,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from installer import catalog, compiler, distros, gate_steps, host, kernel, steps, versions
+from installer import (
+    catalog,
+    compiler,
+    distros,
+    gate_steps,
+    host,
+    kernel,
+    prefetch,
+    steps,
+    versions,
+)
 from installer.config import Config, check_build_path
 from installer.delivery.urls import redact_url
 from installer.errors import ConfigError, NoNvidiaGpu
 from installer.headers import fetch as header_fetch
+from installer.headers import steps as header_steps
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Plan, Step, Target
@@ -72,7 +83,7 @@ def make_plan(
     if source == "runfile":
         default_url = versions.runfile_url(resolution.version, facts.arch, config.branch_path,
                                            catalog=shipped_or_custom)
-        urls = runfile.download_urls(config, resolution.version, facts.arch, default_url)
+        urls = prefetch.download_urls(config, resolution.version, facts.arch, default_url)
         decisions.append(Decision("download", redact_url(urls[0]), _url_reason(config, urls)))
         headers = (kernel.find_headers(root, facts.kernel_release)
                    or header_fetch.cached(layout, facts.kernel_release)
@@ -235,31 +246,33 @@ def header_decisions(config: Config, root: HostRoot, layout: Layout, runner: Run
     else:
         if headers.unpacked_root is not None:
             where = f"fetched by an earlier run into {layout.cache_host}/headers/{release}"
-            tree = headers.unpacked_root.joinpath(*headers.host_path.parts[1:])
+            tree = headers.unpacked_root.joinpath(*headers.output_path.parts[1:])
         elif headers.in_container:
-            where, tree = "in the image", Path(str(headers.host_path))
+            where, tree = "in the image", Path(str(headers.output_path))
         else:
-            where, tree = "on the host", root.local(headers.host_path)
-        first = Decision("kernel-headers", str(headers.host_path), f"found {where}")
+            where, tree = "on the host", root.local(headers.output_path)
+        first = Decision("kernel-headers", str(headers.output_path), f"found {where}")
         major = compiler.headers_gcc_major(tree)
         gcc_from = "the headers' CONFIG_GCC_VERSION"
+    # Issue 19: the source and output paths nvidia-installer is given, and why.
+    paths = header_steps.path_decisions(headers)
     if major is None and release == running:
         major = compiler.kernel_gcc_major(root.read_text("/proc/version"))
         gcc_from = "/proc/version"
     if major is None:
-        return [first, Decision("compiler", "from the headers",
+        return [first, *paths, Decision("compiler", "from the headers",
                                 "the kernel's gcc is read from the headers' config once they "
                                 "are fetched; checked before the driver download")]
     chosen = compiler.choose(runner, major)
     package = compiler.installable(major) if chosen is None else None
     if package is not None:
-        return [first, Decision("compiler", f"install {package.package}",
+        return [first, *paths, Decision("compiler", f"install {package.package}",
                                 f"{package.describe()}; kernel built with gcc {major} "
                                 f"({gcc_from}); gcc at {package.path}")]
     if chosen is None:
         error = compiler.missing_error(release, major, gcc_from, runner)
-        return [first, Decision("compiler", "missing",
+        return [first, *paths, Decision("compiler", "missing",
                                 f"{error.message}; `run` fails before downloading the driver. "
                                 f"{error.hint}")]
-    return [first, Decision("compiler", chosen.env.get("CC", "gcc"),
+    return [first, *paths, Decision("compiler", chosen.env.get("CC", "gcc"),
                             f"{chosen.note}; kernel built with gcc {major} ({gcc_from})")]

@@ -9,11 +9,12 @@ import shutil
 import time
 from pathlib import Path
 
-from installer import gate_steps, host, ldcache, modules, state
+from installer import gate_steps, host, ldcache, load_rollback, modules, state
 from installer.dirs import remove_tree
 from installer.errors import (
     InstallerError,
     InstallFailed,
+    ModuleLoadFailed,
     NouveauActive,
     SecureBootKeysMissing,
 )
@@ -139,6 +140,7 @@ def activate_step(ctx: Context) -> Step:
     def apply() -> None:
         install = layout.install_local
         _retire_old_layout(install, ("bin", "lib64", "drivers", "current"))
+        load_rollback.note_links(ctx, ("current", *links, "drivers"))  # issue 19
         _swap_link(install / "current", str(Path("versions") / target.version))
         for name, dest in links.items():
             _swap_link(install / name, str(dest))
@@ -281,6 +283,7 @@ def firmware_step(ctx: Context) -> Step:
 
     def apply() -> None:
         dest = ctx.root.local_resolved(host_dir)
+        load_rollback.note_firmware(ctx, dest)  # issue 19
         try:
             for item in missing():
                 dest.mkdir(parents=True, exist_ok=True)
@@ -348,7 +351,8 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
         driver = host.loaded_driver(ctx.root)
         if driver is None and not _any_nvidia_loaded(ctx):
             return False
-        if driver is not None and driver.version == ctx.target.version:
+        if (driver is not None and not ctx.target.version_pending
+                and driver.version == ctx.target.version):
             return False
         return _driver_held(ctx)
 
@@ -362,7 +366,8 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
 
         driver = host.loaded_driver(ctx.root)
         old = (driver.version if driver else None) or "unknown"
-        protocol.make_room(ctx.config, ctx.root, ctx.layout, old, ctx.target.version)
+        new = "the dnf stream's newest" if ctx.target.version_pending else ctx.target.version
+        protocol.make_room(ctx.config, ctx.root, ctx.layout, old, new)
         ctx.memo[done] = True
         remove_ready_file(ctx)
 
@@ -390,6 +395,7 @@ def ld_cache_step(ctx: Context) -> Step:
                                      ctx.target.version)
 
     def apply() -> None:
+        load_rollback.note_drop_in(ctx)  # issue 19
         ldcache.configure(ctx.root, ctx.runner, layout.lib_dir_host)
 
     return Step("configure-ld-cache", "ld.so.conf.d drop-in for lib64/ and the host's ldconfig",
@@ -411,7 +417,14 @@ def load_step(ctx: Context) -> Step:
             user_args={modules.kernel_name(m): ctx.config.module_args_for(m)
                        for m in modules.LOAD_ORDER},
         )
-        modules.load(ctx.root, ctx.runner, request)
+        try:
+            modules.load(ctx.root, ctx.runner, request)
+        except ModuleLoadFailed as exc:
+            # Issue 19: a refused load leaves no half-activated install behind.
+            undone = load_rollback.undo(ctx, restore_module_files)
+            raise ModuleLoadFailed(
+                exc.message + (f"; put back: {', '.join(undone)}" if undone else ""),
+                hint=exc.hint) from exc
 
     return Step("load-modules", "load nvidia, nvidia-uvm, nvidia-modeset", satisfied, apply)
 
@@ -540,7 +553,8 @@ def prune_step(ctx: Context) -> Step:
             remove_tree(path)
             log.info("pruned %s (%.1f MB)", path, size / 1e6)
 
-    return Step("prune-cache", f"keep only {target.version}: drop other versions and the "
+    keeping = "the version dnf installs" if target.version_pending else target.version
+    return Step("prune-cache", f"keep only {keeping}: drop other versions and the "
                 "extracted tree", satisfied, apply)
 
 

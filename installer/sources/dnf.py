@@ -109,7 +109,8 @@ def plan_decisions(ctx: Context) -> list[Decision]:
     module metadata dnf cached on an earlier run, else how it will be chosen."""
     dt = target_of(ctx)
     if dt.stream is None:
-        return []
+        packages = f"{dt.branch}.* packages" if dt.branch else "packages"
+        return _pending_version(ctx, dt, f"NVIDIA's repo ({packages}; EL10 has no streams)")
     streams = dnf_metadata.read_cached(_cache_dir(ctx))
     kernel = ctx.target.kernel
     if streams is None:
@@ -121,12 +122,15 @@ def plan_decisions(ctx: Context) -> list[Decision]:
                 "chosen when run, from the repo's module metadata (not cached here yet): the "
                 f"precompiled stream when NVIDIA ships a kmod for kernel {kernel}, else DKMS; "
                 "the version is the stream's newest unless pinned",
-            )
+            ),
+            *_pending_version(ctx, dt, f"stream {cmd.MODULE}:{options}"),
         ]
     try:
         choice = choose(dt, kernel, streams)
     except ModuleMetadataMissing as exc:
-        return [Decision("dnf-stream", "unavailable", exc.message)]
+        ctx.target.version_pending = True
+        return [Decision("dnf-stream", "unavailable", exc.message),
+                Decision("version", "none", f"`run` fails: {exc.message}")]
     ctx.target.version = choice.version
     return [
         Decision("dnf-stream", f"{cmd.MODULE}:{choice.stream}", choice.reason),
@@ -136,6 +140,17 @@ def plan_decisions(ctx: Context) -> list[Decision]:
             f"what dnf installs from stream {choice.stream} (the repo's cached module metadata)",
         ),
     ]
+
+
+def _pending_version(ctx: Context, dt: DnfTarget, where: str) -> list[Decision]:
+    """Unpinned, dnf installs the newest the repo offers, which is known only when run: the
+    catalog's version (what the runfile source would install) is not named (issue 19)."""
+    if dt.pinned:
+        return []
+    ctx.target.version_pending = True
+    return [Decision("version", f"the newest in {where}, chosen when run",
+                     "dnf installs what the repo offers; its module metadata is not cached here "
+                     "yet (the first run caches it, then plan names the version)")]
 
 
 def choose(dt: DnfTarget, kernel: str, streams: dnf_metadata.Streams) -> Choice:
@@ -327,7 +342,7 @@ def transaction_step(ctx: Context, dt: DnfTarget) -> Step:
                 f"dnf finished but the host is not on {what} of {where} ({', '.join(names)})"
             )
         ctx.target.version = version
-        _ensure_dkms(ctx, version)
+        _ensure_dkms(ctx, dt.dkms_name, version)
         log.info("dnf: the host has %s %s", ", ".join(names), version)
 
     return Step(
@@ -385,7 +400,7 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
             if dt.kmod in found or not cmd.all_installed(root, runner, [kmod]):
                 return None
             return Choice(state.stream, version, kmod, True, "installed")
-        built = root.local(cmd.DKMS_TREE / "nvidia" / version / kernel)
+        built = root.local(cmd.dkms_built(dt.dkms_name, version, kernel))
         if found.get(dt.kmod) != version or not built.is_dir():
             return None
         if "nvidia" not in cmd.module_files(root, kernel):
@@ -426,7 +441,7 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
         done = cmd.last_transaction(root)
         try:
             if not choice.precompiled:
-                _ensure_dkms(ctx, choice.version)
+                _ensure_dkms(ctx, dt.dkms_name, choice.version)
             if "nvidia" not in cmd.module_files(root, kernel):
                 raise InstallFailed(
                     f"after the transaction there is no nvidia module for kernel {kernel} under "
@@ -439,7 +454,7 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
                 )
         except InstallerError:
             if done > first:
-                _undo(ctx, done, before.get(dt.kmod), old_stream)
+                _undo(ctx, dt.dkms_name, done, before.get(dt.kmod), old_stream)
             raise
         log.info("dnf: the host has %s %s (%s)", ", ".join(dt.userspace), choice.version,
                  choice.kmod)
@@ -478,26 +493,27 @@ def _install_error(ctx: Context, choice: Choice, output: str) -> InstallerError:
     )
 
 
-def _ensure_dkms(ctx: Context, version: str) -> None:
+def _ensure_dkms(ctx: Context, name: str, version: str) -> None:
     """The -dkms kmod's %post builds for the running kernel only and swallows every error:
-    check DKMS's own status for the target kernel and install there when it did not."""
+    check DKMS's own status for the target kernel and install there when it did not. `name`
+    is the kmod's DKMS module name (nvidia, or nvidia-open for the open flavour)."""
     root, runner, kernel = ctx.root, ctx.runner, ctx.target.kernel
-    args = ["-m", "nvidia", "-v", version, "-k", kernel]
+    args = ["-m", name, "-v", version, "-k", kernel]
     status = runner.run(cmd.dkms_argv(root, "status", *args), check=False, timeout=120)
-    if cmd.dkms_installed(status.output, version, kernel) and "nvidia" in cmd.module_files(
+    if cmd.dkms_installed(status.output, name, version, kernel) and "nvidia" in cmd.module_files(
         root, kernel
     ):
-        log.info("DKMS has nvidia %s installed for %s", version, kernel)
+        log.info("DKMS has %s %s installed for %s", name, version, kernel)
         return
-    log.info("DKMS has not installed nvidia %s for %s: dkms install", version, kernel)
+    log.info("DKMS has not installed %s %s for %s: dkms install", name, version, kernel)
     try:
         runner.run(cmd.dkms_argv(root, "install", *args), stream=True, timeout=3600)
     except CommandFailed as exc:
-        make_log = cmd.make_log(version)
+        make_log = cmd.make_log(name, version)
         text = root.read_text(make_log) or "(no make.log)"
         tail = "\n".join(text.splitlines()[-25:])
         raise ModuleBuildFailed(
-            f"DKMS could not build nvidia {version} for kernel {kernel}: "
+            f"DKMS could not build {name} {version} for kernel {kernel}: "
             f"{exc.output_tail.strip()}\n--- {make_log} (last lines) ---\n{tail}",
             hint=f"Check that kernel-devel-{kernel}, gcc and make on the host match the kernel; "
             "the driver transaction was undone, the host's packages are as they were.",
@@ -505,7 +521,8 @@ def _ensure_dkms(ctx: Context, version: str) -> None:
 
 
 def _undo(
-    ctx: Context, transaction: int, old_kmod_version: str | None, old_stream: str | None
+    ctx: Context, name: str, transaction: int, old_kmod_version: str | None,
+    old_stream: str | None,
 ) -> None:
     """Undo this run's transaction; the old -dkms build is rebuilt for the target kernel
     (the new package's %preun removed it from DKMS). The old stream is enabled first: while
@@ -519,7 +536,7 @@ def _undo(
         log.error("could not undo dnf transaction %d: %s", transaction, exc.output_tail.strip())
         return
     if old_kmod_version:
-        args = ["-m", "nvidia", "-v", old_kmod_version, "-k", ctx.target.kernel]
+        args = ["-m", name, "-v", old_kmod_version, "-k", ctx.target.kernel]
         ctx.runner.run(cmd.dkms_argv(ctx.root, "install", *args), check=False, timeout=3600)
 
 

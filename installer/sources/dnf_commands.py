@@ -16,6 +16,9 @@ from installer.runner import Runner
 MODULE = "nvidia-driver"
 PROFILE = "default"
 KMOD = {"proprietary": "kmod-nvidia-latest-dkms", "open": "kmod-nvidia-open-dkms"}
+# The module name each -dkms kmod registers with DKMS (NVIDIA's dkms-nvidia.spec and
+# dkms-open-nvidia.spec): /usr/src/<name>-<v>/, `dkms ... -m <name>`, /var/lib/dkms/<name>/.
+DKMS_NAME = {"proprietary": "nvidia", "open": "nvidia-open"}
 USERSPACE = ("nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe")
 # Packages whose files may fill versions/<ver>/{bin,lib64} (those not installed are skipped).
 USERSPACE_ALL = (
@@ -62,6 +65,10 @@ class DnfTarget:
     @property
     def kmod(self) -> str:
         return KMOD[self.flavour]
+
+    @property
+    def dkms_name(self) -> str:
+        return DKMS_NAME[self.flavour]
 
     @property
     def other_kmod(self) -> str:
@@ -237,18 +244,23 @@ def dkms_argv(root: HostRoot, *args: str) -> list[str]:
     return root.tool_argv("dkms", *args)
 
 
-def dkms_installed(status_output: str, version: str, kernel: str) -> bool:
-    """`dkms status` prints `nvidia/<v>, <k>, <arch>: installed` (older: `nvidia, <v>, ...`)."""
+def dkms_installed(status_output: str, name: str, version: str, kernel: str) -> bool:
+    """`dkms status` prints `<name>/<v>, <k>, <arch>: installed` (older: `<name>, <v>, ...`)."""
     for line in status_output.splitlines():
         head, _, state = line.rpartition(":")
         fields = [f.strip() for f in head.replace("/", ",").split(",")]
-        if state.strip().startswith("installed") and fields[:3] == ["nvidia", version, kernel]:
+        if state.strip().startswith("installed") and fields[:3] == [name, version, kernel]:
             return True
     return False
 
 
-def make_log(version: str) -> PurePosixPath:
-    return DKMS_TREE / "nvidia" / version / "build" / "make.log"
+def dkms_built(name: str, version: str, kernel: str) -> PurePosixPath:
+    """Where DKMS keeps a module built for a kernel."""
+    return DKMS_TREE / name / version / kernel
+
+
+def make_log(name: str, version: str) -> PurePosixPath:
+    return DKMS_TREE / name / version / "build" / "make.log"
 
 
 def last_transaction(root: HostRoot) -> int:

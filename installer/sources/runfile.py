@@ -13,29 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from installer import delivery, kernel
-from installer.config import Config
 from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
 from installer.headers import steps as header_steps
 from installer.layout import Layout
 from installer.plan import Context, Step
+from installer.prefetch import runfile_name
 
 log = logging.getLogger(__name__)
-
-def runfile_name(version: str, arch: str) -> str:
-    return f"NVIDIA-Linux-{arch}-{version}.run"
-
-
-def download_urls(config: Config, version: str, arch: str, default_url: str) -> list[str]:
-    """URLs to try in order: an explicit URL alone, else each mirror's
-    `<mirror>/<v>/<runfile>`, then the default (catalog or GKE layout)."""
-    if config.download_url:
-        return [config.download_url]
-    name = runfile_name(version, arch)
-    urls = [f"{mirror.rstrip('/')}/{version}/{name}" for mirror in config.mirrors]
-    urls.append(default_url)
-    return urls
-
 
 def extract_argv(runfile: Path, target: Path, tmpdir: Path) -> list[str]:
     return ["sh", str(runfile), "--extract-only", "--target", str(target), "--tmpdir", str(tmpdir)]
@@ -143,6 +128,7 @@ class BuildRequest:
     kernel: str
     flavour: str
     kernel_source: str
+    kernel_output: str
     install_path: Path
     log_file: Path
     tmpdir: Path
@@ -160,7 +146,10 @@ def build_modules_argv(req: BuildRequest) -> list[str]:
         "--accept-license",
         "--kernel-modules-only",
         f"--kernel-name={req.kernel}",
+        # Both paths, always: nvidia-installer takes a given source path as the output path
+        # too, which is wrong for Debian's split headers (-common and -amd64).
         f"--kernel-source-path={req.kernel_source}",
+        f"--kernel-output-path={req.kernel_output}",
         f"--kernel-install-path={req.install_path}",
         *module_type_args(req.version, req.flavour),
         "--no-drm",
@@ -362,7 +351,8 @@ def build_step(ctx: Context) -> Step:
                 version=t.version,
                 kernel=t.kernel,
                 flavour=t.flavour,
-                kernel_source=str(t.headers.host_path),
+                kernel_source=str(t.headers.source_path),
+                kernel_output=str(t.headers.output_path),
                 install_path=staging,
                 log_file=log_file,
                 tmpdir=tmp,
@@ -377,8 +367,9 @@ def build_step(ctx: Context) -> Step:
             except CommandFailed as exc:
                 raise ModuleBuildFailed(
                     f"building the {t.flavour} kernel modules of {t.version} for kernel "
-                    f"{t.kernel} failed (exit {exc.returncode}); last lines of "
-                    f"{log_file.name}:\n" + _tail(log_file, exc.output_tail),
+                    f"{t.kernel} failed (exit {exc.returncode})"
+                    + _compiler_errors(log_file)
+                    + f"; last lines of {log_file.name}:\n" + _tail(log_file, exc.output_tail),
                 ) from exc
             if not (staging / "nvidia.ko").is_file():
                 raise ModuleBuildFailed(f"the build left no nvidia.ko in {staging}")
@@ -389,6 +380,25 @@ def build_step(ctx: Context) -> Step:
 
     return Step("build-modules", f"compile {t.flavour} modules for {t.kernel} (cached per "
                 "version, kernel and flavour)", satisfied, apply)
+
+
+# gcc's diagnostics: `nvidia/nv-pci.c:223:9: error: too few arguments to function ...`.
+_COMPILER_ERROR = re.compile(r"^\S+:\d+:(?:\d+:)? (?:fatal )?error: ")
+
+
+def _compiler_errors(log_file: Path, limit: int = 5) -> str:
+    """The compiler's own `error:` lines from the build log: nvidia-installer runs make -k, so
+    they sit far above the log's tail (make goes on compiling every other file)."""
+    try:
+        text = log_file.read_text(errors="replace")
+    except OSError:
+        return ""
+    found = list(dict.fromkeys(line.strip() for line in text.splitlines()
+                               if _COMPILER_ERROR.match(line.strip())))
+    if not found:
+        return ""
+    more = f" (and {len(found) - limit} more)" if len(found) > limit else ""
+    return "; the compiler said:\n" + "\n".join(found[:limit]) + more
 
 
 def _tail(log_file: Path, fallback: str, lines: int = 25) -> str:

@@ -133,7 +133,8 @@ def test_a_forged_artifact_pushed_without_the_key_never_reaches_the_kernel(
     env = node_env(builder, kernel, served, repository, NVIDIA_MODULE_PUBLISHER_KEY=str(private))
     env.pop("NVIDIA_KERNEL_RELEASE")
     published = ok(run_installer(env, "prebuild", "--kernel", kernel, "--push"))
-    (built,) = (builder / INSTALL_DIR_HOST.lstrip("/")).rglob("nvidia.ko")
+    # the module cache's (nvidia-installer builds in the extracted tree: one there too)
+    (built,) = (builder / INSTALL_DIR_HOST.lstrip("/") / "cache/modules").rglob("nvidia.ko")
     genuine = {p.name: p.read_bytes() for p in built.parent.glob("*.ko")}
 
     from installer.delivery import artifact
