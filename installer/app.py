@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from installer import catalog, host, pipeline, planner, state
+from installer import catalog, host, nextkernel, pipeline, planner, state
 from installer.config import Config
 from installer.errors import InstallerError
 from installer.hostroot import HostRoot
@@ -162,6 +162,7 @@ def status(config: Config) -> dict[str, Any]:
         else None,
         "ready": ready is not None,
         "ready_file": str(READY_FILE),
+        "next_kernel": nextkernel.status(config, root, layout, record),  # issue 21
     }
 
 
@@ -241,6 +242,20 @@ def download_runfile(config: Config, dest: Path, arch: str) -> Path:
 _PREBUILD_STEPS = ("fetch-runfile", "extract-runfile", "kernel-headers", "build-modules")
 
 
+def build_modules(config: Config, runner: Runner,
+                  steps: tuple[str, ...] = _PREBUILD_STEPS) -> Plan:
+    """Plan for `config.kernel_release` and run its steps named in `steps`, in plan order: the
+    modules land in the install dir's cache; nothing is installed or loaded. The caller holds
+    the host lock. Raises the steps' errors (headers, compiler, download, build)."""
+    plan = build_plan(config, runner)
+    for decision in plan.decisions:
+        log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
+    for step in plan.steps:
+        if step.name in steps:
+            pipeline.run_step(step)
+    return plan
+
+
 def prebuild(config: Config, runner: Runner | None = None) -> str:
     """Build the modules for `config.kernel_release` into the install dir's cache and, with
     `module_registry_push`, publish them; returns the module dir or the pushed reference.
@@ -260,12 +275,7 @@ def prebuild(config: Config, runner: Runner | None = None) -> str:
     layout = Layout.from_config(config, root)
     layout.install_local.mkdir(parents=True, exist_ok=True)
     with state.HostLock(layout.lock_file, config.lock_timeout):
-        plan = build_plan(config, runner)
-        for decision in plan.decisions:
-            log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
-        for step in plan.steps:
-            if step.name in _PREBUILD_STEPS:
-                pipeline.run_step(step)
+        plan = build_modules(config, runner)
         t = plan.context.target
         built = layout.module_build(t.version, t.kernel, t.flavour)
         if not config.module_registry_push:

@@ -277,6 +277,15 @@ SETTINGS: tuple[Setting, ...] = (
         "Components <c> whose nvidia.com/gpu.deploy.<c> label is set to "
         "paused-for-driver-upgrade during an upgrade.",
     ),
+    # issue 21: the next kernel before the reboot (installer/nextkernel.py)
+    Setting(
+        "next_kernel",
+        "NVIDIA_INSTALLER_NEXT_KERNEL",
+        "run",
+        "Modules for a newer installed kernel (the next boot's) into the cache: run (each run, "
+        "after the driver is verified), separate (only `installer prepare-next-kernel`, the "
+        "DaemonSet's long-running container) or off.",
+    ),
 )
 
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
@@ -337,6 +346,7 @@ class Config:
     force_eviction: bool = False
     pause_components: tuple[str, ...] = (
         "device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "mig-manager")
+    next_kernel: str = "run"  # issue 21
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def module_args_for(self, module: str) -> list[str]:
@@ -536,6 +546,7 @@ _PARSERS: dict[str, Callable[[str, Setting], object]] = {
     "holders_timeout": _number,
     "force_eviction": _switch,
     "pause_components": lambda v, s: _components(v, s),
+    "next_kernel": _choice("run", "separate", "off"),  # issue 21
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from installer import catalog, compiler, host, kernel, steps, versions
+from installer import catalog, compiler, host, kernel, nextkernel, steps, versions
 from installer.config import Config, check_build_path
 from installer.delivery.urls import redact_url
 from installer.errors import ConfigError, NoNvidiaGpu
@@ -108,6 +108,7 @@ def make_plan(
         extra = dnf.plan_decisions(ctx)
         topics = {d.topic for d in extra}
         decisions = [d for d in decisions if d.topic not in topics] + extra
+    decisions.append(nextkernel.decision(ctx))  # issue 21
     return Plan(ctx, decisions, _steps(ctx), blockers)
 
 
@@ -132,7 +133,9 @@ def _steps(ctx: Context) -> list[Step]:
     plan.append(steps.ld_cache_step(ctx))
     if load:
         plan += [steps.load_step(ctx), steps.device_nodes_step(ctx), steps.verify_step(ctx)]
-    plan += [steps.record_step(ctx), steps.prune_step(ctx)]
+    # Issue 21: the next kernel's modules once this driver is verified and recorded, before
+    # prune-cache drops the extracted tree its build reuses.
+    plan += [steps.record_step(ctx), *nextkernel.steps(ctx), steps.prune_step(ctx)]
     return plan
 
 
