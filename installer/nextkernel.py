@@ -266,8 +266,10 @@ def decision(ctx: Context) -> Decision:
                  f"error[{error.get('reference')}]) and is retried")
     how = ("pulled from the module registry when an artifact matches, else compiled"
            if ctx.config.module_registry else "compiled")
+    when = ("after the driver is verified and ready" if t.load
+            else "after the modules are installed")
     return Decision("next-kernel", f"{pending}: prepared after this install",
-                    f"after the driver is verified and ready, before the run ends: {how} "
+                    f"{when}, before the run ends: {how} "
                     f"against its headers ({_headers_note(ctx, pending)}); a failure only "
                     f"warns{tried}")
 
