@@ -86,15 +86,19 @@ def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutco
 def _execute(config: Config, layout: Layout, plan: Plan) -> list[pipeline.StepOutcome]:
     if not config.upgrade_protocol:
         return pipeline.execute(plan)
+    from dataclasses import replace
+
     from installer.cluster import protocol  # issue 13: restore the node after an upgrade
 
+    # Issue 21: the node is restored before the next kernel's modules are prepared.
+    install, after = nextkernel.split_steps(plan.steps)
     try:
-        outcomes = pipeline.execute(plan)
+        outcomes = pipeline.execute(replace(plan, steps=install))
     except InstallerError as error:
         protocol.failed(config, layout, error)
         raise
     protocol.finish(config, layout)
-    return outcomes
+    return outcomes + [pipeline.run_step(step) for step in after]
 
 
 def describe_plan(plan: Plan) -> list[str]:

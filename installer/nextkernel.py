@@ -31,6 +31,7 @@ from installer.runner import Runner
 log = logging.getLogger(__name__)
 
 RECORD_NAME = "next-kernel.json"
+STEP_NAME = "prepare-next-kernel"
 # What `installer prebuild` runs, plus the registry pull before and the publish after it, and
 # the compiler check a run makes (it installs the kernel's gcc into the image when needed).
 PREPARE_STEPS = ("use-prebuilt-modules", "kernel-headers", "check-compiler", "fetch-runfile",
@@ -310,9 +311,17 @@ def steps(ctx: Context) -> list[Step]:
         tried[0] = True
         prepare_guarded(ctx.config, ctx.runner, ctx.layout, pending, t.version, t.flavour)
 
-    return [Step("prepare-next-kernel", f"modules for the installed kernel {pending} (the next "
+    return [Step(STEP_NAME, f"modules for the installed kernel {pending} (the next "
                  "boot's) into the cache, after the driver is ready; a failure only warns",
                  satisfied, apply)]
+
+
+def split_steps(steps: list[Step]) -> tuple[list[Step], list[Step]]:
+    """The plan's steps before `prepare-next-kernel`, and it with those after it: what has to
+    finish before the node is given back (the upgrade protocol's uncordon) and what need not."""
+    names = [step.name for step in steps]
+    at = names.index(STEP_NAME) if STEP_NAME in names else len(steps)
+    return steps[:at], steps[at:]
 
 
 # --- `installer status` and `installer prepare-next-kernel` ----------------------------------

@@ -1,7 +1,8 @@
 """A second Debian 6.1 kernel ABI beside this machine's: Debian's own image, header and kbuild
 packages of 6.1.0-47-amd64 (scripts/install-deps keeps them in the shared deb cache), unpacked
 once into a root-shaped directory outside the clone, as installing them on a host would leave
-them (depmod run, as the image's postinst does). Nothing is installed on this machine."""
+them (depmod run, as the image's postinst does; of its modules only those a guest boots
+with). Nothing is installed on this machine."""
 
 from __future__ import annotations
 
@@ -37,11 +38,12 @@ def debs() -> list[Path]:
 
 
 def unpacked() -> Path:
-    """The root-shaped directory holding the second kernel (boot/, lib/modules/<k>/ with
-    modules.dep and the build link, usr/src headers, usr/lib/linux-kbuild-6.1); made once."""
+    """The root-shaped directory holding the second kernel (boot/, lib/modules/<k>/ with its
+    boot modules, modules.dep and the build link, usr/src headers, usr/lib/linux-kbuild-6.1);
+    made once."""
     packages = debs()
     final = CACHE / f"kernel-{SECOND}"
-    stamp = "".join(f"{deb.name}\n" for deb in packages)
+    stamp = "".join(f"{deb.name}\n" for deb in packages) + "boot modules only\n"
     if (final / COMPLETE).is_file() and (final / COMPLETE).read_text() == stamp:
         return final / "root"
     final.mkdir(parents=True, exist_ok=True)
@@ -49,6 +51,7 @@ def unpacked() -> Path:
     try:
         for deb in packages:
             subprocess.run(["dpkg-deb", "--extract", str(deb), str(work)], check=True)
+        _keep_boot_modules_only(work)
         # The image package's postinst runs depmod; without modules.dep the kernel is not
         # installed (and modprobe -d cannot list its boot modules).
         subprocess.run(["depmod", "-b", str(work), SECOND], check=True)
@@ -59,6 +62,22 @@ def unpacked() -> Path:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return final / "root"
+
+
+def _keep_boot_modules_only(root: Path) -> None:
+    """Of the image's ~4000 modules keep the ones a guest boots with (tests/vm/initramfs.py):
+    a guest's depmod reads every module of its kernel through 9p, minutes under TCG."""
+    from vm.initramfs import BOOT_MODULES
+
+    modules = root / "lib/modules" / SECOND
+    subprocess.run(["depmod", "-b", str(root), SECOND], check=True)
+    shown = subprocess.run(["modprobe", "-d", str(root), "-S", SECOND, "--show-depends", "-a",
+                            *BOOT_MODULES], check=True, capture_output=True, text=True).stdout
+    keep = {Path(line.split()[1]) for line in shown.splitlines() if line.startswith("insmod ")}
+    assert keep, shown
+    for path in sorted((modules / "kernel").rglob("*.ko")):
+        if path not in keep:
+            path.unlink()
 
 
 HEADER_TREES = (f"usr/src/linux-headers-{SECOND}", f"usr/src/linux-headers-{_ABI}-common",

@@ -17,7 +17,7 @@ from installer.config import from_env
 from installer.errors import ConfigError, KernelHeadersMissing
 from installer.hostroot import HostRoot
 from installer.layout import Layout
-from installer.plan import Plan
+from installer.plan import Plan, Step
 from installer.state import InstallRecord, write_record
 
 V = "580.105.08"
@@ -334,3 +334,24 @@ def test_watch_retries_a_failed_kernel_only_after_six_intervals(
                          rounds=14)
     assert attempts == [1000.0, 1060.0, 1120.0]
     assert caplog.text.count("error[kernel-headers-missing]: no headers") == 1  # said once
+
+
+def test_with_the_upgrade_protocol_the_node_is_restored_before_the_next_kernel(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from installer.cluster import protocol
+
+    install_kernel(tmp_path, NEXT)
+    plan = plan_for(tmp_path, NVIDIA_INSTALLER_UPGRADE_PROTOCOL="true", NODE_NAME="gpu-node-1")
+    events: list[str] = []
+
+    def recorded(name: str) -> Step:
+        return Step(name, name, lambda: False, lambda: events.append(name))
+
+    plan.steps = [recorded(n) for n in ("verify-driver", "record-install",
+                                        "prepare-next-kernel", "prune-cache")]
+    # The recorded steps never become satisfied: make run_step accept them.
+    monkeypatch.setattr(pipeline, "run_step", lambda step: (step.apply(), step.name)[1])
+    monkeypatch.setattr(protocol, "finish", lambda config, layout: events.append("uncordon"))
+    app._execute(plan.context.config, plan.context.layout, plan)
+    assert events == ["verify-driver", "record-install", "uncordon", "prepare-next-kernel",
+                      "prune-cache"]
