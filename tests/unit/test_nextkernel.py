@@ -17,6 +17,8 @@ from installer.config import from_env
 from installer.errors import ConfigError, KernelHeadersMissing
 from installer.hostroot import HostRoot
 from installer.layout import Layout
+from installer.nextkernel import cache as nextkernel_cache
+from installer.nextkernel import service as nextkernel_service
 from installer.plan import Plan, Step
 from installer.state import InstallRecord, write_record
 
@@ -210,7 +212,7 @@ def test_a_failed_preparation_warns_records_and_never_fails_the_step(
         asked.append((kernel, version, flavour))
         raise KernelHeadersMissing(f"no headers for {NEXT} anywhere")
 
-    monkeypatch.setattr(nextkernel, "prepare", no_headers)
+    monkeypatch.setattr(nextkernel_cache, "prepare", no_headers)
     step = next(s for s in plan.steps if s.name == "prepare-next-kernel")
     with caplog.at_level(logging.WARNING, logger="installer"):
         outcome = pipeline.run_step(step)
@@ -236,7 +238,7 @@ def test_a_bug_while_preparing_is_a_warning_too(tmp_path: Path, monkeypatch: pyt
     def broken(*args: object) -> str:
         raise KeyError("flavour")
 
-    monkeypatch.setattr(nextkernel, "prepare", broken)
+    monkeypatch.setattr(nextkernel_cache, "prepare", broken)
     step = next(s for s in plan.steps if s.name == "prepare-next-kernel")
     with caplog.at_level(logging.WARNING, logger="installer"):
         pipeline.run_step(step)
@@ -255,7 +257,7 @@ def test_prepare_pins_the_installed_version_flavour_and_kernel(
     config = from_env(root_env(tmp_path, NVIDIA_DRIVER_VERSION="auto",
                                NVIDIA_DRIVER_SOURCE="auto"))
     with pytest.raises(KernelHeadersMissing):
-        nextkernel.prepare(config, FakeRunner(), NEXT, V, "proprietary")
+        nextkernel_cache.prepare(config, FakeRunner(), NEXT, V, "proprietary")
     ((pinned, names),) = seen
     assert (pinned.kernel_release, pinned.version, pinned.module_type, pinned.source,  # type: ignore[attr-defined]
             pinned.allow_no_gpu, pinned.next_kernel) == (  # type: ignore[attr-defined]
@@ -327,7 +329,7 @@ def test_watch_retries_a_failed_kernel_only_after_six_intervals(
     def sleep(seconds: float) -> None:
         clock[0] += seconds
 
-    monkeypatch.setattr(nextkernel, "prepare_installed", failing)
+    monkeypatch.setattr(nextkernel_service, "prepare_installed", failing)
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     with caplog.at_level(logging.INFO, logger="installer"):
         nextkernel.watch(from_env(root_env(tmp_path)), FakeRunner(), 10.0, sleep=sleep,
