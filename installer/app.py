@@ -52,12 +52,14 @@ def fetch_runfile_for(config: Config) -> planner.FetchRunfile:
 
 
 def build_plan(config: Config, runner: Runner | None = None) -> Plan:
-    return planner.make_plan(
+    plan = planner.make_plan(
         config,
         runner or SubprocessRunner(),
         fetch_bytes=fetch_bytes_for(config),
         fetch_runfile=fetch_runfile_for(config),
     )
+    nextkernel.extend(plan, build_modules)  # issue 21: the next kernel before the reboot
+    return plan
 
 
 def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutcome]:
@@ -84,14 +86,22 @@ def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutco
 
 
 def _execute(config: Config, layout: Layout, plan: Plan) -> list[pipeline.StepOutcome]:
-    if not config.upgrade_protocol:
-        return pipeline.execute(plan)
     from dataclasses import replace
 
+    # Issue 21: the node is given back (restored, uncordoned) before the next kernel's modules
+    # are prepared.
+    install, after = nextkernel.split_steps(plan.steps)
+    if not config.upgrade_protocol:
+        outcomes = pipeline.execute(replace(plan, steps=install))
+        # Issue 20: a node an earlier run left mid-upgrade (its marker, protocol.HINT_NAME) is
+        # restored even with the protocol switched off since; the warm path only stats a file.
+        if (layout.install_local / ".upgrade-protocol").exists():
+            from installer.cluster import protocol
+
+            protocol.finish_switched_off(config, layout)
+        return outcomes + [pipeline.run_step(step) for step in after]
     from installer.cluster import protocol  # issue 13: restore the node after an upgrade
 
-    # Issue 21: the node is restored before the next kernel's modules are prepared.
-    install, after = nextkernel.split_steps(plan.steps)
     try:
         outcomes = pipeline.execute(replace(plan, steps=install))
     except InstallerError as error:
@@ -174,7 +184,7 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
     """Unload the driver and remove what the installer put on the host. Returns what it
     removed. Raises DriverInUse when the driver is held."""
     from installer import ldcache, modules
-    from installer.steps import remove_tree
+    from installer.dirs import remove_tree
 
     runner = runner or SubprocessRunner()
     root = HostRoot(config.root)
@@ -267,11 +277,8 @@ def prebuild(config: Config, runner: Runner | None = None) -> str:
     registry's (registry-unavailable, registry-auth-failed) when pushing."""
     from dataclasses import replace
 
-    from installer.errors import ConfigError
     from installer.sources import prebuilt
 
-    if config.module_registry_push and not config.module_registry:
-        raise ConfigError("--push needs NVIDIA_MODULE_REGISTRY (where to publish)")
     # Never pull what we are asked to build; the lookup below only reports.
     config = replace(config, allow_no_gpu=True, source="runfile")
     runner = runner or SubprocessRunner()
@@ -286,3 +293,13 @@ def prebuild(config: Config, runner: Runner | None = None) -> str:
             return str(built)
         artifact = prebuilt.publish(plan.context)
         return f"{artifact.reference}"
+
+
+def prepare_next_kernel(config: Config, watch: float | None = None,
+                        runner: Runner | None = None) -> str:
+    """`installer prepare-next-kernel`: the installed driver's modules for a newer installed
+    kernel into the cache, once (returns what happened) or every `watch` seconds, for ever."""
+    runner = runner or SubprocessRunner()
+    if watch is not None:
+        nextkernel.watch(config, runner, build_modules, watch)
+    return nextkernel.prepare_installed(config, runner, build_modules)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from installer import distros
 from installer.errors import KernelHeadersMissing
 from installer.hostroot import HostRoot
 
@@ -31,7 +32,7 @@ def candidate_paths(kernel: str) -> tuple[PurePosixPath, ...]:
 
 
 def headers_package(family: str, kernel: str) -> str:
-    return f"kernel-devel-{kernel}" if family == "rhel" else f"linux-headers-{kernel}"
+    return distros.named(family).headers_package(kernel)
 
 
 def find_headers(root: HostRoot, kernel: str) -> Headers | None:

@@ -60,11 +60,12 @@ def modprobe_base(root: HostRoot) -> list[str]:
     """modprobe reading the host's modules and the host's /etc/modprobe.d."""
     if root.is_bare:
         return ["modprobe"]
-    return ["modprobe", "-d", str(root.root), "-C", str(root.local("/etc/modprobe.d"))]
+    return root.tool_argv("modprobe", "-C", str(root.local("/etc/modprobe.d")))
 
 
 def depmod_argv(root: HostRoot, kernel: str) -> list[str]:
-    return ["depmod", "-a", kernel] if root.is_bare else ["depmod", "-b", str(root.root), kernel]
+    """depmod for every module of `kernel` (depmod(8): -a is implied when no file is named)."""
+    return root.tool_argv("depmod", kernel)
 
 
 @dataclass(frozen=True)

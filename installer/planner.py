@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from installer import catalog, compiler, host, kernel, nextkernel, steps, versions
+from installer import catalog, compiler, distros, host, kernel, steps, versions
 from installer.config import Config, check_build_path
 from installer.delivery.urls import redact_url
 from installer.errors import ConfigError, NoNvidiaGpu
@@ -14,7 +14,7 @@ from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Plan, Step, Target
 from installer.runner import Runner
-from installer.sources import dnf, runfile
+from installer.sources import runfile
 
 FetchBytes = Callable[[str], bytes]
 FetchRunfile = Callable[[list[str], Path, str], Path]
@@ -79,7 +79,7 @@ def make_plan(
                    or kernel.find_container_headers(facts.kernel_release))
         decisions += header_decisions(config, root, layout, runner, facts, headers, running)
     else:
-        package = kernel.headers_package("rhel", facts.kernel_release)
+        package = distros.of(facts.distro).headers_package(facts.kernel_release)
         decisions.append(Decision("kernel-headers", package,
                                   "installed through dnf for exactly the target kernel"))
     decisions.append(Decision("install-dir", str(layout.install_host),
@@ -104,11 +104,12 @@ def make_plan(
         if found is not None:
             decisions.append(found)
     if source == "dnf":
+        from installer.sources import dnf  # only where it can be the source (warm path)
+
         # Issue 10: the stream and version dnf will install replace the catalog's version.
         extra = dnf.plan_decisions(ctx)
         topics = {d.topic for d in extra}
         decisions = [d for d in decisions if d.topic not in topics] + extra
-    decisions.append(nextkernel.decision(ctx))  # issue 21
     return Plan(ctx, decisions, _steps(ctx), blockers)
 
 
@@ -120,7 +121,12 @@ def _steps(ctx: Context) -> list[Step]:
     # dnf source (issue 4): the kmod package owns /lib/modules/<k>/extra, so no
     # install-module-files; the packages' files fill versions/<ver> instead of nvidia-installer.
     dnf_source = ctx.target.source == "dnf"
-    plan += dnf.dnf_steps(ctx) if dnf_source else runfile.runfile_steps(ctx)
+    if dnf_source:
+        from installer.sources import dnf
+
+        plan += dnf.dnf_steps(ctx)
+    else:
+        plan += runfile.runfile_steps(ctx)
     # Stage everything on the host first, so the old driver is unloaded and the new one
     # loaded back to back (issue 9).
     if load and not dnf_source:  # dnf checks before its packages change (dnf_steps)
@@ -133,9 +139,7 @@ def _steps(ctx: Context) -> list[Step]:
     plan.append(steps.ld_cache_step(ctx))
     if load:
         plan += [steps.load_step(ctx), steps.device_nodes_step(ctx), steps.verify_step(ctx)]
-    # Issue 21: the next kernel's modules once this driver is verified and recorded, before
-    # prune-cache drops the extracted tree its build reuses.
-    plan += [steps.record_step(ctx), *nextkernel.steps(ctx), steps.prune_step(ctx)]
+    plan += [steps.record_step(ctx), steps.prune_step(ctx)]
     return plan
 
 
@@ -160,16 +164,19 @@ def _flavour_reason(setting: str, flavour: str) -> str:
 
 def _choose_source(config: Config, facts: host.HostFacts) -> str:
     # Issue 4: dnf on the RHEL family when NVIDIA's repo is configured (offline check).
+    offered = distros.of(facts.distro).package_sources
     if config.source == "dnf":
-        if facts.distro.family != "rhel":
+        if "dnf" not in offered:
             raise ConfigError(
                 f"NVIDIA_DRIVER_SOURCE=dnf needs a RHEL-family host (Rocky, RHEL, AlmaLinux); "
                 f"this host is {facts.distro}",
                 hint="Use NVIDIA_DRIVER_SOURCE=auto or runfile on this host.",
             )
         return "dnf"
-    if config.source == "runfile" or facts.distro.family != "rhel":
+    if config.source == "runfile" or "dnf" not in offered:
         return "runfile"
+    from installer.sources import dnf
+
     return "dnf" if dnf.repo_evidence(HostRoot(config.root), config) else "runfile"
 
 
@@ -177,6 +184,8 @@ def _source_reason(config: Config, facts: host.HostFacts, source: str) -> str:
     if config.source == "runfile":
         return "NVIDIA_DRIVER_SOURCE=runfile"
     if source == "dnf":
+        from installer.sources import dnf
+
         why = ("NVIDIA_DRIVER_SOURCE=dnf" if config.source == "dnf" else
                f"auto on {facts.distro}: "
                f"{dnf.repo_evidence(HostRoot(config.root), config)}")
@@ -185,7 +194,7 @@ def _source_reason(config: Config, facts: host.HostFacts, source: str) -> str:
                if facts.distro.major < 10 else
                "packages with a version lock (EL10 has no module streams)")
         return f"{why}; the distro's packages through dnf: {how}"
-    if facts.distro.family == "rhel":
+    if "dnf" in distros.of(facts.distro).package_sources:
         return (f"NVIDIA's .run for {facts.distro} (NVIDIA_DRIVER_SOURCE=auto: no NVIDIA dnf "
                 "repo in /etc/yum.repos.d and NVIDIA_DNF_REPO_URL unset)")
     return f"NVIDIA's .run for {facts.distro} (NVIDIA_DRIVER_SOURCE={config.source})"

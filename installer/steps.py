@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from installer import host, ldcache, modules, state
+from installer.dirs import remove_tree
 from installer.errors import (
     InstallerError,
     InstallFailed,
@@ -22,7 +23,6 @@ from installer.plan import Context, Step
 
 log = logging.getLogger(__name__)
 
-COMPLETE_MARKER = ".complete"
 NOUVEAU_BLACKLIST_TEXT = "blacklist nouveau\noptions nouveau modeset=0\n"
 
 
@@ -184,7 +184,7 @@ def module_files_step(ctx: Context) -> Step:
         local = ctx.root.local_resolved(host_dir)
         return (local / ".installer-stamp").is_file() and (
             (local / ".installer-stamp").read_text() == stamp
-        ) and modules.ko_files(local) == modules.ko_files(build)
+        ) and _same_modules(local, build)
 
     def apply() -> None:
         _replace_module_files(ctx, build, stamp)
@@ -192,6 +192,19 @@ def module_files_step(ctx: Context) -> Step:
 
     return Step("install-module-files", f"modules into {host_dir} (+ depmod)",
                 satisfied, apply)
+
+
+def _same_modules(installed: Path, build: Path) -> bool:
+    """The same .ko files, each of the same size and mtime (copy2 keeps the build's): a
+    rebuilt or re-pulled cache is copied again (issue 20)."""
+    names = modules.ko_files(build)
+    if modules.ko_files(installed) != names:
+        return False
+    for name in names:
+        a, b = (installed / name).stat(), (build / name).stat()
+        if (a.st_size, a.st_mtime_ns) != (b.st_size, b.st_mtime_ns):
+            return False
+    return True
 
 
 def _replace_module_files(ctx: Context, build: Path | None, stamp: str) -> None:
@@ -202,8 +215,7 @@ def _replace_module_files(ctx: Context, build: Path | None, stamp: str) -> None:
     fresh = local.with_name(local.name + ".new")
     old = local.with_name(local.name + ".old")
     for leftover in (fresh, old):
-        if leftover.exists():
-            shutil.rmtree(leftover)
+        remove_tree(leftover)
     if build is not None:
         fresh.mkdir(parents=True)
         for name in modules.ko_files(build):
@@ -213,8 +225,7 @@ def _replace_module_files(ctx: Context, build: Path | None, stamp: str) -> None:
         os.replace(local, old)
     if build is not None:
         os.replace(fresh, local)
-    if old.exists():
-        shutil.rmtree(old)
+    remove_tree(old)
     ctx.runner.run(modules.depmod_argv(ctx.root, kernel), timeout=300)
 
 
@@ -533,10 +544,3 @@ def _tree_bytes(path: Path) -> int:
     if path.is_file() or path.is_symlink():
         return path.lstat().st_size
     return sum(p.lstat().st_size for p in path.rglob("*"))
-
-
-def remove_tree(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path)

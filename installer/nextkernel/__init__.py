@@ -19,8 +19,9 @@ from installer.nextkernel.detect import (
            pending_kernel,
            release_key,
 )
-from installer.nextkernel.planning import STEP_NAME, decision, split_steps, steps
+from installer.nextkernel.planning import STEP_NAME, decision, extend, split_steps, steps
 from installer.nextkernel.service import prepare_installed, status, watch
 
-__all__ = ["STEP_NAME", "ReleaseKey", "decision", "is_installed", "is_newer", "pending_kernel",
-           "prepare_installed", "release_key", "split_steps", "status", "steps", "watch"]
+__all__ = ["STEP_NAME", "ReleaseKey", "decision", "extend", "is_installed", "is_newer",
+           "pending_kernel", "prepare_installed", "release_key", "split_steps", "status",
+           "steps", "watch"]

@@ -9,13 +9,14 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from installer import state
 from installer.config import Config
 from installer.errors import InstallerError
 from installer.hostroot import HostRoot, write_atomic
 from installer.layout import Layout
+from installer.plan import Plan
 from installer.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -23,14 +24,17 @@ log = logging.getLogger(__name__)
 RECORD_NAME = "next-kernel.json"
 # What `installer prebuild` runs, plus the registry pull before and the publish after it, and
 # the compiler check a run makes (it installs the kernel's gcc into the image when needed).
+# `app.build_modules`, passed in (the app sits above the planner, which lists our step): plan
+# for the config's kernel and run the named steps of that plan.
+BuildModules = Callable[[Config, Runner, "tuple[str, ...]"], Plan]
 PREPARE_STEPS = ("use-prebuilt-modules", "kernel-headers", "check-compiler", "fetch-runfile",
                  "extract-runfile", "build-modules", "publish-modules")
 
 
 def modules_ready(layout: Layout, version: str, kernel: str, flavour: str) -> bool:
     """The cache holds a complete build of `version` for `kernel` (what build-modules checks)."""
+    from installer.dirs import COMPLETE_MARKER
     from installer.sources.runfile import module_version_matches
-    from installer.steps import COMPLETE_MARKER
 
     build = layout.module_build(version, kernel, flavour)
     return (build / COMPLETE_MARKER).is_file() and module_version_matches(build / "nvidia.ko",
@@ -92,28 +96,27 @@ def _write_attempt(layout: Layout, kernel: str, version: str, flavour: str, outc
 # --- preparing -------------------------------------------------------------------------------
 
 
-def prepare(config: Config, runner: Runner, kernel: str, version: str, flavour: str) -> str:
+def prepare(config: Config, runner: Runner, kernel: str, version: str, flavour: str,
+            build: BuildModules) -> str:
     """Modules of `version` (`flavour`) for `kernel` into the install dir's cache: pulled from
     the module registry when an artifact matches, else compiled against the kernel's headers
     (fetched into the cache when the host has none), as `installer prebuild --kernel` does;
     published when pushing is on. Installs and loads nothing. The caller holds the host lock.
     Returns where the modules came from; raises the build's errors."""
-    from installer import app
-
     pinned = replace(config, kernel_release=kernel, version=version, module_type=flavour,
                      source="runfile", allow_no_gpu=True, next_kernel="off")
-    plan = app.build_modules(pinned, runner, PREPARE_STEPS)
+    plan = build(pinned, runner, PREPARE_STEPS)
     return origin(plan.context.layout, version, kernel, flavour)
 
 
 def prepare_recorded(config: Config, runner: Runner, layout: Layout, kernel: str,
-                      version: str, flavour: str) -> None:
+                     version: str, flavour: str, build: BuildModules) -> None:
     """`prepare` with its log lines and its record, failed or ready. Raises what it raises."""
     started = time.monotonic()
     log.info("next kernel %s is installed: getting the modules of %s (%s) for it into the "
              "cache", kernel, version, flavour)
     try:
-        source = prepare(config, runner, kernel, version, flavour)
+        source = prepare(config, runner, kernel, version, flavour, build)
     except InstallerError as exc:
         record_failure(layout, kernel, version, flavour, started, exc.reference, exc.message)
         raise
@@ -124,12 +127,12 @@ def prepare_recorded(config: Config, runner: Runner, layout: Layout, kernel: str
 
 
 def prepare_guarded(config: Config, runner: Runner, layout: Layout, kernel: str, version: str,
-                    flavour: str) -> bool:
+                    flavour: str, build: BuildModules) -> bool:
     """`prepare` inside a run: every failure becomes a warning naming its error reference and
     a record; nothing is raised. Returns whether the modules are ready."""
     started = time.monotonic()
     try:
-        prepare_recorded(config, runner, layout, kernel, version, flavour)
+        prepare_recorded(config, runner, layout, kernel, version, flavour, build)
     except InstallerError:
         return False  # warned and recorded
     except Exception as exc:  # the current driver must never pay for a bug here

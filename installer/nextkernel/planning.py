@@ -9,6 +9,7 @@ from installer import host
 from installer.layout import Layout
 from installer.nextkernel.cache import (
     DNF_REASON,
+    BuildModules,
     dnf_modules_present,
     modules_ready,
     origin,
@@ -16,7 +17,7 @@ from installer.nextkernel.cache import (
     read_attempt,
 )
 from installer.nextkernel.detect import pending_kernel
-from installer.plan import Context, Decision, Step
+from installer.plan import Context, Decision, Plan, Step
 
 STEP_NAME = "prepare-next-kernel"
 
@@ -92,7 +93,7 @@ def host_build(layout: Layout, version: str, kernel: str, flavour: str) -> PureP
     return layout.cache_host / "modules" / version / kernel / flavour
 
 
-def steps(ctx: Context) -> list[Step]:
+def steps(ctx: Context, build: BuildModules) -> list[Step]:
     """`prepare-next-kernel` after the install is recorded (and verified, when loaded), when a
     newer kernel is installed and NVIDIA_INSTALLER_NEXT_KERNEL=run; a failure only warns."""
     t = ctx.target
@@ -106,7 +107,8 @@ def steps(ctx: Context) -> list[Step]:
 
     def apply() -> None:
         tried[0] = True
-        prepare_guarded(ctx.config, ctx.runner, ctx.layout, pending, t.version, t.flavour)
+        prepare_guarded(ctx.config, ctx.runner, ctx.layout, pending, t.version, t.flavour,
+                        build)
 
     return [Step(STEP_NAME, f"modules for the installed kernel {pending} (the next "
                  "boot's) into the cache, after the driver is ready; a failure only warns",
@@ -121,3 +123,13 @@ def split_steps(steps: list[Step]) -> tuple[list[Step], list[Step]]:
     return steps[:at], steps[at:]
 
 
+
+
+def extend(plan: Plan, build: BuildModules) -> None:
+    """Add the next kernel to a plan: its decision, and `prepare-next-kernel` right after
+    `record-install` (so after verify and the readiness file, before prune-cache drops the
+    extracted tree its build reuses). Reads only."""
+    plan.decisions.append(decision(plan.context))
+    names = [step.name for step in plan.steps]
+    at = names.index("record-install") + 1 if "record-install" in names else len(names)
+    plan.steps[at:at] = steps(plan.context, build)

@@ -14,6 +14,7 @@ from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.nextkernel.cache import (
     DNF_REASON,
+    BuildModules,
     dnf_modules_present,
     modules_ready,
     origin,
@@ -49,11 +50,11 @@ def status(config: Config, root: HostRoot, layout: Layout,
     return report
 
 
-def prepare_installed(config: Config, runner: Runner) -> str:
+def prepare_installed(config: Config, runner: Runner, build: BuildModules) -> str:
     """For the driver the install record names: modules for the pending kernel into the cache,
     under the host lock, then the extracted tree dropped again (as prune-cache does). Returns
     what happened, in words; raises the build's errors and LockTimeout."""
-    from installer.steps import remove_tree
+    from installer.dirs import remove_tree
 
     root = HostRoot(config.root)
     layout = Layout.from_config(config, root)
@@ -72,14 +73,15 @@ def prepare_installed(config: Config, runner: Runner) -> str:
         if modules_ready(layout, record.version, pending, record.flavour):
             return f"next kernel {pending}: modules ready"
         try:
-            prepare_recorded(config, runner, layout, pending, record.version, record.flavour)
+            prepare_recorded(config, runner, layout, pending, record.version, record.flavour,
+                             build)
         finally:
             remove_tree(layout.extracted(record.version))
     where = origin(layout, record.version, pending, record.flavour)
     return f"next kernel {pending}: modules ready ({where})"
 
 
-def watch(config: Config, runner: Runner, interval: float, *,
+def watch(config: Config, runner: Runner, build: BuildModules, interval: float, *,
           sleep: Callable[[float], None] = time.sleep, rounds: int | None = None) -> None:
     """`prepare_installed` every `interval` seconds, for ever (a DaemonSet container): a
     kernel installed days after the pod started is prepared before the reboot into it.
@@ -95,7 +97,7 @@ def watch(config: Config, runner: Runner, interval: float, *,
         key = _watch_key(config)
         if retry_at.get(key, 0.0) <= time.monotonic():
             try:
-                message = prepare_installed(config, runner)
+                message = prepare_installed(config, runner, build)
             except LockTimeout as exc:
                 message = f"waiting: {exc.message}"
             except InstallerError as exc:

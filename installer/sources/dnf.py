@@ -14,6 +14,7 @@ from pathlib import Path, PurePosixPath
 
 from installer import modules, versions
 from installer.config import Config
+from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
 from installer.errors import (
     CommandFailed,
     DkmsUnavailable,
@@ -32,7 +33,7 @@ from installer.plan import Context, Decision, Step
 from installer.sources import dnf_commands as cmd
 from installer.sources import dnf_metadata
 from installer.sources.dnf_commands import Choice, DnfTarget
-from installer.steps import COMPLETE_MARKER, driver_free_before_packages_step
+from installer.steps import driver_free_before_packages_step
 
 log = logging.getLogger(__name__)
 
@@ -570,19 +571,18 @@ def populate_step(ctx: Context, dt: DnfTarget) -> Step:
     layout, t = ctx.layout, ctx.target
 
     def satisfied() -> bool:
-        return (layout.version_dir(t.version) / COMPLETE_MARKER).is_file() and (
-            layout.module_build(t.version, t.kernel, t.flavour) / COMPLETE_MARKER
-        ).is_file()
+        return is_complete(layout.version_dir(t.version)) and is_complete(
+            layout.module_build(t.version, t.kernel, t.flavour))
 
     def apply() -> None:
         version = t.version
         present = cmd.installed_versions(ctx.root, ctx.runner, list(cmd.USERSPACE_ALL))
         userspace = sorted(n for n, v in present.items() if v == version)
         final = layout.version_dir(version)
-        if not (final / COMPLETE_MARKER).is_file():
+        if not is_complete(final):
             _fill_version_dir(ctx, _package_files(ctx, userspace), final, version)
         build = layout.module_build(version, t.kernel, t.flavour)
-        if not (build / COMPLETE_MARKER).is_file():
+        if not is_complete(build):
             _fill_module_dir(ctx, build)
         _retire_runfile_modules(ctx)
         if _writable(ctx.root.local(f"/lib/modules/{t.kernel}")):
@@ -604,32 +604,27 @@ def _package_files(ctx: Context, names: list[str]) -> list[PurePosixPath]:
 
 
 def _fill_version_dir(ctx: Context, files: list[PurePosixPath], final: Path, version: str) -> None:
-    staging = final.with_name(f".{final.name}.tmp")
-    _remove(staging)
-    (staging / "bin").mkdir(parents=True)
-    (staging / "lib64").mkdir()
-    count = 0
-    for path in files:
-        local = ctx.root.local(path)
-        if local.is_symlink() or not local.is_file():
-            continue
-        if path.parent.name == "bin" and path.name.startswith("nvidia-"):
-            _link_or_copy(local, staging / "bin" / path.name)
-        elif path.parent.name in ("lib64", "lib") and ".so." in path.name:
-            _link_or_copy(local, staging / "lib64" / path.name)
-        else:
-            continue
-        count += 1
-    if not (staging / "bin" / "nvidia-smi").is_file():
-        _remove(staging)
-        raise InstallFailed(
-            f"the installed packages of {version} have no nvidia-smi (rpm -ql listed none)"
-        )
-    ctx.runner.run(["ldconfig", "-n", str(staging / "lib64")], timeout=120)
-    (staging / COMPLETE_MARKER).write_text(version + "\n")
-    _remove(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(staging, final)
+    with staged_dir(final) as staging:
+        (staging / "bin").mkdir()
+        (staging / "lib64").mkdir()
+        count = 0
+        for path in files:
+            local = ctx.root.local(path)
+            if local.is_symlink() or not local.is_file():
+                continue
+            if path.parent.name == "bin" and path.name.startswith("nvidia-"):
+                _link_or_copy(local, staging / "bin" / path.name)
+            elif path.parent.name in ("lib64", "lib") and ".so." in path.name:
+                _link_or_copy(local, staging / "lib64" / path.name)
+            else:
+                continue
+            count += 1
+        if not (staging / "bin" / "nvidia-smi").is_file():
+            raise InstallFailed(
+                f"the installed packages of {version} have no nvidia-smi (rpm -ql listed none)"
+            )
+        ctx.runner.run(["ldconfig", "-n", str(staging / "lib64")], timeout=120)
+        mark_complete(staging, version + "\n")
     log.info("filled %s with %d files from the packages", final, count)
 
 
@@ -642,28 +637,25 @@ def _fill_module_dir(ctx: Context, build: Path) -> None:
             hint="DKMS builds for the running kernel; check `dkms status` on the node and "
             "that kernel-devel matches the kernel.",
         )
-    staging = build.with_name(f".{build.name}.tmp")
-    _remove(staging)
-    staging.mkdir(parents=True)
-    for name, path in found.items():
-        dest = staging / f"{name}.ko"
-        if path.name.endswith(".ko.xz"):
-            with lzma.open(path) as packed, open(dest, "wb") as out:
-                shutil.copyfileobj(packed, out)
-        elif path.name.endswith(".ko.zst"):
-            ctx.runner.run(["zstd", "-d", "-q", "-f", "-o", str(dest), str(path)], timeout=120)
-        else:
-            _link_or_copy(path, dest)
-    (staging / COMPLETE_MARKER).write_text(f"{t.version} {t.kernel} {t.flavour}\n")
-    _remove(build)
-    os.replace(staging, build)
+    with staged_dir(build) as staging:
+        for name, path in found.items():
+            dest = staging / f"{name}.ko"
+            if path.name.endswith(".ko.xz"):
+                with lzma.open(path) as packed, open(dest, "wb") as out:
+                    shutil.copyfileobj(packed, out)
+            elif path.name.endswith(".ko.zst"):
+                ctx.runner.run(["zstd", "-d", "-q", "-f", "-o", str(dest), str(path)],
+                               timeout=120)
+            else:
+                _link_or_copy(path, dest)
+        mark_complete(staging, f"{t.version} {t.kernel} {t.flavour}\n")
 
 
 def _retire_runfile_modules(ctx: Context) -> None:
     """A runfile install's modules sit in updates/, which modprobe prefers over extra/."""
     ours = ctx.root.local(ctx.layout.host_modules_dir(ctx.target.kernel))
     if ours.exists():
-        _remove(ours)
+        remove_tree(ours)
         log.info("removed the runfile install's modules in %s", ours)
 
 
@@ -676,10 +668,3 @@ def _link_or_copy(src: Path, dest: Path) -> None:
 
 def _writable(path: Path) -> bool:
     return path.is_dir() and os.access(path, os.W_OK)
-
-
-def _remove(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path)

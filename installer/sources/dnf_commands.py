@@ -151,13 +151,12 @@ def dnf_base(root: HostRoot, distro: Distro, cache_dir: Path) -> list[str]:
     ]
     if root.is_bare:
         return ["dnf", *common]
-    argv = [
+    argv = root.tool_argv(
         "dnf",
-        f"--installroot={root.root}",
         f"--releasever={distro.version_id}",
         f"--setopt=reposdir={root.local(REPOS_DIR)}",
         f"--setopt=cachedir={cache_dir}",
-    ]
+    )
     if distro.major < 10:
         argv.append(f"--setopt=module_platform_id=platform:el{distro.major}")
     return argv + common
@@ -235,9 +234,7 @@ def epel_argv(base: list[str]) -> list[str]:
 def dkms_argv(root: HostRoot, *args: str) -> list[str]:
     """dkms of the host, run in the host root (it builds with the host's compiler and
     kernel-devel, into the host's /var/lib/dkms and /lib/modules)."""
-    if root.is_bare:
-        return ["dkms", *args]
-    return ["chroot", str(root.root), "dkms", *args]
+    return root.tool_argv("dkms", *args)
 
 
 def dkms_installed(status_output: str, version: str, kernel: str) -> bool:
@@ -288,7 +285,7 @@ def versionlock_argv(base: list[str], names: tuple[str, ...], version: str) -> l
 
 
 def rpm_base(root: HostRoot) -> list[str]:
-    return ["rpm"] if root.is_bare else ["rpm", "--root", str(root.root)]
+    return root.tool_argv("rpm")
 
 
 def rpm_query_argv(root: HostRoot, names: list[str]) -> list[str]:

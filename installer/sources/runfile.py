@@ -14,11 +14,11 @@ from pathlib import Path
 
 from installer import delivery, kernel
 from installer.config import Config
+from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
 from installer.headers import steps as header_steps
 from installer.layout import Layout
 from installer.plan import Context, Step
-from installer.steps import COMPLETE_MARKER, remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -234,14 +234,13 @@ def _built(ctx: Context) -> bool:
     t = ctx.target
     build = ctx.layout.module_build(t.version, t.kernel, t.flavour)
     # A marker alone is not trusted: the module itself must be of the planned version.
-    return (build / COMPLETE_MARKER).is_file() and module_version_matches(build / "nvidia.ko",
-                                                                          t.version)
+    return is_complete(build) and module_version_matches(build / "nvidia.ko", t.version)
 
 
 def _userspace_done(ctx: Context) -> bool:
     version = ctx.target.version
     final = ctx.layout.version_dir(version)
-    return (final / COMPLETE_MARKER).is_file() and (
+    return is_complete(final) and (
         final / "lib64" / f"libnvidia-ml.so.{version}").is_file()
 
 
@@ -298,7 +297,6 @@ def extract_step(ctx: Context) -> Step:
         return not _runfile_needed(ctx) or is_extracted(directory, t.version)
 
     def refuse(runfile: Path, problems: list[str]) -> RunfileMismatch:
-        remove_tree(staging)
         remove_tree(directory)
         drop_cached_runfile(layout, name)
         return RunfileMismatch(
@@ -307,36 +305,32 @@ def extract_step(ctx: Context) -> Step:
 
     def apply() -> None:
         runfile = ctx.runfile or layout.downloads / name
-        remove_tree(staging)
         remove_tree(directory)
-        staging.parent.mkdir(parents=True, exist_ok=True)
-        said = ctx.runner.run(version_string_argv(runfile), check=False, timeout=120)
-        problems = archive_problems(header_identity(runfile),
-                                    (said.output.strip().splitlines() or [""])[-1].strip(),
-                                    t.version, ctx.facts.arch)
-        if problems:
-            raise refuse(runfile, problems)
-        with scratch(layout) as tmp:
-            try:
-                ctx.runner.run(extract_argv(runfile, staging, tmp), timeout=600)
-            except CommandFailed as exc:
-                remove_tree(staging)
-                drop_cached_runfile(layout, name)
-                raise InstallFailed(
-                    f"extracting {runfile.name} failed: {exc.output_tail}",
-                    hint="The file was damaged and is removed from the cache: run again to "
-                    "download it anew.") from exc
-        installer = ctx.runner.run([str(staging / "nvidia-installer"), "--version"],
-                                   check=False, timeout=120)
-        problems = tree_problems(staging, installer.output, t.version)
-        if problems:
-            raise refuse(runfile, problems)
-        (staging / EXTRACTED_MARKER).write_text(t.version + "\n")
-        os.replace(staging, directory)
+        with staged_dir(directory, create=False) as staging:
+            said = ctx.runner.run(version_string_argv(runfile), check=False, timeout=120)
+            problems = archive_problems(header_identity(runfile),
+                                        (said.output.strip().splitlines() or [""])[-1].strip(),
+                                        t.version, ctx.facts.arch)
+            if problems:
+                raise refuse(runfile, problems)
+            with scratch(layout) as tmp:
+                try:
+                    ctx.runner.run(extract_argv(runfile, staging, tmp), timeout=600)
+                except CommandFailed as exc:
+                    drop_cached_runfile(layout, name)
+                    raise InstallFailed(
+                        f"extracting {runfile.name} failed: {exc.output_tail}",
+                        hint="The file was damaged and is removed from the cache: run again to "
+                        "download it anew.") from exc
+            installer = ctx.runner.run([str(staging / "nvidia-installer"), "--version"],
+                                       check=False, timeout=120)
+            problems = tree_problems(staging, installer.output, t.version)
+            if problems:
+                raise refuse(runfile, problems)
+            mark_complete(staging, t.version + "\n", EXTRACTED_MARKER)
         log.info("extracted %s (version %s, %s, as planned)", runfile.name, t.version,
                  ctx.facts.arch)
 
-    staging = directory.with_name(f".{directory.name}.tmp")
     return Step("extract-runfile", "identify the .run as the planned version, extract it once "
                 "into the cache", satisfied, apply)
 
@@ -358,14 +352,11 @@ def build_step(ctx: Context) -> Step:
 
     def apply() -> None:
         assert t.headers is not None
-        staging = final.with_name(f".{final.name}.tmp")
-        remove_tree(staging)
-        staging.mkdir(parents=True)
         log_file = layout.install_local / "nvidia-installer-build.log"
         chosen = header_steps.build_compiler(ctx)
         env, note = chosen.env, chosen.note
         log.info("building %s modules for kernel %s (%s)", t.flavour, t.kernel, note)
-        with scratch(layout) as tmp:
+        with staged_dir(final) as staging, scratch(layout) as tmp:
             request = BuildRequest(
                 extracted=layout.extracted(t.version),
                 version=t.version,
@@ -384,22 +375,16 @@ def build_step(ctx: Context) -> Step:
             try:
                 ctx.runner.run(argv, env=env, stream=True, timeout=3600)
             except CommandFailed as exc:
-                remove_tree(staging)
                 raise ModuleBuildFailed(
                     f"building the {t.flavour} kernel modules of {t.version} for kernel "
                     f"{t.kernel} failed (exit {exc.returncode}); last lines of "
                     f"{log_file.name}:\n" + _tail(log_file, exc.output_tail),
                 ) from exc
-        if not (staging / "nvidia.ko").is_file():
-            remove_tree(staging)
-            raise ModuleBuildFailed(f"the build left no nvidia.ko in {staging}")
-        if not module_version_matches(staging / "nvidia.ko", t.version):
-            remove_tree(staging)
-            raise ModuleBuildFailed(f"the built nvidia.ko is not version {t.version}")
-        (staging / COMPLETE_MARKER).write_text(f"{t.version} {t.kernel} {t.flavour}\n")
-        final.parent.mkdir(parents=True, exist_ok=True)
-        remove_tree(final)
-        os.replace(staging, final)
+            if not (staging / "nvidia.ko").is_file():
+                raise ModuleBuildFailed(f"the build left no nvidia.ko in {staging}")
+            if not module_version_matches(staging / "nvidia.ko", t.version):
+                raise ModuleBuildFailed(f"the built nvidia.ko is not version {t.version}")
+            mark_complete(staging, f"{t.version} {t.kernel} {t.flavour}\n")
         log.info("built %s", ", ".join(p.name for p in sorted(final.glob("*.ko"))))
 
     return Step("build-modules", f"compile {t.flavour} modules for {t.kernel} (cached per "
@@ -422,28 +407,23 @@ def userspace_step(ctx: Context) -> Step:
         return _userspace_done(ctx)
 
     def apply() -> None:
-        staging = final.with_name(f".{final.name}.tmp")
-        remove_tree(staging)
-        staging.mkdir(parents=True)
         extracted = layout.extracted(t.version)
-        with scratch(layout) as tmp:
-            argv = install_userspace_argv(extracted, staging, layout.installer_log, tmp)
-            try:
-                ctx.runner.run(argv, stream=True, timeout=1800)
-            except CommandFailed as exc:
-                remove_tree(staging)
-                raise InstallFailed(
-                    f"nvidia-installer failed to install the user-space files of {t.version}: "
-                    + _tail(layout.installer_log, exc.output_tail)) from exc
-        copied = copy_firmware(extracted, staging / "firmware")
-        if copied:
-            log.info("GSP firmware from the extracted tree: %s", ", ".join(copied))
-        # Soname links (libnvidia-ml.so.1 -> .so.<ver>) before the switch, so an interrupted
-        # run never leaves an active version without them.
-        ctx.runner.run(["ldconfig", "-n", str(staging / "lib64")], timeout=120)
-        (staging / COMPLETE_MARKER).write_text(t.version + "\n")
-        remove_tree(final)
-        os.replace(staging, final)
+        with staged_dir(final) as staging:
+            with scratch(layout) as tmp:
+                argv = install_userspace_argv(extracted, staging, layout.installer_log, tmp)
+                try:
+                    ctx.runner.run(argv, stream=True, timeout=1800)
+                except CommandFailed as exc:
+                    raise InstallFailed(
+                        f"nvidia-installer failed to install the user-space files of "
+                        f"{t.version}: " + _tail(layout.installer_log, exc.output_tail)) from exc
+            copied = copy_firmware(extracted, staging / "firmware")
+            if copied:
+                log.info("GSP firmware from the extracted tree: %s", ", ".join(copied))
+            # Soname links (libnvidia-ml.so.1 -> .so.<ver>) before the switch, so an interrupted
+            # run never leaves an active version without them.
+            ctx.runner.run(["ldconfig", "-n", str(staging / "lib64")], timeout=120)
+            mark_complete(staging, t.version + "\n")
         log.info("installed user-space files of %s into %s", t.version, final)
 
     return Step("install-userspace", "nvidia-smi, libraries and firmware into versions/<ver>",

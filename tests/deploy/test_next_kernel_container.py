@@ -47,7 +47,13 @@ def test_the_init_container_leaves_the_next_kernel_to_the_long_running_one() -> 
 def test_the_module_registry_overlay_gives_the_container_the_registry_too() -> None:
     ds = installer_daemonset(render(DAEMONSET_DIR / "overlays" / "module-registry"))
     init, watcher = installer_container(ds), next_kernel_container(ds)
-    registry = {k: v for k, v in container_env(init).items() if "REGISTRY" in k}
+    registry = {k: v for k, v in container_env(init).items() if "REGISTRY" in k or "TRUST" in k}
     assert registry and {k: v for k, v in container_env(watcher).items()
-                         if "REGISTRY" in k} == registry
-    assert from_env(container_env(watcher)).module_registry_push is True
+                         if "REGISTRY" in k or "TRUST" in k} == registry
+    config = from_env(container_env(watcher))
+    # Pulls what the builder signed, like the initContainer; nodes never publish (issue 20).
+    assert config.module_trusted_keys is not None and config.module_registry_push is False
+    for path in (str(config.module_trusted_keys.parent),
+                 str(config.module_registry_password_file.parent)):  # type: ignore[union-attr]
+        assert [m for m in watcher["volumeMounts"] if m["mountPath"] == path] == [
+            m for m in init["volumeMounts"] if m["mountPath"] == path] != []

@@ -19,7 +19,7 @@ import pytest
 from headerrepos import apt_sources, make_key, publish_apt, real_debian_debs
 from hostkit import INSTALL_DIR_HOST, debian_headers, installer_env, make_debian_host, run_installer
 from httpfaults import serve_directory
-from registrykit import PASSWORD, USER, Registry
+from registrykit import PASSWORD, USER, Registry, make_key_pair
 from secondkernel import SECOND, add_headers, mark_installed
 
 from installer.sources.prebuilt import vermagic
@@ -44,6 +44,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]
     kit.build_runfile(V, work / "www/runfiles" / V)
     with serve_directory(work / "www") as (base, _requests):
         yield base, key
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The builder's key pair: host 1 publishes as the builder, both hosts trust its key."""
+    return make_key_pair(tmp_path_factory.mktemp("keys"), "builder")
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +90,8 @@ def plan_line(stdout: str) -> str:
 
 
 def test_the_run_prepares_the_next_kernel_and_its_boot_compiles_nothing(
-        tmp_path: Path, served: tuple[str, Any], registry: Registry) -> None:
+        tmp_path: Path, served: tuple[str, Any], registry: Registry,
+        keys: tuple[Path, Path]) -> None:
     base, key = served
     root = tmp_path / "host"
     two_kernel_host(root)
@@ -94,7 +101,8 @@ def test_the_run_prepares_the_next_kernel_and_its_boot_compiles_nothing(
         root, SECOND, NVIDIA_DRIVER_VERSION=V, NVIDIA_DRIVER_MIRRORS=f"{base}/runfiles",
         NVIDIA_MODULE_REGISTRY=repository, NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true",
         NVIDIA_MODULE_REGISTRY_USERNAME=USER, NVIDIA_MODULE_REGISTRY_PASSWORD=PASSWORD,
-        NVIDIA_MODULE_REGISTRY_PUSH="true")
+        NVIDIA_MODULE_REGISTRY_PUSH="true", NVIDIA_MODULE_PUBLISHER_KEY=str(keys[0]),
+        NVIDIA_MODULE_TRUSTED_KEYS=str(keys[1]))
 
     # 1. Fetching headers is off: the next kernel cannot be prepared, the install is not hurt.
     plan = run_installer(env, "plan")
@@ -156,7 +164,8 @@ def test_the_run_prepares_the_next_kernel_and_its_boot_compiles_nothing(
 
 
 def test_a_separate_command_pulls_the_next_kernels_modules_from_the_registry(
-        tmp_path: Path, served: tuple[str, Any], registry: Registry) -> None:
+        tmp_path: Path, served: tuple[str, Any], registry: Registry,
+        keys: tuple[Path, Path]) -> None:
     """A node with no headers at all (and the long-running container's setting): its install
     and its next kernel both come from the artifacts the first node published."""
     base, _ = served
@@ -169,7 +178,7 @@ def test_a_separate_command_pulls_the_next_kernels_modules_from_the_registry(
         root, SECOND, NVIDIA_DRIVER_VERSION=V, NVIDIA_DRIVER_MIRRORS=f"{base}/runfiles",
         NVIDIA_MODULE_REGISTRY=repository, NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true",
         NVIDIA_MODULE_REGISTRY_USERNAME=USER, NVIDIA_MODULE_REGISTRY_PASSWORD=PASSWORD,
-        NVIDIA_INSTALLER_NEXT_KERNEL="separate")
+        NVIDIA_MODULE_TRUSTED_KEYS=str(keys[1]), NVIDIA_INSTALLER_NEXT_KERNEL="separate")
     run = ok(run_installer(env, "run"))
     assert "using prebuilt modules" in run
     assert "step prepare-next-kernel" not in run and f"next kernel {NEXT}:" not in run

@@ -12,7 +12,7 @@ import pytest
 from fakes import FakeRunner
 from hosttrees import make_host, root_env
 
-from installer import app, nextkernel, pipeline, planner
+from installer import app, nextkernel, pipeline
 from installer.config import from_env
 from installer.errors import ConfigError, KernelHeadersMissing
 from installer.hostroot import HostRoot
@@ -132,8 +132,7 @@ def plan_for(root: Path, **env: str) -> Plan:
         make_host(root, distro="debian-12", kernel=RUNNING, gpus=[0x2330])
         install_kernel(root, RUNNING)
     config = from_env(root_env(root, NVIDIA_DRIVER_VERSION=V, **env))
-    return planner.make_plan(config, FakeRunner(), fetch_bytes=lambda url: b"",
-                             fetch_runfile=lambda *a: root)
+    return app.build_plan(config, FakeRunner())
 
 
 def decision(plan: Plan) -> tuple[str, str]:
@@ -208,8 +207,8 @@ def test_a_failed_preparation_warns_records_and_never_fails_the_step(
     asked = []
 
     def no_headers(config: object, runner: object, kernel: str, version: str,
-                   flavour: str) -> str:
-        asked.append((kernel, version, flavour))
+                   flavour: str, build: object) -> str:
+        asked.append((kernel, version, flavour, build))
         raise KernelHeadersMissing(f"no headers for {NEXT} anywhere")
 
     monkeypatch.setattr(nextkernel_cache, "prepare", no_headers)
@@ -217,7 +216,7 @@ def test_a_failed_preparation_warns_records_and_never_fails_the_step(
     with caplog.at_level(logging.WARNING, logger="installer"):
         outcome = pipeline.run_step(step)
     assert outcome.status == "applied"
-    assert asked == [(NEXT, V, "open")]
+    assert asked == [(NEXT, V, "open", app.build_modules)]
     assert (f"next kernel {NEXT}: modules not prepared (error[kernel-headers-missing]: "
             f"no headers for {NEXT} anywhere)") in caplog.text
     record = json.loads((plan.context.layout.cache_local / "next-kernel.json").read_text())
@@ -245,25 +244,27 @@ def test_a_bug_while_preparing_is_a_warning_too(tmp_path: Path, monkeypatch: pyt
     assert "error[unexpected]: KeyError: 'flavour'" in caplog.text
 
 
-def test_prepare_pins_the_installed_version_flavour_and_kernel(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prepare_pins_the_installed_version_flavour_and_kernel(tmp_path: Path) -> None:
     seen = []
 
     def build_modules(config: object, runner: object, steps: tuple[str, ...]) -> Plan:
         seen.append((config, steps))
         raise KernelHeadersMissing("stop here")
 
-    monkeypatch.setattr(app, "build_modules", build_modules)
     config = from_env(root_env(tmp_path, NVIDIA_DRIVER_VERSION="auto",
                                NVIDIA_DRIVER_SOURCE="auto"))
     with pytest.raises(KernelHeadersMissing):
-        nextkernel_cache.prepare(config, FakeRunner(), NEXT, V, "proprietary")
+        nextkernel_cache.prepare(config, FakeRunner(), NEXT, V, "proprietary", build_modules)
     ((pinned, names),) = seen
     assert (pinned.kernel_release, pinned.version, pinned.module_type, pinned.source,  # type: ignore[attr-defined]
             pinned.allow_no_gpu, pinned.next_kernel) == (  # type: ignore[attr-defined]
         NEXT, V, "proprietary", "runfile", True, "off")
     assert names == ("use-prebuilt-modules", "kernel-headers", "check-compiler",
                      "fetch-runfile", "extract-runfile", "build-modules", "publish-modules")
+
+
+def never_build(config: object, runner: object, steps: object) -> Plan:
+    raise AssertionError("nothing to build")
 
 
 def recorded_host(root: Path, source: str = "runfile") -> Layout:
@@ -306,11 +307,11 @@ def test_prepare_installed_without_a_record_or_a_pending_kernel_does_nothing(
     install_kernel(tmp_path, RUNNING)
     install_kernel(tmp_path, NEXT)
     runner = FakeRunner()
-    said = nextkernel.prepare_installed(from_env(root_env(tmp_path)), runner)
+    said = nextkernel.prepare_installed(from_env(root_env(tmp_path)), runner, never_build)
     assert said == "no driver installed yet (no install record): nothing to prepare"
     assert not (tmp_path / "var/lib/nvidia").exists()  # not even the lock file
     off = nextkernel.prepare_installed(
-        from_env(root_env(tmp_path, NVIDIA_INSTALLER_NEXT_KERNEL="off")), runner)
+        from_env(root_env(tmp_path, NVIDIA_INSTALLER_NEXT_KERNEL="off")), runner, never_build)
     assert off == "NVIDIA_INSTALLER_NEXT_KERNEL=off: nothing to do"
     assert runner.calls == []
 
@@ -322,7 +323,7 @@ def test_watch_retries_a_failed_kernel_only_after_six_intervals(
     clock = [1000.0]
     attempts = []
 
-    def failing(config: object, runner: object) -> str:
+    def failing(config: object, runner: object, build: object) -> str:
         attempts.append(clock[0])
         raise KernelHeadersMissing("no headers")
 
@@ -332,7 +333,8 @@ def test_watch_retries_a_failed_kernel_only_after_six_intervals(
     monkeypatch.setattr(nextkernel_service, "prepare_installed", failing)
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     with caplog.at_level(logging.INFO, logger="installer"):
-        nextkernel.watch(from_env(root_env(tmp_path)), FakeRunner(), 10.0, sleep=sleep,
+        nextkernel.watch(from_env(root_env(tmp_path)), FakeRunner(), never_build, 10.0,
+                         sleep=sleep,
                          rounds=14)
     assert attempts == [1000.0, 1060.0, 1120.0]
     assert caplog.text.count("error[kernel-headers-missing]: no headers") == 1  # said once

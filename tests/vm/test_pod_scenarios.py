@@ -223,7 +223,7 @@ def _assert_installed(state: str, version: str) -> None:
 
 def test_the_image_is_built_by_buildah_on_the_mmdebstrap_base(boots: Boots) -> None:
     built = boots.built
-    assert re.search(r"^\+ buildah .* build --isolation chroot .*images/apt/Dockerfile",
+    assert re.search(r"^\+ buildah .* build --isolation chroot .*images/ubuntu/Dockerfile",
                      built.log, re.MULTILINE), built.log[-2000:]
     assert built.ref == "registry.example.com/nvidia-driver-installer:0.1.0-debian12"
     assert built.image.config["Entrypoint"] == ["installer"]
