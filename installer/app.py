@@ -8,7 +8,7 @@ import logging
 import time
 from typing import Any
 
-from installer import catalog, host, pipeline, planner, state
+from installer import catalog, host, nextkernel, pipeline, planner, state
 from installer.config import Config
 from installer.errors import InstallerError
 from installer.hostroot import HostRoot
@@ -21,12 +21,14 @@ log = logging.getLogger(__name__)
 
 
 def build_plan(config: Config, runner: Runner | None = None) -> Plan:
-    return planner.make_plan(
+    plan = planner.make_plan(
         config,
         runner or SubprocessRunner(),
         fetch_bytes=fetch_bytes_for(config),
         fetch_runfile=fetch_runfile_for(config),
     )
+    nextkernel.extend(plan, build_modules)  # issue 21: the next kernel before the reboot
+    return plan
 
 
 def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutcome]:
@@ -53,24 +55,29 @@ def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutco
 
 
 def _execute(config: Config, layout: Layout, plan: Plan) -> list[pipeline.StepOutcome]:
+    from dataclasses import replace
+
+    # Issue 21: the node is given back (restored, uncordoned) before the next kernel's modules
+    # are prepared.
+    install, after = nextkernel.split_steps(plan.steps)
     if not config.upgrade_protocol:
-        outcomes = pipeline.execute(plan)
+        outcomes = pipeline.execute(replace(plan, steps=install))
         # Issue 20: a node an earlier run left mid-upgrade (its marker, protocol.HINT_NAME) is
         # restored even with the protocol switched off since; the warm path only stats a file.
         if (layout.install_local / ".upgrade-protocol").exists():
             from installer.cluster import protocol
 
             protocol.finish_switched_off(config, layout)
-        return outcomes
+        return outcomes + [pipeline.run_step(step) for step in after]
     from installer.cluster import protocol  # issue 13: restore the node after an upgrade
 
     try:
-        outcomes = pipeline.execute(plan)
+        outcomes = pipeline.execute(replace(plan, steps=install))
     except InstallerError as error:
         protocol.failed(config, layout, error)
         raise
     protocol.finish(config, layout)
-    return outcomes
+    return outcomes + [pipeline.run_step(step) for step in after]
 
 
 def describe_plan(plan: Plan) -> list[str]:
@@ -138,6 +145,7 @@ def status(config: Config) -> dict[str, Any]:
         else None,
         "ready": ready is not None,
         "ready_file": str(READY_FILE),
+        "next_kernel": nextkernel.status(config, root, layout, record),  # issue 21
     }
 
 
@@ -219,6 +227,20 @@ def list_versions(config: Config) -> list[str]:
 _PREBUILD_STEPS = ("fetch-runfile", "extract-runfile", "kernel-headers", "build-modules")
 
 
+def build_modules(config: Config, runner: Runner,
+                  steps: tuple[str, ...] = _PREBUILD_STEPS) -> Plan:
+    """Plan for `config.kernel_release` and run its steps named in `steps`, in plan order: the
+    modules land in the install dir's cache; nothing is installed or loaded. The caller holds
+    the host lock. Raises the steps' errors (headers, compiler, download, build)."""
+    plan = build_plan(config, runner)
+    for decision in plan.decisions:
+        log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
+    for step in plan.steps:
+        if step.name in steps:
+            pipeline.run_step(step)
+    return plan
+
+
 def prebuild(config: Config, runner: Runner | None = None) -> str:
     """Build the modules for `config.kernel_release` into the install dir's cache and, with
     `module_registry_push`, publish them; returns the module dir or the pushed reference.
@@ -235,15 +257,20 @@ def prebuild(config: Config, runner: Runner | None = None) -> str:
     layout = Layout.from_config(config, root)
     layout.install_local.mkdir(parents=True, exist_ok=True)
     with state.HostLock(layout.lock_file, config.lock_timeout):
-        plan = build_plan(config, runner)
-        for decision in plan.decisions:
-            log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
-        for step in plan.steps:
-            if step.name in _PREBUILD_STEPS:
-                pipeline.run_step(step)
+        plan = build_modules(config, runner)
         t = plan.context.target
         built = layout.module_build(t.version, t.kernel, t.flavour)
         if not config.module_registry_push:
             return str(built)
         artifact = prebuilt.publish(plan.context)
         return f"{artifact.reference}"
+
+
+def prepare_next_kernel(config: Config, watch: float | None = None,
+                        runner: Runner | None = None) -> str:
+    """`installer prepare-next-kernel`: the installed driver's modules for a newer installed
+    kernel into the cache, once (returns what happened) or every `watch` seconds, for ever."""
+    runner = runner or SubprocessRunner()
+    if watch is not None:
+        nextkernel.watch(config, runner, build_modules, watch)
+    return nextkernel.prepare_installed(config, runner, build_modules)

@@ -154,6 +154,20 @@ def prebuild(kernel_release_: str, push: bool, **options: Any) -> None:
     click.echo(app.prebuild(config))
 
 
+@cli.command("prepare-next-kernel")
+@click.option("--watch", is_flag=True, help="Keep looking every --interval seconds (a "
+              "DaemonSet container): a kernel installed later is prepared before the reboot.")
+@click.option("--interval", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="Seconds between looks with --watch.")
+@settings_options
+def prepare_next_kernel(watch: bool, interval: float, **options: Any) -> None:
+    """Modules of the installed driver for a newer installed kernel, into the cache (issue 21)."""
+    from installer import app
+
+    config = make_config(options)
+    click.echo(app.prepare_next_kernel(config, interval if watch else None))
+
+
 @cli.command()
 @settings_options
 def uninstall(**options: Any) -> None:

@@ -275,6 +275,13 @@ class Config:
         "Comma-separated https://host[:port] token services the registry may send the "
         "installer to besides itself (e.g. https://auth.docker.io); others are refused.",
     )
+    # issue 21: the next kernel before the reboot (installer/nextkernel)
+    next_kernel: str = setting(
+        "NVIDIA_INSTALLER_NEXT_KERNEL", "run", parse.choice("run", "separate", "off"),
+        "Modules for a newer installed kernel (the next boot's) into the cache: run (each run, "
+        "after the driver is verified), separate (only `installer prepare-next-kernel`, the "
+        "DaemonSet's long-running container) or off.",
+    )
 
     # issue 21: the scheduling gate (installer/cluster/gate.py, docs/deploy.md)
     scheduling_gate: bool = setting(

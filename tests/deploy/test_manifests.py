@@ -139,7 +139,7 @@ def test_base_follows_the_daemonset_conventions() -> None:
 def test_readiness_probe_reads_the_file_the_installer_writes() -> None:
     ds = installer_daemonset(load_all(DAEMONSET_DIR / "base" / "daemonset.yaml"))
     spec = pod_spec(ds)
-    (waiter,) = spec["containers"]
+    (waiter,) = [c for c in spec["containers"] if c["name"] == "driver-ready"]
     probe = " ".join(waiter["readinessProbe"]["exec"]["command"])
     assert f"test -f {READY_FILE}" in probe
     # The probe's shell and `test` come from the image (pause has neither).
