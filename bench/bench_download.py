@@ -2,6 +2,12 @@
 
     python3 bench/bench_download.py                 # 512 MiB and 64 MiB, 3 runs each
     python3 bench/bench_download.py --sizes 128 --runs 5
+    python3 bench/bench_download.py --whole-process --sizes 1024 --runs 5
+
+--whole-process times whole commands instead, start-up included: `installer download` (a new
+Python process: imports, catalog, the transfer, SHA-256, fsync) against
+`curl -o FILE URL && sync FILE`, on the same file, plus the same two on a 1 kB file (what is
+left there is start-up).
 
 Creates random files (os.urandom: incompressible, honest for hashing), serves them from a
 sendfile-based HTTP server in a separate process (so server and client never share a GIL),
@@ -169,11 +175,60 @@ def run_ours(url: str, dest_dir: Path, sha256: str) -> tuple[float, float, float
     return result["bytes"] / seconds, result["bytes"] / (seconds - fsync), result["hwm_kb"] / 1024
 
 
+WHOLE_VERSION = "535.261.03"  # any version of the shipped catalog: the URL is overridden
+
+
+def run_curl_sync(url: str, dest: Path) -> float:
+    """Seconds of `curl -o FILE URL && sync FILE` as one shell command."""
+    started = time.perf_counter()
+    subprocess.run(["sh", "-c", 'curl -sS --fail -o "$1" "$2" && sync "$1"', "sh", str(dest),
+                    url], check=True)
+    return time.perf_counter() - started
+
+
+def run_installer_download(url: str, dest_dir: Path, sha256: str) -> float:
+    """Seconds of a whole `installer download` process for `url` (pinned, so verified)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NVIDIA_DRIVER_DOWNLOAD_URL": url,
+           "NVIDIA_DRIVER_SHA256": sha256}
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "installer", "download", "--version", WHOLE_VERSION,
+                    "--dest", str(dest_dir)], check=True, env=env, capture_output=True)
+    return time.perf_counter() - started
+
+
+def whole_process(port: int, work: Path, files: dict[str, str], runs_per: int) -> None:
+    print(f"whole processes; curl {curl_version()}; {os.cpu_count()} CPUs; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    print("| file | `curl -o && sync` s | `installer download` s | ratio (curl s / ours s) |")
+    print("|---|---|---|---|")
+    for name, pin in files.items():
+        url = f"http://127.0.0.1:{port}/{name}"
+        curl_s: list[float] = []
+        ours_s: list[float] = []
+        for run in range(runs_per):
+            target = work / f"whole-{name}-{run}"
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir()
+            order = ("curl", "ours") if run % 2 == 0 else ("ours", "curl")
+            for who in order:
+                if who == "curl":
+                    curl_s.append(run_curl_sync(url, target / "curl.bin"))
+                else:
+                    ours_s.append(run_installer_download(url, target / "ours", pin))
+            shutil.rmtree(target)
+        c, o = statistics.median(curl_s), statistics.median(ours_s)
+        each = ", ".join(f"{x:.2f}" for x in curl_s), ", ".join(f"{x:.2f}" for x in ours_s)
+        print(f"| {name} | {c:.2f} ({each[0]}) | {o:.2f} ({each[1]}) | {c / o:.2f}x |")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="512,64", help="file sizes in MiB, comma separated")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="work dir (default: a temp dir)")
+    parser.add_argument("--whole-process", action="store_true",
+                        help="time whole `installer download` processes against curl && sync")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--client", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -200,6 +255,12 @@ def main() -> None:
     try:
         assert server.stdout is not None
         port = int(server.stdout.readline())
+        if args.whole_process:
+            tiny = serve_dir / "file-1kB.bin"
+            files = {"file-1kB.bin": make_file(tiny, 1000)}
+            files.update({f"file-{size}.bin": pins[size] for size in sizes})
+            whole_process(port, work, files, args.runs)
+            return
         rows = []
         for size in sizes:
             url = f"http://127.0.0.1:{port}/file-{size}.bin"

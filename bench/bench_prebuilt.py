@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
 import kit
 from hostkit import hidden_headers_argv, installer_argv, installer_env, make_debian_host
 from httpfaults import serve_directory
-from registrykit import PASSWORD, USER, Registry
+from registrykit import PASSWORD, USER, Registry, make_key_pair
 
 HERE = Path(__file__).resolve().parent
 VERSION = "580.105.08"
@@ -51,6 +51,7 @@ def main() -> None:
     www = work / "www"
     kit.build_runfile(VERSION, www / VERSION)
     registry = Registry(work / "registry").start()
+    private, public = make_key_pair(work / "keys")
     compiled: list[float] = []
     pulled: list[float] = []
     try:
@@ -59,11 +60,13 @@ def main() -> None:
             common = {"NVIDIA_DRIVER_VERSION": VERSION, "NVIDIA_DRIVER_MIRRORS": base}
             reg = {"NVIDIA_MODULE_REGISTRY": repo, "NVIDIA_MODULE_REGISTRY_PLAIN_HTTP": "true",
                    "NVIDIA_MODULE_REGISTRY_USERNAME": USER,
-                   "NVIDIA_MODULE_REGISTRY_PASSWORD": PASSWORD}
+                   "NVIDIA_MODULE_REGISTRY_PASSWORD": PASSWORD,
+                   "NVIDIA_MODULE_TRUSTED_KEYS": str(public)}
             root_a = work / "node-a"
             kernel = make_debian_host(root_a)
             timed_run(installer_env(root_a, kernel, **common, **reg,
-                                    NVIDIA_MODULE_REGISTRY_PUSH="true"))
+                                    NVIDIA_MODULE_REGISTRY_PUSH="true",
+                                    NVIDIA_MODULE_PUBLISHER_KEY=str(private)))
             for n in range(args.runs):  # alternate, so load changes hit both alike
                 root_c = work / f"node-c{n}"
                 make_debian_host(root_c)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build (and optionally push) the installer images: Debian 12, Ubuntu 20.04/22.04/24.04 (one
-# apt-family Dockerfile, images/apt) and Rocky 8/9 (images/rocky).
+# Build (and optionally push) the installer images: Ubuntu 20.04/22.04/24.04 and Debian 12 (one
+# Dockerfile, images/ubuntu, with Debian as its DISTRO build argument) and Rocky 8/9 (images/rocky).
 #
 #   images/build.sh [--push] [--dry-run] [--only debian|ubuntu|rocky] [--help]
 #
@@ -89,7 +89,7 @@ build_one() {
     local dir=$1 name=$2 version=$3
     local ref="$REGISTRY/$IMAGE:$TAG-$name$version"
     local args=(--file "$here/$dir/Dockerfile")
-    if [ "$dir" = apt ]; then
+    if [ "$dir" = ubuntu ]; then
         args+=(--build-arg "DISTRO=$name" --build-arg "DISTRO_VERSION=$version")
     else
         args+=(--build-arg "ROCKY_VERSION=$version")
@@ -117,12 +117,12 @@ build_one() {
 
 echo "# builder=$BUILDER registry=$REGISTRY image=$IMAGE tag=$TAG platforms=$PLATFORMS push=$push"
 if [ -z "$only" ] || [ "$only" = debian ]; then
-    build_one apt debian 12
+    build_one ubuntu debian 12
 fi
 if [ -z "$only" ] || [ "$only" = ubuntu ]; then
-    build_one apt ubuntu 20.04
-    build_one apt ubuntu 22.04
-    build_one apt ubuntu 24.04
+    build_one ubuntu ubuntu 20.04
+    build_one ubuntu ubuntu 22.04
+    build_one ubuntu ubuntu 24.04
 fi
 if [ -z "$only" ] || [ "$only" = rocky ]; then
     build_one rocky rocky 8

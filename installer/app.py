@@ -3,62 +3,32 @@ versions, download, prebuild."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
-from installer import catalog, host, pipeline, planner, state
+from installer import catalog, host, nextkernel, pipeline, planner, state
 from installer.config import Config
 from installer.errors import InstallerError
 from installer.hostroot import HostRoot
 from installer.layout import LD_DROP_IN, READY_FILE, Layout
 from installer.plan import Plan
+from installer.prefetch import fetch_bytes_for, fetch_runfile_for
 from installer.runner import Runner, SubprocessRunner
 
 log = logging.getLogger(__name__)
 
 
-def _download_settings(config: Config) -> Any:
-    from installer import delivery
-
-    return delivery.DownloadSettings(
-        retries=config.retries,
-        connect_timeout=config.connect_timeout,
-        read_timeout=config.read_timeout,
-        allow_unverified=config.allow_unverified,
-    )
-
-
-def fetch_bytes_for(config: Config) -> planner.FetchBytes:
-    def fetch(url: str) -> bytes:
-        from installer import delivery
-
-        return delivery.fetch_bytes(url, _download_settings(config), max_bytes=64 << 20)
-
-    return fetch
-
-
-def fetch_runfile_for(config: Config) -> planner.FetchRunfile:
-    def fetch(urls: list[str], dest_dir: Path, filename: str) -> Path:
-        from installer import delivery
-
-        fetched = delivery.fetch_file(urls, dest_dir, filename, sha256=config.sha256,
-                                      checksum_urls=None, settings=_download_settings(config))
-        return Path(fetched.path)
-
-    return fetch
-
-
 def build_plan(config: Config, runner: Runner | None = None) -> Plan:
-    return planner.make_plan(
+    plan = planner.make_plan(
         config,
         runner or SubprocessRunner(),
         fetch_bytes=fetch_bytes_for(config),
         fetch_runfile=fetch_runfile_for(config),
     )
+    nextkernel.extend(plan, build_modules)  # issue 21: the next kernel before the reboot
+    return plan
 
 
 def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutcome]:
@@ -85,17 +55,29 @@ def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutco
 
 
 def _execute(config: Config, layout: Layout, plan: Plan) -> list[pipeline.StepOutcome]:
+    from dataclasses import replace
+
+    # Issue 21: the node is given back (restored, uncordoned) before the next kernel's modules
+    # are prepared.
+    install, after = nextkernel.split_steps(plan.steps)
     if not config.upgrade_protocol:
-        return pipeline.execute(plan)
+        outcomes = pipeline.execute(replace(plan, steps=install))
+        # Issue 20: a node an earlier run left mid-upgrade (its marker, protocol.HINT_NAME) is
+        # restored even with the protocol switched off since; the warm path only stats a file.
+        if (layout.install_local / ".upgrade-protocol").exists():
+            from installer.cluster import protocol
+
+            protocol.finish_switched_off(config, layout)
+        return outcomes + [pipeline.run_step(step) for step in after]
     from installer.cluster import protocol  # issue 13: restore the node after an upgrade
 
     try:
-        outcomes = pipeline.execute(plan)
+        outcomes = pipeline.execute(replace(plan, steps=install))
     except InstallerError as error:
         protocol.failed(config, layout, error)
         raise
     protocol.finish(config, layout)
-    return outcomes
+    return outcomes + [pipeline.run_step(step) for step in after]
 
 
 def describe_plan(plan: Plan) -> list[str]:
@@ -166,6 +148,7 @@ def status(config: Config) -> dict[str, Any]:
         else None,
         "ready": ready is not None,
         "ready_file": str(READY_FILE),
+        "next_kernel": nextkernel.status(config, root, layout, record),  # issue 21
         "daemons": _daemons(root),  # issue 21
     }
 
@@ -186,8 +169,8 @@ def _daemons(root: HostRoot) -> dict[str, Any]:
 def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
     """Unload the driver and remove what the installer put on the host. Returns what it
     removed. Raises DriverInUse when the driver is held."""
-    from installer import components, ldcache, modules
-    from installer.steps import remove_tree
+    from installer import components, gate_steps, ldcache, modules
+    from installer.dirs import remove_tree
 
     runner = runner or SubprocessRunner()
     root = HostRoot(config.root)
@@ -195,12 +178,11 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
     removed: list[str] = []
     with state.HostLock(layout.lock_file, config.lock_timeout):
         record = state.read_record(layout.state_file)
-        holders = [f"pid {h.pid} ({h.command}) holds {h.path}"
-                   for h in components.not_ours(root, layout, config,
-                                                host.holders_of(root, "/dev/nvidia"))]
-        with contextlib.ExitStack() as pause:
-            if not holders:  # issue 21: our daemons go only when nothing else holds the driver
-                pause.enter_context(components.paused(root, layout, config))
+        holders = components.holders(root, layout, config)
+        # Issue 21: when the unload goes ahead, the scheduling gate closes (the label goes),
+        # then our daemons stop (they run again only for a driver verified anew).
+        gate_steps.close_before_unload(config, root, "uninstalling the driver", drop_label=True)
+        with components.paused(root, layout, config, when=not holders):
             modules.unload(root, runner, holders)
         removed += modules.remove_nodes(layout.dev_dir)
         ready = root.local(READY_FILE)
@@ -235,6 +217,19 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
     return removed
 
 
+def serve_gate(config: Config) -> None:
+    """`installer gate` (issue 21): keep the node's scheduling gate in step with its readiness
+    until SIGTERM. Raises ConfigError when the gate is off."""
+    from installer.errors import ConfigError
+
+    if not config.scheduling_gate:
+        raise ConfigError("`installer gate` needs NVIDIA_INSTALLER_SCHEDULING_GATE=true (and "
+                          "NODE_NAME)")
+    from installer.cluster import gate
+
+    gate.serve(config)
+
+
 def list_versions(config: Config) -> list[str]:
     loaded = catalog.load(config.catalog, fetch_bytes_for(config))
     lines = []
@@ -244,23 +239,22 @@ def list_versions(config: Config) -> list[str]:
     return lines
 
 
-def download_runfile(config: Config, dest: Path, arch: str) -> Path:
-    """Prefetch the planned .run into `dest` for air-gapped nodes (no host facts needed)."""
-    from installer import versions
-    from installer.sources import runfile
-
-    loaded = catalog.load(config.catalog, fetch_bytes_for(config))
-    resolution = versions.resolve(config.version, loaded, (), track=config.track)
-    default_url = versions.runfile_url(resolution.version, arch, config.branch_path,
-                                       catalog=loaded)
-    urls = runfile.download_urls(config, resolution.version, arch, default_url)
-    name = runfile.runfile_name(resolution.version, arch)
-    log.info("downloading %s (%s)", name, "; ".join(resolution.reasons))
-    return fetch_runfile_for(config)(urls, dest, name)
-
-
 # Issue 14: the steps that produce (and publish) the modules of one key, nothing on the host.
 _PREBUILD_STEPS = ("fetch-runfile", "extract-runfile", "kernel-headers", "build-modules")
+
+
+def build_modules(config: Config, runner: Runner,
+                  steps: tuple[str, ...] = _PREBUILD_STEPS) -> Plan:
+    """Plan for `config.kernel_release` and run its steps named in `steps`, in plan order: the
+    modules land in the install dir's cache; nothing is installed or loaded. The caller holds
+    the host lock. Raises the steps' errors (headers, compiler, download, build)."""
+    plan = build_plan(config, runner)
+    for decision in plan.decisions:
+        log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
+    for step in plan.steps:
+        if step.name in steps:
+            pipeline.run_step(step)
+    return plan
 
 
 def prebuild(config: Config, runner: Runner | None = None) -> str:
@@ -270,11 +264,8 @@ def prebuild(config: Config, runner: Runner | None = None) -> str:
     registry's (registry-unavailable, registry-auth-failed) when pushing."""
     from dataclasses import replace
 
-    from installer.errors import ConfigError
     from installer.sources import prebuilt
 
-    if config.module_registry_push and not config.module_registry:
-        raise ConfigError("--push needs NVIDIA_MODULE_REGISTRY (where to publish)")
     # Never pull what we are asked to build; the lookup below only reports.
     config = replace(config, allow_no_gpu=True, source="runfile")
     runner = runner or SubprocessRunner()
@@ -282,15 +273,20 @@ def prebuild(config: Config, runner: Runner | None = None) -> str:
     layout = Layout.from_config(config, root)
     layout.install_local.mkdir(parents=True, exist_ok=True)
     with state.HostLock(layout.lock_file, config.lock_timeout):
-        plan = build_plan(config, runner)
-        for decision in plan.decisions:
-            log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
-        for step in plan.steps:
-            if step.name in _PREBUILD_STEPS:
-                pipeline.run_step(step)
+        plan = build_modules(config, runner)
         t = plan.context.target
         built = layout.module_build(t.version, t.kernel, t.flavour)
         if not config.module_registry_push:
             return str(built)
         artifact = prebuilt.publish(plan.context)
         return f"{artifact.reference}"
+
+
+def prepare_next_kernel(config: Config, watch: float | None = None,
+                        runner: Runner | None = None) -> str:
+    """`installer prepare-next-kernel`: the installed driver's modules for a newer installed
+    kernel into the cache, once (returns what happened) or every `watch` seconds, for ever."""
+    runner = runner or SubprocessRunner()
+    if watch is not None:
+        nextkernel.watch(config, runner, build_modules, watch)
+    return nextkernel.prepare_installed(config, runner, build_modules)

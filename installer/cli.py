@@ -24,10 +24,17 @@ TERMINATION_LOG_ENV = "NVIDIA_INSTALLER_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_LIMIT = 4096
 
+# Where report_error writes the termination message: --termination-log when the command got
+# one (taken before the other settings are checked, so a bad setting is reported there too),
+# else the environment, else Kubernetes' default.
+_termination_log: dict[str, str] = {}
+
 
 def settings_options(func: F) -> F:
     """Add one flag per setting; the environment variable is the fallback (shown in --help)."""
     for setting in reversed(SETTINGS):
+        if setting.secret:  # issue 20: a flag's value shows in `ps`; environment or file only
+            continue
         if setting.flag_is_switch:
             option = click.option(setting.flag, setting.name, is_flag=True, default=None,
                                   help=f"{setting.help} [env {setting.env}]")
@@ -42,6 +49,8 @@ def settings_options(func: F) -> F:
 
 def make_config(options: dict[str, Any]) -> Config:
     verbose = bool(options.pop("verbose", False))
+    if options.get("termination_log"):
+        _termination_log["path"] = str(options["termination_log"])
     config = build_config(os.environ, options)
     logs.setup(config.log_format, verbose)
     return config
@@ -121,10 +130,10 @@ def versions(**options: Any) -> None:
 @settings_options
 def download(dest: Path, arch: str, **options: Any) -> None:
     """Prefetch the .run for a version (air-gapped nodes, mirrors)."""
-    from installer import app
+    from installer import prefetch  # not app: the planner and its steps are not needed here
 
     config = make_config(options)
-    path = app.download_runfile(config, dest, arch)
+    path = prefetch.download_runfile(config, dest, arch)
     click.echo(str(path))
 
 
@@ -143,6 +152,20 @@ def prebuild(kernel_release_: str, push: bool, **options: Any) -> None:
         options["module_registry_push"] = True
     config = make_config(options)
     click.echo(app.prebuild(config))
+
+
+@cli.command("prepare-next-kernel")
+@click.option("--watch", is_flag=True, help="Keep looking every --interval seconds (a "
+              "DaemonSet container): a kernel installed later is prepared before the reboot.")
+@click.option("--interval", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="Seconds between looks with --watch.")
+@settings_options
+def prepare_next_kernel(watch: bool, interval: float, **options: Any) -> None:
+    """Modules of the installed driver for a newer installed kernel, into the cache (issue 21)."""
+    from installer import app
+
+    config = make_config(options)
+    click.echo(app.prepare_next_kernel(config, interval if watch else None))
 
 
 @cli.command()
@@ -178,12 +201,25 @@ def persistenced(**options: Any) -> None:
     components.serve("persistenced", config)
 
 
+@cli.command()
+@settings_options
+def gate(**options: Any) -> None:
+    """Keep this node's scheduling gate in step with its readiness (the scheduling-gate
+    container): untaint once the driver and what it needs are up, taint again when they stay
+    down (NVIDIA_INSTALLER_GATE_CLOSE_AFTER)."""
+    from installer import app
+
+    config = make_config(options)
+    app.serve_gate(config)
+
+
 def report_error(error: InstallerError) -> None:
     """`error[<reference>]: message` + `hint:` on stderr and in Kubernetes' termination log."""
     hint = f"\nhint: {error.hint}" if error.hint else ""
     text = f"error[{error.reference}]: {error.message}{hint}"
     click.echo(text, err=True)
-    path = Path(os.environ.get(TERMINATION_LOG_ENV, DEFAULT_TERMINATION_LOG))
+    path = Path(_termination_log.get("path")
+                or os.environ.get(TERMINATION_LOG_ENV, DEFAULT_TERMINATION_LOG))
     if path.is_file():
         with contextlib.suppress(OSError):
             path.write_bytes(termination_message(f"error[{error.reference}]: {error.message}",
@@ -204,6 +240,7 @@ def termination_message(head: str, tail: str) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> None:
+    _termination_log.clear()
     try:
         cli.main(args=argv, prog_name="installer", standalone_mode=False)
     except InstallerError as error:

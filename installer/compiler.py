@@ -8,6 +8,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from installer import distros
 from installer.errors import CompilerInstallFailed, CompilerMissing
 from installer.runner import Runner
 
@@ -24,14 +25,7 @@ _GCC_IN_PROC_VERSION = re.compile(r"gcc[^)]*?\)?\s*(?:version\s+)?(\d+)\.(\d+)(?
 _GCC_VERSION_CONFIG = re.compile(r"^CONFIG_GCC_VERSION=(\d+)$", re.MULTILINE)
 
 # The installer's image tags and the gcc majors each carries (images/ builds them).
-IMAGE_COMPILERS: dict[str, tuple[int, ...]] = {
-    "debian12": (12,),
-    "ubuntu20.04": (9, 10),
-    "ubuntu22.04": (11, 12),
-    "ubuntu24.04": (12, 13, 14),
-    "rocky8": (8,),
-    "rocky9": (11,),
-}
+IMAGE_COMPILERS: dict[str, tuple[int, ...]] = distros.image_compilers()
 
 
 def kernel_gcc_major(proc_version: str | None) -> int | None:
@@ -76,16 +70,22 @@ class Installable:
     path: str
 
     @property
+    def family(self) -> distros.Family:
+        """The family whose image installs `package`; CompilerInstallFailed for none."""
+        found = distros.for_compiler_package(self.package)
+        if found is None:
+            raise CompilerInstallFailed(
+                f"no distro family installs the compiler package {self.package!r}",
+                hint="The image's compiler list names a package neither its apt-get nor its dnf "
+                "installs: rebuild the image with images/build.sh.")
+        return found
+
+    @property
     def manager(self) -> str:
-        return "dnf" if self.package.startswith("gcc-toolset-") else "apt-get"
+        return self.family.image_tool
 
     def install_argvs(self) -> list[list[str]]:
-        if self.manager == "dnf":
-            return [["dnf", "install", "-y", "--setopt=install_weak_deps=False", "--nodocs",
-                     self.package]]
-        # The image's package lists are removed at build time.
-        return [["apt-get", "update", "-q"],
-                ["apt-get", "install", "-y", "-q", "--no-install-recommends", self.package]]
+        return self.family.compiler_install_argvs(self.package)
 
     def describe(self) -> str:
         return (f"{self.package} from the image's package sources ({self.manager} in the "
@@ -102,7 +102,9 @@ def installable(major: int | None, sources: Path | None = None) -> Installable |
         return None
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) == 3 and fields[0] == str(major):
+        # A package no family installs is not offered (compiler-missing names the tag to use).
+        if (len(fields) == 3 and fields[0] == str(major)
+                and distros.for_compiler_package(fields[1]) is not None):
             return Installable(major, fields[1], fields[2])
     return None
 

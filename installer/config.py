@@ -1,371 +1,323 @@
-"""The frozen run configuration and the environment-variable contract (GKE's names first)."""
+"""The run's settings, each named once: its Config field and type, environment variable, CLI
+flag, default, meaning and parser in one entry (GKE's variable names first)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path, PurePosixPath
-from typing import Callable
+from typing import Any, Callable
 
-from installer.errors import ConfigError
+from installer import setting_parsers as parse
+from installer.setting_parsers import check_build_path
+
+__all__ = ["SETTINGS", "Config", "Setting", "build_config", "check_build_path", "from_env",
+           "known_env_vars", "secret_env_vars", "setting", "settings_of"]
 
 
 @dataclass(frozen=True)
 class Setting:
-    """One setting: its Config field, environment variable, CLI flag, default and meaning."""
+    """One setting: its Config field, environment variable, default (as the variable would
+    spell it), meaning, and the parser that turns text into the field's value."""
 
     name: str
     env: str
     default: str
     help: str
+    parse: Callable[[str, Setting], object]
     flag_is_switch: bool = False
+    # A credential: no command-line flag (ps shows argv), out of repr, and kept out of every
+    # child process's environment (installer.runner).
+    secret: bool = False
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting("root", "ROOT_MOUNT_DIR", "/", "Where the host's / is mounted (GKE: /root)."),
-    Setting(
-        "version",
-        "NVIDIA_DRIVER_VERSION",
-        "auto",
-        "Exact version (550.54.15), branch (550, R550) or alias (auto, latest, production, lts).",
-    ),
-    Setting(
-        "branch_path",
-        "NVIDIA_DRIVER_BRANCH",
-        "tesla",
-        "Path element of the default download URL (GKE's meaning).",
-    ),
-    Setting(
-        "download_url",
-        "NVIDIA_DRIVER_DOWNLOAD_URL",
-        "",
-        "Full URL of the .run (http, https or file://); overrides the default URL.",
-    ),
-    Setting(
-        "sha256",
-        "NVIDIA_DRIVER_SHA256",
-        "",
-        "Expected SHA-256 of the .run; otherwise the published .sha256sum is used when present.",
-    ),
-    Setting(
-        "mirrors",
-        "NVIDIA_DRIVER_MIRRORS",
-        "",
-        "Comma-separated base URLs tried before the default; each holds <version>/<runfile>.",
-    ),
-    Setting(
-        "install_dir_host",
-        "NVIDIA_INSTALL_DIR_HOST",
-        "/var/lib/nvidia",
-        "Install dir as the host sees it (GKE DaemonSets: /home/kubernetes/bin/nvidia).",
-    ),
-    Setting(
-        "install_dir_container",
-        "NVIDIA_INSTALL_DIR_CONTAINER",
-        "/usr/local/nvidia",
-        "The same dir as mounted in the installer container.",
-    ),
-    Setting("source", "NVIDIA_DRIVER_SOURCE", "auto", "auto, runfile or dnf."),
-    Setting(
-        "module_type",
-        "NVIDIA_KERNEL_MODULE_TYPE",
-        "auto",
-        "Kernel module flavour: auto, open or proprietary.",
-    ),
-    Setting(
-        "track",
-        "NVIDIA_DRIVER_TRACK",
-        "lts",
-        "Branch type `auto` picks from: lts or production.",
-    ),
-    Setting(
-        "kernel_release",
-        "NVIDIA_KERNEL_RELEASE",
-        "",
-        "Build for this kernel instead of the running one (building ahead; nothing is loaded).",
-    ),
-    Setting(
-        "module_args",
-        "NVIDIA_MODULE_ARGS",
-        "",
-        "Extra module parameters, space-separated module.param=value "
-        "(e.g. nvidia.NVreg_EnableGpuFirmware=0).",
-    ),
-    Setting(
-        "signing_key",
-        "NVIDIA_MODULE_SIGNING_KEY",
-        "",
-        "Private key (host path) to sign modules for Secure Boot; needs the certificate too.",
-    ),
-    Setting(
-        "signing_cert",
-        "NVIDIA_MODULE_SIGNING_CERT",
-        "",
-        "Public certificate (host path, DER or PEM) matching the signing key.",
-    ),
-    Setting(
-        "cache_dir",
-        "NVIDIA_INSTALLER_CACHE_DIR",
-        "",
-        "Host path for downloads and compiled modules (default: <install dir>/cache).",
-    ),
-    Setting(
-        "catalog",
-        "NVIDIA_DRIVER_CATALOG",
-        "",
-        "Version catalog in NVIDIA's releases.json shape: a path or URL (default: shipped).",
-    ),
-    Setting(
-        "dnf_repo_url",
-        "NVIDIA_DNF_REPO_URL",
-        "",
-        "dnf repo file URL for the RHEL family (default: NVIDIA's cuda-rhel<N>.repo).",
-    ),
-    Setting(
-        "fetch_headers",
-        "NVIDIA_INSTALLER_FETCH_HEADERS",
-        "auto",
-        "Fetch missing kernel headers from the host's package sources (or the headers mirror) "
-        "into the cache: auto or true (yes), false (no).",
-    ),
-    Setting("retries", "NVIDIA_INSTALLER_RETRIES", "5", "Download attempts per mirror."),
-    Setting(
-        "connect_timeout",
-        "NVIDIA_INSTALLER_CONNECT_TIMEOUT",
-        "10",
-        "Seconds to wait for a download connection.",
-    ),
-    Setting(
-        "read_timeout",
-        "NVIDIA_INSTALLER_READ_TIMEOUT",
-        "60",
-        "Seconds a download may stall before it is retried.",
-    ),
-    Setting(
-        "lock_timeout",
-        "NVIDIA_INSTALLER_LOCK_TIMEOUT",
-        "600",
-        "Seconds to wait for another installer's host lock before failing.",
-    ),
-    Setting(
-        "allow_no_gpu",
-        "NVIDIA_INSTALLER_ALLOW_NO_GPU",
-        "false",
-        "Install even when no NVIDIA GPU is found (modules are built, not loaded).",
-        flag_is_switch=True,
-    ),
-    Setting("log_format", "NVIDIA_INSTALLER_LOG_FORMAT", "text", "text or json."),
-    Setting(
-        "termination_log",
-        "NVIDIA_INSTALLER_TERMINATION_LOG",
-        "/dev/termination-log",
-        "Where a failure's reference and hint are written for `kubectl describe pod` "
-        "(only if the file exists, as Kubernetes creates it).",
-    ),
-    # issue 14
-    Setting(
-        "allow_unverified",
-        "NVIDIA_DRIVER_ALLOW_UNVERIFIED",
-        "false",
-        "Accept a downloaded .run that no SHA-256 (pin or published .sha256sum) vouches for.",
-        flag_is_switch=True,
-    ),
-    Setting(
-        "module_registry",
-        "NVIDIA_MODULE_REGISTRY",
-        "",
-        "OCI repository (host[:port]/path) holding prebuilt kernel modules; `run` pulls a "
-        "matching artifact instead of compiling. Unset: always compile.",
-    ),
-    Setting(
-        "module_registry_plain_http",
-        "NVIDIA_MODULE_REGISTRY_PLAIN_HTTP",
-        "false",
-        "Talk to the module registry over plain HTTP (a registry without TLS).",
-        flag_is_switch=True,
-    ),
-    Setting(
-        "module_registry_push",
-        "NVIDIA_MODULE_REGISTRY_PUSH",
-        "false",
-        "Publish modules this node compiled to the module registry (needs push credentials).",
-        flag_is_switch=True,
-    ),
-    Setting(
-        "module_registry_username",
-        "NVIDIA_MODULE_REGISTRY_USERNAME",
-        "",
-        "User name for the module registry (from a Kubernetes Secret).",
-    ),
-    Setting(
-        "module_registry_password",
-        "NVIDIA_MODULE_REGISTRY_PASSWORD",
-        "",
-        "Password or token for the module registry (from a Kubernetes Secret; never logged).",
-    ),
-    # issue 12
-    Setting(
-        "headers_mirror",
-        "NVIDIA_INSTALLER_HEADERS_MIRROR",
-        "",
-        "Mirror of the host's package archive for kernel headers (air-gapped nodes): replaces "
-        "the URI of every apt source (suites, components, keys kept), or each dnf repo's "
-        "baseurl with <mirror>/<repo id>/ (reposync's layout).",
-    ),
-    Setting(
-        "rocky_vault",
-        "NVIDIA_INSTALLER_ROCKY_VAULT",
-        "https://dl.rockylinux.org/vault/rocky",
-        "Rocky Linux's vault: kernel-devel of older minor releases (<vault>/<minor>/BaseOS and "
-        "AppStream).",
-    ),
-    # issue 10
-    Setting(
-        "dnf_enable_epel",
-        "NVIDIA_DNF_ENABLE_EPEL",
-        "false",
-        "dnf source, DKMS streams: install epel-release (from the host's repos) when no EPEL "
-        "repo is enabled, for `dkms`. Off: adding a third-party repo is the operator's call.",
-        flag_is_switch=True,
-    ),
-    # issue 13: the node-side upgrade protocol (installer/cluster)
-    Setting(
-        "upgrade_protocol",
-        "NVIDIA_INSTALLER_UPGRADE_PROTOCOL",
-        "false",
-        "When a different, held driver is loaded: cordon, pause GPU clients, evict GPU pods, "
-        "upgrade, restore (needs NODE_NAME and the API; see docs/deploy.md).",
-        flag_is_switch=True,
-    ),
-    Setting("node_name", "NODE_NAME", "", "This node's name (the DaemonSet sets it from the "
-            "downward API spec.nodeName)."),
-    Setting(
-        "kubeconfig",
-        "NVIDIA_INSTALLER_KUBECONFIG",
-        "",
-        "kubeconfig file for the API server (default: the pod's service account).",
-    ),
-    Setting(
-        "eviction_timeout",
-        "NVIDIA_INSTALLER_EVICTION_TIMEOUT",
-        "600",
-        "Seconds GPU pods may take to leave (PodDisruptionBudgets honoured) before failing.",
-    ),
-    Setting(
-        "holders_timeout",
-        "NVIDIA_INSTALLER_HOLDERS_TIMEOUT",
-        "300",
-        "Seconds to wait, after the pods left, for every process to close /dev/nvidia*.",
-    ),
-    Setting(
-        "force_eviction",
-        "NVIDIA_INSTALLER_FORCE_EVICTION",
-        "false",
-        "Delete GPU pods still there at the eviction timeout, bypassing their "
-        "PodDisruptionBudgets.",
-        flag_is_switch=True,
-    ),
-    Setting(
-        "pause_components",
-        "NVIDIA_INSTALLER_PAUSE_COMPONENTS",
-        "device-plugin,gpu-feature-discovery,dcgm-exporter,dcgm,mig-manager",
-        "Components <c> whose nvidia.com/gpu.deploy.<c> label is set to "
-        "paused-for-driver-upgrade during an upgrade.",
-    ),
-    # issue 21: the daemons beside the driver (installer/components)
-    Setting(
-        "fabricmanager",
-        "NVIDIA_FABRICMANAGER",
-        "auto",
-        "auto: where NVSwitch PCI functions are found (HGX/DGX A100, H100, H200), install "
-        "Fabric Manager of the driver's exact version and run it (`installer fabricmanager`); "
-        "false: never (the host runs its own).",
-    ),
-    Setting(
-        "fabricmanager_redist",
-        "NVIDIA_FABRICMANAGER_REDIST",
-        "https://developer.download.nvidia.com/compute/nvidia-driver/redist",
-        "Comma-separated base URLs of NVIDIA's driver redist tree, tried in order (mirrors "
-        "first): each holds redistrib_<version>.json and the fabricmanager archive it names.",
-    ),
-    Setting(
-        "daemon_restarts",
-        "NVIDIA_INSTALLER_DAEMON_RESTARTS",
-        "5",
-        "How often `installer fabricmanager` / `installer persistenced` restart a daemon that "
-        "died (backoff 1 s doubling to 30 s) within 10 minutes before exiting non-zero.",
-    ),
-)
-
-SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-_MODULE_ARG = re.compile(r"^[a-z0-9_-]+\.[A-Za-z0-9_]+=[A-Za-z0-9_.,:/+-]*$")
-_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
-
-
-def known_env_vars() -> frozenset[str]:
-    """Every environment variable the installer reads."""
-    return frozenset(s.env for s in SETTINGS)
+def setting(env: str, default: str, parser: Callable[[str, Setting], object], help: str, *,
+            switch: bool = False, secret: bool = False) -> Any:
+    """A Config field for one setting: its default value is what `parser` makes of `default`;
+    a `secret` value stays out of repr (and so out of logs)."""
+    spec = Setting("", env, default, help, parser, switch, secret)
+    return field(default=parser(default, spec), repr=not secret, metadata={"setting": spec})
 
 
 @dataclass(frozen=True)
 class Config:
-    root: Path = Path("/")
-    version: str = "auto"
-    branch_path: str = "tesla"
-    download_url: str | None = None
-    sha256: str | None = None
-    mirrors: tuple[str, ...] = ()
-    install_dir_host: PurePosixPath = PurePosixPath("/var/lib/nvidia")
-    install_dir_container: Path = Path("/usr/local/nvidia")
-    source: str = "auto"
-    module_type: str = "auto"
-    track: str = "lts"
-    kernel_release: str | None = None
-    module_args: tuple[tuple[str, str], ...] = ()
-    signing_key: PurePosixPath | None = None
-    signing_cert: PurePosixPath | None = None
-    cache_dir: PurePosixPath | None = None
-    catalog: str | None = None
-    dnf_repo_url: str | None = None
-    fetch_headers: str = "auto"
-    retries: int = 5
-    connect_timeout: float = 10.0
-    read_timeout: float = 60.0
-    lock_timeout: float = 600.0
-    allow_no_gpu: bool = False
-    log_format: str = "text"
-    termination_log: str = "/dev/termination-log"
-    allow_unverified: bool = False  # issue 14
-    module_registry: str | None = None
-    module_registry_plain_http: bool = False
-    module_registry_push: bool = False
-    module_registry_username: str | None = None
-    module_registry_password: str | None = field(default=None, repr=False)
-    headers_mirror: str | None = None
-    rocky_vault: str = "https://dl.rockylinux.org/vault/rocky"
-    dnf_enable_epel: bool = False  # issue 10
-    # issue 13
-    upgrade_protocol: bool = False
-    node_name: str | None = None
-    kubeconfig: str | None = None
-    eviction_timeout: float = 600.0
-    holders_timeout: float = 300.0
-    force_eviction: bool = False
-    pause_components: tuple[str, ...] = (
-        "device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "mig-manager")
-    # issue 21
-    fabricmanager: str = "auto"
-    fabricmanager_redist: tuple[str, ...] = (
-        "https://developer.download.nvidia.com/compute/nvidia-driver/redist",)
-    daemon_restarts: int = 5
-    extra: Mapping[str, str] = field(default_factory=dict)
+    """Every setting of a run. One entry each: `name: type = setting(variable, default, parser,
+    meaning)`; SETTINGS, the CLI flags and the README table are derived from these entries."""
+
+    root: Path = setting(
+        "ROOT_MOUNT_DIR", "/", parse.root,
+        "Where the host's / is mounted (GKE: /root).",
+    )
+    version: str = setting(
+        "NVIDIA_DRIVER_VERSION", "auto", parse.version,
+        "Exact version (550.54.15), branch (550, R550) or alias (auto, latest, production, lts).",
+    )
+    branch_path: str = setting(
+        "NVIDIA_DRIVER_BRANCH", "tesla", parse.branch_path,
+        "Path element of the default download URL (GKE's meaning).",
+    )
+    download_url: str | None = setting(
+        "NVIDIA_DRIVER_DOWNLOAD_URL", "", parse.url,
+        "Full URL of the .run (http, https or file://); overrides the default URL.",
+    )
+    sha256: str | None = setting(
+        "NVIDIA_DRIVER_SHA256", "", parse.sha256,
+        "Expected SHA-256 of the .run; otherwise the published .sha256sum is used when present.",
+    )
+    mirrors: tuple[str, ...] = setting(
+        "NVIDIA_DRIVER_MIRRORS", "", parse.mirrors,
+        "Comma-separated base URLs tried before the default; each holds <version>/<runfile>.",
+    )
+    install_dir_host: PurePosixPath = setting(
+        "NVIDIA_INSTALL_DIR_HOST", "/var/lib/nvidia", parse.required_host_path,
+        "Install dir as the host sees it (GKE DaemonSets: /home/kubernetes/bin/nvidia).",
+    )
+    install_dir_container: Path = setting(
+        "NVIDIA_INSTALL_DIR_CONTAINER", "/usr/local/nvidia", parse.container_path,
+        "The same dir as mounted in the installer container.",
+    )
+    source: str = setting(
+        "NVIDIA_DRIVER_SOURCE", "auto", parse.choice("auto", "runfile", "dnf"),
+        "auto, runfile or dnf.",
+    )
+    module_type: str = setting(
+        "NVIDIA_KERNEL_MODULE_TYPE", "auto", parse.choice("auto", "open", "proprietary"),
+        "Kernel module flavour: auto, open or proprietary.",
+    )
+    track: str = setting(
+        "NVIDIA_DRIVER_TRACK", "lts", parse.choice("lts", "production"),
+        "Branch type `auto` picks from: lts or production.",
+    )
+    kernel_release: str | None = setting(
+        "NVIDIA_KERNEL_RELEASE", "", parse.kernel_release,
+        "Build for this kernel instead of the running one (building ahead; nothing is loaded).",
+    )
+    module_args: tuple[tuple[str, str], ...] = setting(
+        "NVIDIA_MODULE_ARGS", "", parse.module_args,
+        "Extra module parameters, space-separated module.param=value (e.g. "
+        "nvidia.NVreg_EnableGpuFirmware=0).",
+    )
+    signing_key: PurePosixPath | None = setting(
+        "NVIDIA_MODULE_SIGNING_KEY", "", parse.host_abs_path,
+        "Private key (host path) to sign modules for Secure Boot; needs the certificate too.",
+    )
+    signing_cert: PurePosixPath | None = setting(
+        "NVIDIA_MODULE_SIGNING_CERT", "", parse.host_abs_path,
+        "Public certificate (host path, DER or PEM) matching the signing key.",
+    )
+    cache_dir: PurePosixPath | None = setting(
+        "NVIDIA_INSTALLER_CACHE_DIR", "", parse.build_path,
+        "Host path for downloads and compiled modules (default: <install dir>/cache).",
+    )
+    catalog: str | None = setting(
+        "NVIDIA_DRIVER_CATALOG", "", parse.optional_text,
+        "Version catalog in NVIDIA's releases.json shape: a path or URL (default: shipped).",
+    )
+    dnf_repo_url: str | None = setting(
+        "NVIDIA_DNF_REPO_URL", "", parse.url,
+        "dnf repo file URL for the RHEL family (default: NVIDIA's cuda-rhel<N>.repo).",
+    )
+    fetch_headers: str = setting(
+        "NVIDIA_INSTALLER_FETCH_HEADERS", "auto", parse.choice("auto", "true", "false"),
+        "Fetch missing kernel headers from the host's package sources (or the headers mirror) "
+        "into the cache: auto or true (yes), false (no).",
+    )
+    retries: int = setting(
+        "NVIDIA_INSTALLER_RETRIES", "5", parse.count,
+        "Download attempts per mirror.",
+    )
+    connect_timeout: float = setting(
+        "NVIDIA_INSTALLER_CONNECT_TIMEOUT", "10", parse.number,
+        "Seconds to wait for a download connection.",
+    )
+    read_timeout: float = setting(
+        "NVIDIA_INSTALLER_READ_TIMEOUT", "60", parse.number,
+        "Seconds a download may stall before it is retried.",
+    )
+    lock_timeout: float = setting(
+        "NVIDIA_INSTALLER_LOCK_TIMEOUT", "600", parse.number,
+        "Seconds to wait for another installer's host lock before failing.",
+    )
+    allow_no_gpu: bool = setting(
+        "NVIDIA_INSTALLER_ALLOW_NO_GPU", "false", parse.switch,
+        "Install even when no NVIDIA GPU is found (modules are built, not loaded).",
+        switch=True,
+    )
+    log_format: str = setting(
+        "NVIDIA_INSTALLER_LOG_FORMAT", "text", parse.choice("text", "json"),
+        "text or json.",
+    )
+    termination_log: str = setting(
+        "NVIDIA_INSTALLER_TERMINATION_LOG", "/dev/termination-log", parse.text,
+        "Where a failure's reference and hint are written for `kubectl describe pod` (only if the"
+        " file exists, as Kubernetes creates it).",
+    )
+    # issue 14
+    allow_unverified: bool = setting(
+        "NVIDIA_DRIVER_ALLOW_UNVERIFIED", "false", parse.switch,
+        "Accept a downloaded .run that no SHA-256 (pin or published .sha256sum) vouches for.",
+        switch=True,
+    )
+    module_registry: str | None = setting(
+        "NVIDIA_MODULE_REGISTRY", "", parse.registry,
+        "OCI repository (host[:port]/path) holding prebuilt kernel modules; `run` pulls a "
+        "matching artifact instead of compiling. Unset: always compile.",
+    )
+    module_registry_plain_http: bool = setting(
+        "NVIDIA_MODULE_REGISTRY_PLAIN_HTTP", "false", parse.switch,
+        "Talk to the module registry over plain HTTP (a registry without TLS).",
+        switch=True,
+    )
+    module_registry_push: bool = setting(
+        "NVIDIA_MODULE_REGISTRY_PUSH", "false", parse.switch,
+        "Publish modules this node compiled to the module registry (needs the registry, push "
+        "credentials and NVIDIA_MODULE_PUBLISHER_KEY; a builder's job, not a node's).",
+        switch=True,
+    )
+    module_registry_username: str | None = setting(
+        "NVIDIA_MODULE_REGISTRY_USERNAME", "", parse.optional_text,
+        "User name for the module registry (from a Kubernetes Secret).",
+        secret=True,
+    )
+    module_registry_password: str | None = setting(
+        "NVIDIA_MODULE_REGISTRY_PASSWORD", "", parse.optional_text,
+        "Password or token for the module registry (from a Kubernetes Secret; never logged). "
+        "Environment only; prefer NVIDIA_MODULE_REGISTRY_PASSWORD_FILE.",
+        secret=True,
+    )
+    # issue 12
+    headers_mirror: str | None = setting(
+        "NVIDIA_INSTALLER_HEADERS_MIRROR", "", parse.url,
+        "Mirror of the host's package archive for kernel headers (air-gapped nodes): replaces the"
+        " URI of every apt source (suites, components, keys kept), or each dnf repo's baseurl "
+        "with <mirror>/<repo id>/ (reposync's layout).",
+    )
+    rocky_vault: str = setting(
+        "NVIDIA_INSTALLER_ROCKY_VAULT", "https://dl.rockylinux.org/vault/rocky", parse.url_or_empty,
+        "Rocky Linux's vault: kernel-devel of older minor releases (<vault>/<minor>/BaseOS and "
+        "AppStream).",
+    )
+    # issue 10
+    dnf_enable_epel: bool = setting(
+        "NVIDIA_DNF_ENABLE_EPEL", "false", parse.switch,
+        "dnf source, DKMS streams: install epel-release (from the host's repos) when no EPEL repo"
+        " is enabled, for `dkms`. Off: adding a third-party repo is the operator's call.",
+        switch=True,
+    )
+    # issue 13: the node-side upgrade protocol (installer/cluster)
+    upgrade_protocol: bool = setting(
+        "NVIDIA_INSTALLER_UPGRADE_PROTOCOL", "false", parse.switch,
+        "When a different, held driver is loaded: cordon, pause GPU clients, evict GPU pods, "
+        "upgrade, restore (needs NODE_NAME and the API; see docs/deploy.md).",
+        switch=True,
+    )
+    node_name: str | None = setting(
+        "NODE_NAME", "", parse.node_name,
+        "This node's name (the DaemonSet sets it from the downward API spec.nodeName).",
+    )
+    kubeconfig: str | None = setting(
+        "NVIDIA_INSTALLER_KUBECONFIG", "", parse.optional_text,
+        "kubeconfig file for the API server (default: the pod's service account).",
+    )
+    eviction_timeout: float = setting(
+        "NVIDIA_INSTALLER_EVICTION_TIMEOUT", "600", parse.number,
+        "Seconds GPU pods may take to leave (PodDisruptionBudgets honoured) before failing.",
+    )
+    holders_timeout: float = setting(
+        "NVIDIA_INSTALLER_HOLDERS_TIMEOUT", "300", parse.number,
+        "Seconds to wait, after the pods left, for every process to close /dev/nvidia*.",
+    )
+    force_eviction: bool = setting(
+        "NVIDIA_INSTALLER_FORCE_EVICTION", "false", parse.switch,
+        "Delete GPU pods still there at the eviction timeout, bypassing their "
+        "PodDisruptionBudgets.",
+        switch=True,
+    )
+    pause_components: tuple[str, ...] = setting(
+        "NVIDIA_INSTALLER_PAUSE_COMPONENTS",
+        "device-plugin,gpu-feature-discovery,dcgm-exporter,dcgm,mig-manager", parse.components,
+        "Components <c> whose nvidia.com/gpu.deploy.<c> label is set to paused-for-driver-upgrade"
+        " during an upgrade.",
+    )
+
+    # issue 20: who may publish the modules a node loads
+    module_trusted_keys: Path | None = setting(
+        "NVIDIA_MODULE_TRUSTED_KEYS", "", parse.local_file,
+        "PEM file (public keys or certificates) whose cosign signatures make a pulled module "
+        "artifact usable. Unset: no pulled artifact is ever used (the node compiles).",
+    )
+    module_digests: tuple[str, ...] = setting(
+        "NVIDIA_MODULE_DIGESTS", "", parse.digests,
+        "Comma-separated sha256:<hex> manifest digests: only these (signed) artifacts are used.",
+    )
+    module_require_prebuilt: bool = setting(
+        "NVIDIA_MODULE_REQUIRE_PREBUILT", "false", parse.switch,
+        "Fail (prebuilt-modules-required) instead of compiling when no verified artifact can "
+        "be used.",
+        switch=True,
+    )
+    module_publisher_key: Path | None = setting(
+        "NVIDIA_MODULE_PUBLISHER_KEY", "", parse.local_file,
+        "Builder only: PEM private key that signs what `prebuild --push` publishes (cosign's "
+        "key-based scheme).",
+    )
+    module_registry_password_file: Path | None = setting(
+        "NVIDIA_MODULE_REGISTRY_PASSWORD_FILE", "", parse.local_file,
+        "File holding the module registry's password or token (a mounted Secret).",
+    )
+    module_registry_token_realms: tuple[str, ...] = setting(
+        "NVIDIA_MODULE_REGISTRY_TOKEN_REALMS", "", parse.realms,
+        "Comma-separated https://host[:port] token services the registry may send the "
+        "installer to besides itself (e.g. https://auth.docker.io); others are refused.",
+    )
+    # issue 21: the next kernel before the reboot (installer/nextkernel)
+    next_kernel: str = setting(
+        "NVIDIA_INSTALLER_NEXT_KERNEL", "run", parse.choice("run", "separate", "off"),
+        "Modules for a newer installed kernel (the next boot's) into the cache: run (each run, "
+        "after the driver is verified), separate (only `installer prepare-next-kernel`, the "
+        "DaemonSet's long-running container) or off.",
+    )
+
+    # issue 21: the daemons beside the driver (installer/components)
+    fabricmanager: str = setting(
+        "NVIDIA_FABRICMANAGER", "auto", parse.choice("auto", "false"),
+        "auto: where NVSwitch PCI functions are found (HGX/DGX A100, H100, H200), install "
+        "Fabric Manager of the driver's exact version and run it (`installer fabricmanager`); "
+        "false: never (the host runs its own).",
+    )
+    fabricmanager_redist: tuple[str, ...] = setting(
+        "NVIDIA_FABRICMANAGER_REDIST",
+        "https://developer.download.nvidia.com/compute/nvidia-driver/redist", parse.redist,
+        "Comma-separated base URLs of NVIDIA's driver redist tree, tried in order (mirrors "
+        "first): each holds redistrib_<version>.json and the fabricmanager archive it names.",
+    )
+    daemon_restarts: int = setting(
+        "NVIDIA_INSTALLER_DAEMON_RESTARTS", "5", parse.count,
+        "How often `installer fabricmanager` / `installer persistenced` restart a daemon that "
+        "died (backoff 1 s doubling to 30 s) within 10 minutes before exiting non-zero.",
+    )
+
+    # issue 21: the scheduling gate (installer/cluster/gate.py, docs/deploy.md)
+    scheduling_gate: bool = setting(
+        "NVIDIA_INSTALLER_SCHEDULING_GATE", "false", parse.switch,
+        "Keep the node tainted (NVIDIA_INSTALLER_GATE_TAINT, NoSchedule) until the driver is "
+        "verified and what it needs is up; taint it again before a driver is unloaded; label it "
+        "with the verified version (needs NODE_NAME and the API; see docs/deploy.md).",
+        switch=True,
+    )
+    gate_taint: str = setting(
+        "NVIDIA_INSTALLER_GATE_TAINT", "nvidia.com/gpu.driver-not-ready", parse.taint_key,
+        "Key of the scheduling gate's NoSchedule taint (register nodes with it).",
+    )
+    gate_close_after: float = setting(
+        "NVIDIA_INSTALLER_GATE_CLOSE_AFTER", "60", parse.seconds_or_never,
+        "`installer gate`: seconds the driver or a component it needs may stay down on an open "
+        "node before the taint goes back on (0: never).",
+    )
 
     def module_args_for(self, module: str) -> list[str]:
         """`param=value` strings for one module (names compare with - and _ alike)."""
@@ -373,248 +325,23 @@ class Config:
         return [arg for mod, arg in self.module_args if mod.replace("-", "_") == wanted]
 
 
-def _choice(*allowed: str) -> Callable[[str, Setting], str]:
-    def parse(value: str, setting: Setting) -> str:
-        if value not in allowed:
-            raise ConfigError(
-                f"{setting.env}={value!r} is not one of {', '.join(allowed)}",
-            )
-        return value
-
-    return parse
+def settings_of(table: type) -> tuple[Setting, ...]:
+    """The Setting of every field of `table`, in field order; KeyError for a field that was not
+    declared with `setting(...)`."""
+    return tuple(replace(f.metadata["setting"], name=f.name) for f in fields(table))
 
 
-def _number(value: str, setting: Setting) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
-    if number <= 0:
-        raise ConfigError(f"{setting.env}={value!r} must be a positive number")
-    return number
+SETTINGS = settings_of(Config)
 
 
-def _count(value: str, setting: Setting) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise ConfigError(f"{setting.env}={value!r} must be a whole number >= 1")
-    return int(value)
+def secret_env_vars() -> frozenset[str]:
+    """The environment variables holding credentials: never passed to children."""
+    return frozenset(s.env for s in SETTINGS if s.secret)
 
 
-def _switch(value: str, setting: Setting) -> bool:
-    lowered = value.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ConfigError(f"{setting.env}={value!r} must be true or false")
-
-
-def _host_abs_path(value: str, setting: Setting) -> PurePosixPath | None:
-    if not value:
-        return None
-    path = PurePosixPath(value)
-    if not path.is_absolute() or ".." in path.parts:
-        raise ConfigError(f"{setting.env}={value!r} must be an absolute path without '..'")
-    return path
-
-
-def _required_host_path(value: str, setting: Setting) -> PurePosixPath:
-    path = _host_abs_path(value, setting)
-    if path is None or path == PurePosixPath("/"):
-        raise ConfigError(f"{setting.env} must be an absolute directory other than /")
-    return check_build_path(setting.env, path)
-
-
-# Paths that reach make (M=, --tmpdir) and shells: make expands `$(...)` and splits on spaces,
-# so only characters with no meaning to make or sh are allowed.
-_BUILD_PATH = re.compile(r"^/[A-Za-z0-9._+@/-]*$", re.ASCII)
-
-
-def check_build_path(what: str, path: PurePosixPath | Path) -> PurePosixPath:
-    """`path` unchanged if it is safe to pass to make and sh; else ConfigError naming `what`."""
-    if not _BUILD_PATH.fullmatch(str(path)):
-        raise ConfigError(
-            f"{what}={str(path)!r} holds characters that make or the shell would interpret "
-            "(spaces, $, quotes, ...)",
-            hint="Use a path of letters, digits and '/', '.', '_', '+', '@', '-' only.",
-        )
-    return PurePosixPath(path)
-
-
-def _build_path(value: str, setting: Setting) -> PurePosixPath | None:
-    path = _host_abs_path(value, setting)
-    return None if path is None else check_build_path(setting.env, path)
-
-
-def _root(value: str, setting: Setting) -> Path:
-    return Path(str(check_build_path(setting.env, PurePosixPath(value or "/"))))
-
-
-def _url(value: str, setting: Setting) -> str | None:
-    if not value:
-        return None
-    from installer.delivery.urls import control_character
-
-    bad = control_character(value)
-    if bad is not None:
-        raise ConfigError(
-            f"{setting.env}={_redact(value)!r} holds a control character ({bad}): "
-            "a pasted newline or tab is not part of a URL",
-            hint=f"Set {setting.env} to the URL alone, without trailing whitespace.",
-        )
-    if not re.match(r"^(https?|file)://\S+\Z", value):
-        raise ConfigError(f"{setting.env}={_redact(value)!r} must be an http(s):// or file:// URL")
-    return value
-
-
-def _mirrors(value: str, setting: Setting) -> tuple[str, ...]:
-    items = [v.strip() for v in re.split(r"[,\s]+", value) if v.strip()]
-    return tuple(_url(item, setting) or "" for item in items)
-
-
-def _module_args(value: str, setting: Setting) -> tuple[tuple[str, str], ...]:
-    parsed = []
-    for item in value.split():
-        if not _MODULE_ARG.match(item):
-            raise ConfigError(
-                f"{setting.env}: {item!r} is not module.param=value",
-                hint="Example: NVIDIA_MODULE_ARGS='nvidia.NVreg_EnableGpuFirmware=0'",
-            )
-        module, arg = item.split(".", 1)
-        parsed.append((module, arg))
-    return tuple(parsed)
-
-
-def _sha256(value: str, setting: Setting) -> str | None:
-    if not value:
-        return None
-    if not _SHA256.match(value):
-        raise ConfigError(f"{setting.env} must be 64 hexadecimal characters")
-    return value.lower()
-
-
-def _kernel_release(value: str, setting: Setting) -> str | None:
-    if not value:
-        return None
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._+~-]*$", value):
-        raise ConfigError(f"{setting.env}={value!r} is not a kernel release")
-    return value
-
-
-def _version(value: str, setting: Setting) -> str:
-    # Full validation (exact, branch or alias) happens in versions.parse_request.
-    return value.strip() or "auto"
-
-
-def _text(value: str, setting: Setting) -> str:
-    return value
-
-
-def _optional_text(value: str, setting: Setting) -> str | None:
-    return value or None
-
-
-def _redact(url: str) -> str:
-    from installer.delivery.urls import redact_url
-
-    return redact_url(url)
-
-
-_PARSERS: dict[str, Callable[[str, Setting], object]] = {
-    "root": _root,
-    "version": _version,
-    "branch_path": lambda v, s: _branch_path(v, s),
-    "download_url": _url,
-    "sha256": _sha256,
-    "mirrors": _mirrors,
-    "install_dir_host": _required_host_path,
-    "install_dir_container": lambda v, s: Path(str(_required_host_path(v, s))),
-    "source": _choice("auto", "runfile", "dnf"),
-    "module_type": _choice("auto", "open", "proprietary"),
-    "track": _choice("lts", "production"),
-    "kernel_release": _kernel_release,
-    "module_args": _module_args,
-    "signing_key": _host_abs_path,
-    "signing_cert": _host_abs_path,
-    "cache_dir": _build_path,
-    "catalog": _optional_text,
-    "dnf_repo_url": _url,
-    "fetch_headers": _choice("auto", "true", "false"),
-    "retries": _count,
-    "connect_timeout": _number,
-    "read_timeout": _number,
-    "lock_timeout": _number,
-    "allow_no_gpu": _switch,
-    "log_format": _choice("text", "json"),
-    "termination_log": _text,
-    "allow_unverified": _switch,  # issue 14
-    "module_registry": lambda v, s: _registry(v, s),
-    "module_registry_plain_http": _switch,
-    "module_registry_push": _switch,
-    "module_registry_username": _optional_text,
-    "module_registry_password": _optional_text,
-    "headers_mirror": _url,
-    "rocky_vault": lambda v, s: _url(v, s) or "",
-    "dnf_enable_epel": _switch,
-    # issue 13
-    "upgrade_protocol": _switch,
-    "node_name": lambda v, s: _node_name(v, s),
-    "kubeconfig": _optional_text,
-    "eviction_timeout": _number,
-    "holders_timeout": _number,
-    "force_eviction": _switch,
-    "pause_components": lambda v, s: _components(v, s),
-    # issue 21
-    "fabricmanager": _choice("auto", "false"),
-    "fabricmanager_redist": lambda v, s: _redist(v, s),
-    "daemon_restarts": _count,
-}
-
-
-def _registry(value: str, setting: Setting) -> str | None:
-    """`host[:port]/path` as OCI references spell a repository (lower-case path)."""
-    value = value.strip()
-    if not value:
-        return None
-    if not re.match(
-        r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+\Z", value
-    ):
-        raise ConfigError(
-            f"{setting.env}={value!r} is not an OCI repository",
-            hint=f"Example: {setting.env}=registry.example.com/gpu/nvidia-modules "
-            "(no scheme, no tag).",
-        )
-    return value
-
-
-def _node_name(value: str, setting: Setting) -> str | None:
-    value = value.strip()
-    if value and not re.match(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", value):
-        raise ConfigError(f"{setting.env}={value!r} is not a Kubernetes node name")
-    return value or None
-
-
-def _components(value: str, setting: Setting) -> tuple[str, ...]:
-    items = tuple(v.strip() for v in value.split(",") if v.strip())
-    for item in items:
-        # The label key nvidia.com/gpu.deploy.<c> has a name part of at most 63 characters.
-        if not re.match(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$", item):
-            raise ConfigError(f"{setting.env}: {item!r} is not a component name "
-                              "(lower-case letters, digits and '-')")
-    return items
-
-
-def _redist(value: str, setting: Setting) -> tuple[str, ...]:
-    bases = tuple(b.rstrip("/") for b in _mirrors(value, setting) if b)
-    if not bases:
-        raise ConfigError(f"{setting.env} must name at least one URL")
-    return bases
-
-
-def _branch_path(value: str, setting: Setting) -> str:
-    if not re.match(r"^[A-Za-z0-9._-]+$", value):
-        raise ConfigError(f"{setting.env}={value!r} may hold letters, digits, '.', '_', '-' only")
-    return value
+def known_env_vars() -> frozenset[str]:
+    """Every environment variable the installer reads."""
+    return frozenset(s.env for s in SETTINGS)
 
 
 def build_config(env: Mapping[str, str], overrides: Mapping[str, str | bool | None]) -> Config:
@@ -628,26 +355,12 @@ def build_config(env: Mapping[str, str], overrides: Mapping[str, str | bool | No
         if isinstance(override, bool):
             override = "true" if override else "false"
         raw = override if override is not None else env.get(setting.env, setting.default)
-        values[setting.name] = _PARSERS[setting.name](raw, setting)
+        values[setting.name] = setting.parse(raw, setting)
     config = Config(**values)  # type: ignore[arg-type]
-    _check_consistency(config)
+    parse.check_consistency(config)
     return config
 
 
 def from_env(env: Mapping[str, str]) -> Config:
     """A Config from environment variables alone (what a DaemonSet sets)."""
     return build_config(env, {})
-
-
-def _check_consistency(config: Config) -> None:
-    if (config.signing_key is None) != (config.signing_cert is None):
-        raise ConfigError(
-            "NVIDIA_MODULE_SIGNING_KEY and NVIDIA_MODULE_SIGNING_CERT must be set together",
-        )
-    if not config.root.is_absolute():
-        raise ConfigError(f"ROOT_MOUNT_DIR={config.root} must be an absolute path")
-    if config.upgrade_protocol and not config.node_name:  # issue 13
-        raise ConfigError(
-            "NVIDIA_INSTALLER_UPGRADE_PROTOCOL=true needs NODE_NAME (this node's name)",
-            hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
-        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Union
@@ -13,6 +14,17 @@ from installer.errors import HostLayoutError
 HostPath = Union[str, PurePosixPath]
 
 _MAX_SYMLINK_HOPS = 40
+
+# How each host tool is pointed at a host root that is not `/`: its own flag, or chroot for a
+# tool that has none (dkms builds with the host's compiler and kernel-devel, so it runs inside).
+_ROOT_FLAGS: dict[str, Callable[[str], list[str]]] = {
+    "ldconfig": lambda root: ["-r", root],
+    "depmod": lambda root: ["-b", root],
+    "modprobe": lambda root: ["-d", root],
+    "rpm": lambda root: ["--root", root],
+    "dnf": lambda root: [f"--installroot={root}"],
+}
+_CHROOTED = frozenset({"dkms"})
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,16 @@ class HostRoot:
                 continue
             resolved = candidate
         return resolved
+
+    def tool_argv(self, tool: str, *args: str) -> list[str]:
+        """`tool args...` acting on the host: as it is on a bare host, else with the tool's
+        root flag first (`ldconfig -r <root>`, `rpm --root <root>`, ...) or under chroot.
+        Raises KeyError for a tool whose way into a root is not known here."""
+        if self.is_bare:
+            return [tool, *args]
+        if tool in _CHROOTED:
+            return ["chroot", str(self.root), tool, *args]
+        return [tool, *_ROOT_FLAGS[tool](str(self.root)), *args]
 
     def local_resolved(self, host_path: HostPath) -> Path:
         return self.local(self.resolve(host_path))

@@ -2,24 +2,36 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
+from installer import distros
 from installer.errors import KernelHeadersMissing
 from installer.hostroot import HostRoot
+
+# nvidia-installer's checks (kernel.c): the source tree has include/linux/kernel.h, the output
+# tree (the configured build tree) has one of these.
+SOURCE_MARKER = "include/linux/kernel.h"
+OUTPUT_MARKERS = ("include/generated/uapi/linux/version.h", "include/linux/version.h")
 
 
 @dataclass(frozen=True)
 class Headers:
-    """A header tree: where the host has it, and the trees that must be visible at their own
-    absolute paths for kbuild to work (Debian's Makefile includes `-common` by absolute path)."""
+    """A kernel's header trees as nvidia-installer needs them: the source tree (its
+    `--kernel-source-path`) and the configured output tree (`--kernel-output-path`), which are
+    one directory except on Debian (`-common` and `-amd64`). Also the trees that must be visible
+    at their own absolute paths for kbuild to work (Debian's Makefile includes `-common` by
+    absolute path), and why these paths were chosen."""
 
-    host_path: PurePosixPath
+    output_path: PurePosixPath
+    source_path: PurePosixPath
     binds: tuple[PurePosixPath, ...]
     in_container: bool = False
     # Where the trees lie here when they are not the host root's (headers unpacked into the
     # install dir's cache): `binds` are then taken from below this directory.
     unpacked_root: Path | None = None
+    output_why: str = ""
+    source_why: str = ""
 
 
 def candidate_paths(kernel: str) -> tuple[PurePosixPath, ...]:
@@ -31,16 +43,67 @@ def candidate_paths(kernel: str) -> tuple[PurePosixPath, ...]:
 
 
 def headers_package(family: str, kernel: str) -> str:
-    return f"kernel-devel-{kernel}" if family == "rhel" else f"linux-headers-{kernel}"
+    return distros.named(family).headers_package(kernel)
 
 
 def find_headers(root: HostRoot, kernel: str) -> Headers | None:
-    """The host's header tree for `kernel`, or None. Reads only."""
+    """The host's header trees for `kernel`, or None. Reads only."""
     for candidate in candidate_paths(kernel):
-        resolved = root.resolve(candidate)
-        local = root.local(resolved)
-        if (local / "Makefile").is_file() and (local / "include").is_dir():
-            return Headers(resolved, _trees_to_bind(root, resolved))
+        output = root.resolve(candidate)
+        local = root.local(output)
+        if not ((local / "Makefile").is_file() and _has_any(root, output, OUTPUT_MARKERS)):
+            continue
+        found = _source_tree(root, kernel, output)
+        if found is None:
+            continue
+        source, source_why = found
+        output_why = (f"the configured tree ({candidate}; it has "
+                      f"{_first(root, output, OUTPUT_MARKERS)})")
+        return Headers(output, source, _trees_to_bind(root, (output, source)),
+                       output_why=output_why, source_why=source_why)
+    return None
+
+
+def _source_tree(root: HostRoot, kernel: str, output: PurePosixPath
+                 ) -> tuple[PurePosixPath, str] | None:
+    """The tree with include/linux/kernel.h that belongs to `output`: `output` itself (RHEL's
+    kernel-devel, Ubuntu's flavour tree linking the common one in, a full build tree), else
+    /lib/modules/<k>/source (Debian's `-common`), `<output>/source` (a kbuild O= tree), or the
+    tree the output's Makefile includes (Debian's `-amd64` Makefile includes `-common`'s)."""
+    if _has_any(root, output, (SOURCE_MARKER,)):
+        return output, f"the same tree (it has {SOURCE_MARKER})"
+    candidates = [
+        (PurePosixPath(f"/lib/modules/{kernel}/source"), f"/lib/modules/{kernel}/source"),
+        (output / "source", f"{output}/source"),
+    ]
+    included = _included_makefile_dir(root, output)
+    if included is not None:
+        candidates.append((included, f"the tree {output}/Makefile includes"))
+    for path, how in candidates:
+        resolved = root.resolve(path)
+        if resolved != output and _has_any(root, resolved, (SOURCE_MARKER,)):
+            return resolved, f"{how} (it has {SOURCE_MARKER}; Debian's split headers)"
+    return None
+
+
+def _included_makefile_dir(root: HostRoot, tree: PurePosixPath) -> PurePosixPath | None:
+    text = root.read_text(tree / "Makefile", default="") or ""
+    for line in text.splitlines()[:5]:
+        words = line.split()
+        if len(words) == 2 and words[0] == "include" and words[1].startswith("/") \
+                and words[1].endswith("/Makefile"):
+            return PurePosixPath(words[1]).parent
+    return None
+
+
+def _has_any(root: HostRoot, tree: PurePosixPath, markers: tuple[str, ...]) -> bool:
+    return _first(root, tree, markers) is not None
+
+
+def _first(root: HostRoot, tree: PurePosixPath, markers: tuple[str, ...]) -> str | None:
+    for marker in markers:
+        if root.local_resolved(tree / marker).is_file():
+            return marker
     return None
 
 
@@ -49,28 +112,28 @@ def find_unpacked_headers(tree_root: Path, kernel: str) -> Headers | None:
     found = find_headers(HostRoot(tree_root), kernel)
     if found is None:
         return None
-    return Headers(found.host_path, found.binds, unpacked_root=tree_root)
+    return replace(found, unpacked_root=tree_root)
 
 
 def find_container_headers(kernel: str) -> Headers | None:
     """Headers installed inside the installer's own image (already at their own paths)."""
-    bare = HostRoot(Path("/"))
-    found = find_headers(bare, kernel)
-    return Headers(found.host_path, (), in_container=True) if found else None
+    found = find_headers(HostRoot(Path("/")), kernel)
+    return replace(found, binds=(), in_container=True) if found else None
 
 
-def _trees_to_bind(root: HostRoot, headers: PurePosixPath) -> tuple[PurePosixPath, ...]:
-    """`/usr/src` plus every top-level tree that links of the header dir point into."""
-    trees = {PurePosixPath("/usr/src")}
-    if not str(headers).startswith("/usr/src/"):
-        trees.add(PurePosixPath(*headers.parts[:4]))
-    local = root.local(headers)
-    for entry in local.iterdir():
-        if entry.is_symlink():
-            target = root.resolve(headers / entry.name)
-            if not str(target).startswith("/usr/src/"):
-                trees.add(PurePosixPath(*target.parts[:4]))
-    return tuple(sorted(trees, key=str))
+def _trees_to_bind(root: HostRoot, trees: tuple[PurePosixPath, ...]
+                   ) -> tuple[PurePosixPath, ...]:
+    """`/usr/src` plus every top-level tree the header trees or their links point into."""
+    binds = {PurePosixPath("/usr/src")}
+    for tree in trees:
+        if not str(tree).startswith("/usr/src/"):
+            binds.add(PurePosixPath(*tree.parts[:4]))
+        for entry in root.local(tree).iterdir():
+            if entry.is_symlink():
+                target = root.resolve(tree / entry.name)
+                if not str(target).startswith("/usr/src/"):
+                    binds.add(PurePosixPath(*target.parts[:4]))
+    return tuple(sorted(binds, key=str))
 
 
 def with_host_trees(root: HostRoot, headers: Headers, argv: list[str]) -> list[str]:

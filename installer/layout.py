@@ -71,10 +71,6 @@ class Layout:
         return self.install_local / "versions" / version
 
     @property
-    def current_link(self) -> Path:
-        return self.install_local / "current"
-
-    @property
     def state_file(self) -> Path:
         return self.install_local / "state.json"
 

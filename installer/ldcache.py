@@ -22,7 +22,7 @@ def drop_in_text(lib_dir_host: PurePosixPath) -> str:
 
 
 def ldconfig_argv(root: HostRoot, *extra: str) -> list[str]:
-    return ["ldconfig", *extra] if root.is_bare else ["ldconfig", "-r", str(root.root), *extra]
+    return root.tool_argv("ldconfig", *extra)
 
 
 def cached_libraries(root: HostRoot, runner: Runner) -> dict[str, list[str]]:

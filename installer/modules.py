@@ -60,11 +60,12 @@ def modprobe_base(root: HostRoot) -> list[str]:
     """modprobe reading the host's modules and the host's /etc/modprobe.d."""
     if root.is_bare:
         return ["modprobe"]
-    return ["modprobe", "-d", str(root.root), "-C", str(root.local("/etc/modprobe.d"))]
+    return root.tool_argv("modprobe", "-C", str(root.local("/etc/modprobe.d")))
 
 
 def depmod_argv(root: HostRoot, kernel: str) -> list[str]:
-    return ["depmod", "-a", kernel] if root.is_bare else ["depmod", "-b", str(root.root), kernel]
+    """depmod for every module of `kernel` (depmod(8): -a is implied when no file is named)."""
+    return root.tool_argv("depmod", kernel)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ class LoadRequest:
 def load(root: HostRoot, runner: Runner, request: LoadRequest) -> None:
     """Load nvidia, nvidia-uvm, nvidia-modeset (those not loaded yet) with the host's
     modprobe.d options plus the user's arguments. Raises ModuleLoadFailed."""
+    from installer import kmsg
+
     present = loaded_modules(root)
     for module in LOAD_ORDER:
         if kernel_name(module) in present:
@@ -88,18 +91,27 @@ def load(root: HostRoot, runner: Runner, request: LoadRequest) -> None:
         else:
             options = modprobe_options(root, runner, module)
             argv = ["insmod", str(request.module_dir / f"{module}.ko"), *options, *args]
-        try:
-            runner.run(argv, timeout=120)
-        except CommandFailed as exc:
-            raise ModuleLoadFailed(
-                f"loading {module} failed: {exc.output_tail.strip() or exc.message}",
-                hint=_load_hint(exc.output_tail),
-            ) from exc
+        with kmsg.watching() as kernel_log:
+            try:
+                runner.run(argv, timeout=120)
+            except CommandFailed as exc:
+                # Issue 19: the kernel's own reason (NVRM: No NVIDIA GPU found., ...).
+                said = kernel_log.lines()
+                kernel = ("; the kernel logged: " + " | ".join(said)) if said else ""
+                raise ModuleLoadFailed(
+                    f"loading {module} failed: {exc.output_tail.strip() or exc.message}"
+                    + kernel,
+                    hint=_load_hint(exc.output_tail + "\n" + "\n".join(said)),
+                ) from exc
         log.info("loaded %s", module)
 
 
 def _load_hint(output: str) -> str:
     lowered = output.lower()
+    if "no nvidia gpu found" in lowered:
+        return ("The driver found no NVIDIA GPU it can drive on this node (PCI): check that the "
+                "GPU is attached and visible (lspci), or install ahead of attaching GPUs with "
+                "NVIDIA_INSTALLER_ALLOW_NO_GPU=true (nothing is loaded then).")
     if "no such device" in lowered:
         return ("The kernel found no GPU this driver supports: check the GPUs (`installer plan`) "
                 "and that the version supports them; dmesg names the reason.")

@@ -5,16 +5,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from installer import catalog, compiler, host, kernel, steps, versions
+from installer import (
+    catalog,
+    compiler,
+    components,
+    distros,
+    gate_steps,
+    host,
+    kernel,
+    prefetch,
+    steps,
+    versions,
+)
 from installer.config import Config, check_build_path
 from installer.delivery.urls import redact_url
 from installer.errors import ConfigError, NoNvidiaGpu
 from installer.headers import fetch as header_fetch
+from installer.headers import steps as header_steps
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Plan, Step, Target
 from installer.runner import Runner
-from installer.sources import dnf, runfile
+from installer.sources import runfile
 
 FetchBytes = Callable[[str], bytes]
 FetchRunfile = Callable[[list[str], Path, str], Path]
@@ -72,14 +84,14 @@ def make_plan(
     if source == "runfile":
         default_url = versions.runfile_url(resolution.version, facts.arch, config.branch_path,
                                            catalog=shipped_or_custom)
-        urls = runfile.download_urls(config, resolution.version, facts.arch, default_url)
+        urls = prefetch.download_urls(config, resolution.version, facts.arch, default_url)
         decisions.append(Decision("download", redact_url(urls[0]), _url_reason(config, urls)))
         headers = (kernel.find_headers(root, facts.kernel_release)
                    or header_fetch.cached(layout, facts.kernel_release)
                    or kernel.find_container_headers(facts.kernel_release))
         decisions += header_decisions(config, root, layout, runner, facts, headers, running)
     else:
-        package = kernel.headers_package("rhel", facts.kernel_release)
+        package = distros.of(facts.distro).headers_package(facts.kernel_release)
         decisions.append(Decision("kernel-headers", package,
                                   "installed through dnf for exactly the target kernel"))
     decisions.append(Decision("install-dir", str(layout.install_host),
@@ -104,28 +116,34 @@ def make_plan(
         if found is not None:
             decisions.append(found)
     if source == "dnf":
+        from installer.sources import dnf  # only where it can be the source (warm path)
+
         # Issue 10: the stream and version dnf will install replace the catalog's version.
         extra = dnf.plan_decisions(ctx)
         topics = {d.topic for d in extra}
         decisions = [d for d in decisions if d.topic not in topics] + extra
-    from installer import components  # issue 21: Fabric Manager on NVSwitch nodes
-
-    decisions += components.decisions(ctx)
+    decisions += components.decisions(ctx)  # issue 21: Fabric Manager on NVSwitch nodes
     return Plan(ctx, decisions, _steps(ctx), blockers)
 
 
 def _steps(ctx: Context) -> list[Step]:
     load = ctx.target.load
     plan = [steps.secure_boot_step(ctx)]
+    gate = load and ctx.config.scheduling_gate  # issue 21: tainted while not ready
+    if gate:
+        plan.append(gate_steps.close_step(ctx))
     if load:
         plan.append(steps.nouveau_step(ctx))
     # dnf source (issue 4): the kmod package owns /lib/modules/<k>/extra, so no
     # install-module-files; the packages' files fill versions/<ver> instead of nvidia-installer.
     dnf_source = ctx.target.source == "dnf"
-    plan += dnf.dnf_steps(ctx) if dnf_source else runfile.runfile_steps(ctx)
-    from installer import components  # issue 21: beside the user space in versions/<ver>
+    if dnf_source:
+        from installer.sources import dnf
 
-    plan += components.steps(ctx)
+        plan += dnf.dnf_steps(ctx)
+    else:
+        plan += runfile.runfile_steps(ctx)
+    plan += components.steps(ctx)  # issue 21: beside the user space in versions/<ver>
     # Stage everything on the host first, so the old driver is unloaded and the new one
     # loaded back to back (issue 9).
     if load and not dnf_source:  # dnf checks before its packages change (dnf_steps)
@@ -139,6 +157,8 @@ def _steps(ctx: Context) -> list[Step]:
     if load:
         plan += [steps.load_step(ctx), steps.device_nodes_step(ctx), steps.verify_step(ctx)]
     plan += [steps.record_step(ctx), steps.prune_step(ctx)]
+    if gate:
+        plan.append(gate_steps.open_step(ctx))
     return plan
 
 
@@ -163,16 +183,19 @@ def _flavour_reason(setting: str, flavour: str) -> str:
 
 def _choose_source(config: Config, facts: host.HostFacts) -> str:
     # Issue 4: dnf on the RHEL family when NVIDIA's repo is configured (offline check).
+    offered = distros.of(facts.distro).package_sources
     if config.source == "dnf":
-        if facts.distro.family != "rhel":
+        if "dnf" not in offered:
             raise ConfigError(
                 f"NVIDIA_DRIVER_SOURCE=dnf needs a RHEL-family host (Rocky, RHEL, AlmaLinux); "
                 f"this host is {facts.distro}",
                 hint="Use NVIDIA_DRIVER_SOURCE=auto or runfile on this host.",
             )
         return "dnf"
-    if config.source == "runfile" or facts.distro.family != "rhel":
+    if config.source == "runfile" or "dnf" not in offered:
         return "runfile"
+    from installer.sources import dnf
+
     return "dnf" if dnf.repo_evidence(HostRoot(config.root), config) else "runfile"
 
 
@@ -180,6 +203,8 @@ def _source_reason(config: Config, facts: host.HostFacts, source: str) -> str:
     if config.source == "runfile":
         return "NVIDIA_DRIVER_SOURCE=runfile"
     if source == "dnf":
+        from installer.sources import dnf
+
         why = ("NVIDIA_DRIVER_SOURCE=dnf" if config.source == "dnf" else
                f"auto on {facts.distro}: "
                f"{dnf.repo_evidence(HostRoot(config.root), config)}")
@@ -188,7 +213,7 @@ def _source_reason(config: Config, facts: host.HostFacts, source: str) -> str:
                if facts.distro.major < 10 else
                "packages with a version lock (EL10 has no module streams)")
         return f"{why}; the distro's packages through dnf: {how}"
-    if facts.distro.family == "rhel":
+    if "dnf" in distros.of(facts.distro).package_sources:
         return (f"NVIDIA's .run for {facts.distro} (NVIDIA_DRIVER_SOURCE=auto: no NVIDIA dnf "
                 "repo in /etc/yum.repos.d and NVIDIA_DNF_REPO_URL unset)")
     return f"NVIDIA's .run for {facts.distro} (NVIDIA_DRIVER_SOURCE={config.source})"
@@ -224,31 +249,33 @@ def header_decisions(config: Config, root: HostRoot, layout: Layout, runner: Run
     else:
         if headers.unpacked_root is not None:
             where = f"fetched by an earlier run into {layout.cache_host}/headers/{release}"
-            tree = headers.unpacked_root.joinpath(*headers.host_path.parts[1:])
+            tree = headers.unpacked_root.joinpath(*headers.output_path.parts[1:])
         elif headers.in_container:
-            where, tree = "in the image", Path(str(headers.host_path))
+            where, tree = "in the image", Path(str(headers.output_path))
         else:
-            where, tree = "on the host", root.local(headers.host_path)
-        first = Decision("kernel-headers", str(headers.host_path), f"found {where}")
+            where, tree = "on the host", root.local(headers.output_path)
+        first = Decision("kernel-headers", str(headers.output_path), f"found {where}")
         major = compiler.headers_gcc_major(tree)
         gcc_from = "the headers' CONFIG_GCC_VERSION"
+    # Issue 19: the source and output paths nvidia-installer is given, and why.
+    paths = header_steps.path_decisions(headers)
     if major is None and release == running:
         major = compiler.kernel_gcc_major(root.read_text("/proc/version"))
         gcc_from = "/proc/version"
     if major is None:
-        return [first, Decision("compiler", "from the headers",
+        return [first, *paths, Decision("compiler", "from the headers",
                                 "the kernel's gcc is read from the headers' config once they "
                                 "are fetched; checked before the driver download")]
     chosen = compiler.choose(runner, major)
     package = compiler.installable(major) if chosen is None else None
     if package is not None:
-        return [first, Decision("compiler", f"install {package.package}",
+        return [first, *paths, Decision("compiler", f"install {package.package}",
                                 f"{package.describe()}; kernel built with gcc {major} "
                                 f"({gcc_from}); gcc at {package.path}")]
     if chosen is None:
         error = compiler.missing_error(release, major, gcc_from, runner)
-        return [first, Decision("compiler", "missing",
+        return [first, *paths, Decision("compiler", "missing",
                                 f"{error.message}; `run` fails before downloading the driver. "
                                 f"{error.hint}")]
-    return [first, Decision("compiler", chosen.env.get("CC", "gcc"),
+    return [first, *paths, Decision("compiler", chosen.env.get("CC", "gcc"),
                             f"{chosen.note}; kernel built with gcc {major} ({gcc_from})")]

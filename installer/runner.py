@@ -18,6 +18,17 @@ from installer.errors import CommandFailed, CommandNotFound
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 40
+# Credentials registry tools read from the environment (oras, for one); dropped as well.
+_FOREIGN_SECRETS = frozenset({"ORAS_USER", "ORAS_PASS"})
+
+
+def child_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without the registry credentials (issue 20): make, the .run, nvidia-installer,
+    apt-get, dnf and its scriptlets, dkms never see them, whatever they run or log."""
+    from installer.config import secret_env_vars
+
+    dropped = secret_env_vars() | _FOREIGN_SECRETS
+    return {k: v for k, v in env.items() if k not in dropped}
 
 
 @dataclass(frozen=True)
@@ -52,7 +63,7 @@ class SubprocessRunner:
     """Runs commands for real. `stream=True` logs each output line as it arrives."""
 
     def __init__(self, base_env: Mapping[str, str] | None = None) -> None:
-        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._base_env = child_environment(os.environ if base_env is None else base_env)
         self._base_env["LC_ALL"] = "C"
         self.command_seconds = 0.0
 
@@ -68,7 +79,7 @@ class SubprocessRunner:
         input_text: str | None = None,
     ) -> Result:
         args = [str(a) for a in argv]
-        full_env = {**self._base_env, **(env or {})}
+        full_env = child_environment({**self._base_env, **(env or {})})
         if shutil.which(args[0], path=full_env.get("PATH")) is None and not os.path.isfile(args[0]):
             raise CommandNotFound(f"command not found: {args[0]}")
         log.debug("run: %s", " ".join(args))

@@ -3,17 +3,18 @@ ld cache, verification and the install record."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
 import time
 from pathlib import Path
 
-from installer import host, ldcache, modules, state
+from installer import components, gate_steps, host, ldcache, load_rollback, modules, state
+from installer.dirs import remove_tree
 from installer.errors import (
     InstallerError,
     InstallFailed,
+    ModuleLoadFailed,
     NouveauActive,
     SecureBootKeysMissing,
 )
@@ -23,7 +24,6 @@ from installer.plan import Context, Step
 
 log = logging.getLogger(__name__)
 
-COMPLETE_MARKER = ".complete"
 NOUVEAU_BLACKLIST_TEXT = "blacklist nouveau\noptions nouveau modeset=0\n"
 
 
@@ -85,32 +85,32 @@ def unload_old_step(ctx: Context) -> Step:
         return driver.version == target.version and driver.flavour == target.flavour
 
     def apply() -> None:
-        from installer import components  # issue 21: our own daemons hold /dev/nvidia* too
-
         driver = host.loaded_driver(ctx.root)
         holders = _holders(ctx)
         log.info("replacing loaded driver %s with %s",
                  driver.version if driver else "unknown", target.version)
         try:
-            with contextlib.ExitStack() as pause:
-                if holders and ctx.config.upgrade_protocol:  # issue 13: cordon, evict, wait
-                    from installer.cluster import protocol
+            if holders and ctx.config.upgrade_protocol:  # issue 13: cordon, evict, wait, unload
+                from installer.cluster import protocol
 
-                    old = (driver.version if driver else None) or "unknown"
-                    # The protocol waits for every holder to go, ours included.
-                    pause.enter_context(components.paused(ctx.root, ctx.layout, ctx.config))
-                    protocol.make_room(ctx.config, ctx.root, ctx.layout, old, target.version)
-                    remove_ready_file(ctx)
-                    holders = []
-                elif not holders:  # ours only: stopped now, so the unload can happen
-                    pause.enter_context(components.paused(ctx.root, ctx.layout, ctx.config))
-                modules.unload(ctx.root, ctx.runner, holders)
+                old = (driver.version if driver else None) or "unknown"
+                components.pause_for(ctx.root, ctx.layout, ctx.config, lambda: protocol.make_room(
+                    ctx.config, ctx.root, ctx.layout, old, target.version))
                 remove_ready_file(ctx)
+                holders = []
+            # Issue 21: when the unload goes ahead, the scheduling gate closes first, then our
+            # daemons (Fabric Manager, persistenced) stop, then the driver goes.
+            gate_steps.close_before_unload(ctx.config, ctx.root, f"unloading driver "
+                                           f"{driver.version if driver else 'unknown'} for "
+                                           f"{target.version}")
+            with components.paused(ctx.root, ctx.layout, ctx.config, when=not holders):
+                modules.unload(ctx.root, ctx.runner, holders)
         except InstallerError:
             # The new module files were staged before the unload (issue 9's order).
             if target.source != "dnf":
                 restore_module_files(ctx, driver)
             raise
+        remove_ready_file(ctx)
 
     return Step("unload-old-driver", "unload a different driver version that is loaded",
                 satisfied, apply)
@@ -140,6 +140,7 @@ def activate_step(ctx: Context) -> Step:
     def apply() -> None:
         install = layout.install_local
         _retire_old_layout(install, ("bin", "lib64", "drivers", "current"))
+        load_rollback.note_links(ctx, ("current", *links, "drivers"))  # issue 19
         _swap_link(install / "current", str(Path("versions") / target.version))
         for name, dest in links.items():
             _swap_link(install / name, str(dest))
@@ -189,7 +190,7 @@ def module_files_step(ctx: Context) -> Step:
         local = ctx.root.local_resolved(host_dir)
         return (local / ".installer-stamp").is_file() and (
             (local / ".installer-stamp").read_text() == stamp
-        ) and modules.ko_files(local) == modules.ko_files(build)
+        ) and _same_modules(local, build)
 
     def apply() -> None:
         _replace_module_files(ctx, build, stamp)
@@ -197,6 +198,19 @@ def module_files_step(ctx: Context) -> Step:
 
     return Step("install-module-files", f"modules into {host_dir} (+ depmod)",
                 satisfied, apply)
+
+
+def _same_modules(installed: Path, build: Path) -> bool:
+    """The same .ko files, each of the same size and mtime (copy2 keeps the build's): a
+    rebuilt or re-pulled cache is copied again (issue 20)."""
+    names = modules.ko_files(build)
+    if modules.ko_files(installed) != names:
+        return False
+    for name in names:
+        a, b = (installed / name).stat(), (build / name).stat()
+        if (a.st_size, a.st_mtime_ns) != (b.st_size, b.st_mtime_ns):
+            return False
+    return True
 
 
 def _replace_module_files(ctx: Context, build: Path | None, stamp: str) -> None:
@@ -207,8 +221,7 @@ def _replace_module_files(ctx: Context, build: Path | None, stamp: str) -> None:
     fresh = local.with_name(local.name + ".new")
     old = local.with_name(local.name + ".old")
     for leftover in (fresh, old):
-        if leftover.exists():
-            shutil.rmtree(leftover)
+        remove_tree(leftover)
     if build is not None:
         fresh.mkdir(parents=True)
         for name in modules.ko_files(build):
@@ -218,8 +231,7 @@ def _replace_module_files(ctx: Context, build: Path | None, stamp: str) -> None:
         os.replace(local, old)
     if build is not None:
         os.replace(fresh, local)
-    if old.exists():
-        shutil.rmtree(old)
+    remove_tree(old)
     ctx.runner.run(modules.depmod_argv(ctx.root, kernel), timeout=300)
 
 
@@ -271,6 +283,7 @@ def firmware_step(ctx: Context) -> Step:
 
     def apply() -> None:
         dest = ctx.root.local_resolved(host_dir)
+        load_rollback.note_firmware(ctx, dest)  # issue 19
         try:
             for item in missing():
                 dest.mkdir(parents=True, exist_ok=True)
@@ -338,7 +351,8 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
         driver = host.loaded_driver(ctx.root)
         if driver is None and not _any_nvidia_loaded(ctx):
             return False
-        if driver is not None and driver.version == ctx.target.version:
+        if (driver is not None and not ctx.target.version_pending
+                and driver.version == ctx.target.version):
             return False
         return _driver_held(ctx)
 
@@ -348,19 +362,13 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
                 _holders(ctx), modules.loaded_modules(ctx.root),
                 "the host's driver packages were left as they were (dnf replaces the user "
                 "space as it installs, so nothing is staged while the driver is held)")
-        from installer import components
         from installer.cluster import protocol
 
         driver = host.loaded_driver(ctx.root)
         old = (driver.version if driver else None) or "unknown"
-        # The protocol waits for our daemons to go too; they stay stopped until the unload, or
-        # until this run ends (its host lock released).
-        components.pause(ctx.root, ctx.layout, ctx.config)
-        try:
-            protocol.make_room(ctx.config, ctx.root, ctx.layout, old, ctx.target.version)
-        except InstallerError:
-            components.resume(ctx.root)
-            raise
+        new = "the dnf stream's newest" if ctx.target.version_pending else ctx.target.version
+        components.pause_for(ctx.root, ctx.layout, ctx.config, lambda: protocol.make_room(
+            ctx.config, ctx.root, ctx.layout, old, new))
         ctx.memo[done] = True
         remove_ready_file(ctx)
 
@@ -370,22 +378,11 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
 
 
 def _driver_held(ctx: Context) -> bool:
-    from installer import components
-
-    busy = [name for name, count in modules.loaded_modules(ctx.root).items()
-            if name in modules.UNLOAD_ORDER and count > 0]
-    everyone = host.holders_of(ctx.root, "/dev/nvidia")
-    others = components.not_ours(ctx.root, ctx.layout, ctx.config, everyone)
-    # Issue 21: when our own daemons (stopped right before the unload) are the only processes
-    # holding the driver, the module references are theirs; the unload checks again.
-    return bool(others or (busy and len(others) == len(everyone)))
+    return components.driver_held(ctx.root, ctx.layout, ctx.config)
 
 
 def _holders(ctx: Context) -> list[str]:
-    from installer import components
-
-    return [f"pid {h.pid} ({h.command}) holds {h.path}" for h in components.not_ours(
-        ctx.root, ctx.layout, ctx.config, host.holders_of(ctx.root, "/dev/nvidia"))]
+    return components.holders(ctx.root, ctx.layout, ctx.config)
 
 
 def ld_cache_step(ctx: Context) -> Step:
@@ -396,6 +393,7 @@ def ld_cache_step(ctx: Context) -> Step:
                                      ctx.target.version)
 
     def apply() -> None:
+        load_rollback.note_drop_in(ctx)  # issue 19
         ldcache.configure(ctx.root, ctx.runner, layout.lib_dir_host)
 
     return Step("configure-ld-cache", "ld.so.conf.d drop-in for lib64/ and the host's ldconfig",
@@ -417,7 +415,14 @@ def load_step(ctx: Context) -> Step:
             user_args={modules.kernel_name(m): ctx.config.module_args_for(m)
                        for m in modules.LOAD_ORDER},
         )
-        modules.load(ctx.root, ctx.runner, request)
+        try:
+            modules.load(ctx.root, ctx.runner, request)
+        except ModuleLoadFailed as exc:
+            # Issue 19: a refused load leaves no half-activated install behind.
+            undone = load_rollback.undo(ctx, restore_module_files)
+            raise ModuleLoadFailed(
+                exc.message + (f"; put back: {', '.join(undone)}" if undone else ""),
+                hint=exc.hint) from exc
 
     return Step("load-modules", "load nvidia, nvidia-uvm, nvidia-modeset", satisfied, apply)
 
@@ -526,10 +531,8 @@ def prune_step(ctx: Context) -> Step:
     def keep(path: Path) -> bool:
         name = path.name
         if path.parent == layout.downloads:
-            from installer import components  # issue 21: e.g. the Fabric Manager archive
-
             return name.startswith(f"NVIDIA-Linux-{ctx.facts.arch}-{target.version}.run") or (
-                components.keeps_download(name, target.version, ctx.facts.arch))
+                components.keeps_download(name, target.version, ctx.facts.arch))  # issue 21
         return name == target.version and path.parent != layout.cache_local / "extracted"
 
     def leftovers() -> list[Path]:
@@ -549,7 +552,8 @@ def prune_step(ctx: Context) -> Step:
             remove_tree(path)
             log.info("pruned %s (%.1f MB)", path, size / 1e6)
 
-    return Step("prune-cache", f"keep only {target.version}: drop other versions and the "
+    keeping = "the version dnf installs" if target.version_pending else target.version
+    return Step("prune-cache", f"keep only {keeping}: drop other versions and the "
                 "extracted tree", satisfied, apply)
 
 
@@ -557,10 +561,3 @@ def _tree_bytes(path: Path) -> int:
     if path.is_file() or path.is_symlink():
         return path.lstat().st_size
     return sum(p.lstat().st_size for p in path.rglob("*"))
-
-
-def remove_tree(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path)

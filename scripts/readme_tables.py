@@ -10,7 +10,8 @@ def settings_table() -> str:
     rows = ["| variable | flag | default | meaning |", "|---|---|---|---|"]
     for s in SETTINGS:
         default = f"`{s.default}`" if s.default else "unset"
-        rows.append(f"| `{s.env}` | `{s.flag}` | {default} | {s.help} |")
+        flag = "(environment only)" if s.secret else f"`{s.flag}`"
+        rows.append(f"| `{s.env}` | {flag} | {default} | {s.help} |")
     return "\n".join(rows)
 
 

@@ -144,9 +144,7 @@ def ubuntu_shape_debs(work: Path, kernel: str, base_package: str, gcc_version: i
             shutil.copy2(entry, dest)
     for name in ("scripts", "tools"):
         shutil.copytree(Path(kbuild_tree) / name, flavour_dir / name, symlinks=True)
-    for entry in base_dir.iterdir():
-        if not (flavour_dir / entry.name).exists():
-            os.symlink(f"../{base_package}/{entry.name}", flavour_dir / entry.name)
+    _link_into(base_dir, flavour_dir, base_dir, flavour_dir)
     for config in (flavour_dir / ".config", flavour_dir / "include/config/auto.conf"):
         text = config.read_text()
         lines = [f"CONFIG_GCC_VERSION={gcc_version}" if line.startswith("CONFIG_GCC_VERSION=")
@@ -165,6 +163,21 @@ def ubuntu_shape_debs(work: Path, kernel: str, base_package: str, gcc_version: i
                                  "Depends": f"{base_package}, libc6 (>= 2.34), libelf1",
                                  **common}),
     ]
+
+
+def _link_into(common: Path, flavour: Path, common_top: Path, flavour_top: Path) -> None:
+    """Ubuntu links the common tree's entries into the flavour's own dirs (`include/linux ->
+    ../../linux-headers-<base>/include/linux` beside the flavour's `include/generated`), so
+    the flavour tree alone is a whole tree: kernel.h is found in it (issue 19). Links are
+    relative between the two trees as installed side by side in /usr/src."""
+    for entry in sorted(common.iterdir()):
+        dest = flavour / entry.name
+        if dest.is_dir() and not dest.is_symlink() and entry.is_dir():
+            _link_into(entry, dest, common_top, flavour_top)
+        elif not dest.exists() and not dest.is_symlink():
+            installed_entry = Path("/usr/src") / common_top.name / entry.relative_to(common_top)
+            installed_dir = Path("/usr/src") / flavour_top.name / flavour.relative_to(flavour_top)
+            os.symlink(os.path.relpath(installed_entry, installed_dir), dest)
 
 
 def apt_sources(root: Path, base: str, suite: str, key: Key, *, deb822: bool) -> None:

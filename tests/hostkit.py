@@ -69,7 +69,11 @@ def make_debian_host(
     for name in (kernel, *extra_kernels):
         modules_dir = root / "lib/modules" / name
         modules_dir.mkdir(parents=True, exist_ok=True)
+        # Debian's linux-headers-<k> ships both links: build is the output tree, source the
+        # -common tree (nvidia-installer's default source path).
         os.symlink(f"/usr/src/linux-headers-{name}", modules_dir / "build")
+        if headers:
+            os.symlink(trees[1], modules_dir / "source")
     for name in extra_kernels:
         _clone_headers(root, kernel, name)
     (root / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)

@@ -96,3 +96,54 @@ class Registry:
         """Where the filesystem driver keeps a blob's bytes (distribution's storage layout)."""
         hexdigest = digest.split(":", 1)[1]
         return self.storage / "docker/registry/v2/blobs/sha256" / hexdigest[:2] / hexdigest / "data"
+
+
+# --- issue 20: publisher keys and an attacker who can push but holds no key ---
+
+
+def make_key_pair(directory: Path, name: str = "publisher") -> tuple[Path, Path]:
+    """An ECDSA P-256 key pair as `openssl genpkey` / `cosign public-key` write them:
+    (private PKCS#8 PEM, public SubjectPublicKeyInfo PEM)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    directory.mkdir(parents=True, exist_ok=True)
+    private = directory / f"{name}.pem"
+    public = directory / f"{name}.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    private.chmod(0o600)
+    return private, public
+
+
+def http_push(host: str, name: str, tag: str, blobs: list[bytes], manifest: bytes,
+              auth: tuple[str, str] = (USER, PASSWORD)) -> str:
+    """Push blobs and a manifest through the registry's HTTP API (distribution spec: POST an
+    upload, PUT it with its digest, PUT the manifest), as anyone holding push credentials can.
+    Returns the manifest's digest."""
+    import hashlib
+
+    import requests
+
+    base = f"http://{host}/v2/{name}"
+    with requests.Session() as session:
+        session.auth = auth
+        for blob in blobs:
+            digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+            start = session.post(f"{base}/blobs/uploads/", timeout=30)
+            assert start.status_code == 202, start.text
+            location = start.headers["Location"]
+            if location.startswith("/"):
+                location = f"http://{host}{location}"
+            sep = "&" if "?" in location else "?"
+            done = session.put(f"{location}{sep}digest={digest}", data=blob, timeout=60,
+                               headers={"Content-Type": "application/octet-stream"})
+            assert done.status_code == 201, done.text
+        put = session.put(f"{base}/manifests/{tag}", data=manifest, timeout=30,
+                          headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
+        assert put.status_code == 201, put.text
+    return "sha256:" + hashlib.sha256(manifest).hexdigest()

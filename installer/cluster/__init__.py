@@ -1,1 +1,2 @@
-"""The node's Kubernetes side of an upgrade: cordon, labels, evictions, events (opt-in)."""
+"""The node's Kubernetes side: the upgrade protocol (cordon, labels, evictions, events) and the
+scheduling gate (a startup taint, a version label); opt-in."""

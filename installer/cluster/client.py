@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 Json = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 COMPONENT = "nvidia-driver-installer"
+# Who the API server records as owning the fields the protocol writes (managedFields): an
+# admin's later cordon shows up under another manager and is never undone.
+FIELD_MANAGER = "nvidia-driver-installer"
 # Seconds per API request (connect, read): a hung API server must not hang the upgrade.
 REQUEST_TIMEOUT = (10.0, 30.0)
 
@@ -64,7 +67,8 @@ class NodeClient:
         the server refuses it when the node changed since: raises Conflict."""
         with _mapped(f"patch node {self.node}", node=self.node):
             return _json(self._core.patch_node(
-                self.node, patch, _content_type=MERGE_PATCH, _preload_content=False,
+                self.node, patch, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH,
+                _preload_content=False,
                 _request_timeout=REQUEST_TIMEOUT))
 
     def pods_on_node(self) -> list[Json]:

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from installer import host
-from installer.cluster.client import Conflict, Json, NodeClient
+from installer.cluster.client import FIELD_MANAGER, Conflict, Json, NodeClient
 from installer.config import Config
 from installer.errors import (
     ClusterApiUnavailable,
     DriverHoldersTimeout,
     EvictionTimeout,
     InstallerError,
+    UpgradeAnnotationInvalid,
 )
 from installer.hostroot import HostRoot
 from installer.layout import Layout
@@ -122,6 +123,24 @@ def finish(config: Config, layout: Layout, client: ClientFactory = _client) -> N
     hint.unlink(missing_ok=True)
 
 
+def finish_switched_off(config: Config, layout: Layout,
+                        client: ClientFactory = _client) -> None:
+    """After a successful run with the protocol off, on a node whose marker says an earlier
+    run (protocol on) may have left it cordoned and paused: restore it all the same (issue 20,
+    finding 8). Raises ClusterApi* errors, and ClusterApiUnavailable without NODE_NAME."""
+    if not config.node_name:
+        raise ClusterApiUnavailable(
+            f"{hint_path(layout)} says an upgrade by an earlier run (upgrade protocol on) may "
+            "have left this node cordoned with its GPU clients paused, and NODE_NAME is unset: "
+            "cannot restore it",
+            hint="Set NODE_NAME (and the API credentials) once so the installer restores the "
+            "node, or restore it by hand (uncordon, the nvidia.com/gpu.deploy.* labels, the "
+            f"{ANNOTATION} annotation) and delete the marker file.")
+    log.info("the upgrade protocol is off, but an earlier run left an upgrade unfinished on "
+             "node %s: restoring it", config.node_name)
+    finish(config, layout, client)
+
+
 def failed(config: Config, layout: Layout, error: InstallerError,
            client: ClientFactory = _client) -> None:
     """After a failed run with our changes on the node: keep it cordoned and paused (the driver
@@ -143,14 +162,27 @@ def failed(config: Config, layout: Layout, error: InstallerError,
 
 
 def _saved(node: Json) -> dict[str, Any] | None:
+    """What the annotation says to restore, or None when there is none. Raises
+    UpgradeAnnotationInvalid when it is not what _begin writes (issue 20, finding 7)."""
     text = (node["metadata"].get("annotations") or {}).get(ANNOTATION)
-    if not text:
+    if text is None:
         return None
     try:
         saved = json.loads(text)
     except ValueError:
-        return None
-    return saved if isinstance(saved, dict) and "labels" in saved else None
+        saved = None
+    labels = saved.get("labels") if isinstance(saved, dict) else None
+    if not (isinstance(saved, dict) and isinstance(saved.get("from"), str)
+            and isinstance(saved.get("to"), str) and isinstance(saved.get("cordoned"), bool)
+            and isinstance(labels, dict)
+            and all(isinstance(k, str) and k.startswith(DEPLOY_PREFIX)
+                    and (v is None or isinstance(v, str)) for k, v in labels.items())):
+        name = node["metadata"].get("name", "?")
+        raise UpgradeAnnotationInvalid(
+            f"node {name}: the annotation {ANNOTATION} is {str(text)[:200]!r}, not what the "
+            "installer writes ({\"from\", \"to\", \"cordoned\", \"labels\"}): the node's state "
+            "before the upgrade is unknown, so nothing was changed")
+    return dict(saved)
 
 
 def _begin(api: NodeClient, config: Config, node: Json, old: str, new: str) -> dict[str, Any]:
@@ -202,8 +234,13 @@ def _restore(api: NodeClient, final_state: str) -> dict[str, Any] | None:
         patch: Json = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"],
                                     "annotations": {ANNOTATION: None},
                                     "labels": {**restore, STATE_LABEL: final_state}}}
-        if saved["cordoned"]:
+        other = _cordoned_by_someone_else(node)
+        if saved["cordoned"] and other is None:
             patch["spec"] = {"unschedulable": None}
+        elif saved["cordoned"]:
+            saved = {**saved, "cordoned": False}
+            log.info("node %s stays cordoned: %s set spec.unschedulable during the upgrade",
+                     api.node, other)
         try:
             api.patch_node(patch)
             return saved
@@ -211,6 +248,21 @@ def _restore(api: NodeClient, final_state: str) -> dict[str, Any] | None:
             continue
     raise ClusterApiUnavailable(f"node {api.node} kept changing while restoring it "
                                 f"({CONFLICT_RETRIES} conflicts)")
+
+
+def _cordoned_by_someone_else(node: Json) -> str | None:
+    """The field manager other than the installer that last set spec.unschedulable (an
+    admin's `kubectl cordon` after an uncordon, a maintenance controller), from the node's
+    managedFields; None when the cordon is still the installer's (or the server keeps no
+    managedFields). A `kubectl cordon` of a node that is already cordoned sends nothing and
+    cannot be seen (docs/deploy.md)."""
+    if not (node.get("spec") or {}).get("unschedulable"):
+        return None
+    for entry in node["metadata"].get("managedFields") or []:
+        fields = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if "f:unschedulable" in fields and entry.get("manager") != FIELD_MANAGER:
+            return str(entry.get("manager") or "another client")
+    return None
 
 
 def _set_state(api: NodeClient, state: str) -> None:
@@ -233,9 +285,28 @@ def _name(pod: Json) -> tuple[str, str]:
     return str(meta.get("namespace", "default")), str(meta["name"])
 
 
+def not_evictable(pod: Json) -> str | None:
+    """Why evicting this pod would not free the node (it comes straight back, or cannot be
+    evicted at all), or None. Such pods are waited for instead (issue 20, finding 4)."""
+    meta = pod["metadata"]
+    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
+        return "mirror pod of a static pod: the kubelet runs it"
+    if any(ref.get("kind") == "DaemonSet" and ref.get("controller")
+           for ref in meta.get("ownerReferences") or []):
+        return "DaemonSet pod: it leaves when its DaemonSet stops selecting the node"
+    for toleration in (pod.get("spec") or {}).get("tolerations") or []:
+        key, effect = toleration.get("key"), toleration.get("effect")
+        if (key in (None, "", "node.kubernetes.io/unschedulable")
+                and effect in (None, "", "NoSchedule")
+                and (key or toleration.get("operator") == "Exists")):
+            return "tolerates node.kubernetes.io/unschedulable: it would come back at once"
+    return None
+
+
 def _evict_gpu_pods(api: NodeClient, uid: str, config: Config) -> None:
     deadline = time.monotonic() + config.eviction_timeout
     blocked: set[tuple[str, str]] = set()
+    waited: dict[tuple[str, str], str] = {}
     forced = False
     while True:
         pods = [p for p in api.pods_on_node() if requests_gpu(p)
@@ -248,6 +319,15 @@ def _evict_gpu_pods(api: NodeClient, uid: str, config: Config) -> None:
             ns, name = _name(pod)
             if pod["metadata"].get("deletionTimestamp"):
                 continue  # evicted: terminating
+            why = not_evictable(pod)
+            if why is not None:
+                if (ns, name) not in waited:
+                    waited[(ns, name)] = why
+                    log.info("not evicting GPU pod %s/%s (%s): waiting for it to leave", ns,
+                             name, why)
+                    api.event(uid, "GpuPodNotEvicted", f"pod {ns}/{name}: {why}; waiting "
+                              "for it to leave", warning=True)
+                continue
             result = api.evict(ns, name)
             if result == "evicted":
                 log.info("evicted GPU pod %s/%s", ns, name)
@@ -261,11 +341,13 @@ def _evict_gpu_pods(api: NodeClient, uid: str, config: Config) -> None:
                               "forbids its eviction now; retrying", warning=True)
         blocked = now_blocked
         if time.monotonic() >= deadline:
-            names = ", ".join(f"{ns}/{n}" + (" (PodDisruptionBudget)" if (ns, n) in blocked
+            names = ", ".join(f"{ns}/{n}" + (f" ({waited[(ns, n)]})" if (ns, n) in waited
+                                             else " (PodDisruptionBudget)" if (ns, n) in blocked
                                              else " (terminating)")
                               for ns, n in map(_name, pods))
-            if config.force_eviction and not forced:
-                for pod in pods:
+            deletable = [p for p in pods if _name(p) not in waited]
+            if config.force_eviction and not forced and deletable:
+                for pod in deletable:
                     log.warning("deleting GPU pod %s/%s (force eviction)", *_name(pod))
                     api.delete_pod(*_name(pod))
                 api.event(uid, "GpuPodsDeleted", f"force-deleted after "

@@ -12,10 +12,11 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import PurePosixPath
 from typing import Any
 
+from installer import host, modules, readiness
 from installer.components import nvswitch
 from installer.config import Config
 from installer.host import Holder
@@ -25,7 +26,7 @@ from installer.plan import Context, Decision, Step
 
 log = logging.getLogger(__name__)
 
-NAMES = ("fabricmanager", "persistenced")
+NAMES = readiness.COMPONENTS  # what the scheduling gate waits for
 DAEMONS = ("nv-fabricmanager", "nvidia-persistenced")
 
 
@@ -72,6 +73,25 @@ def not_ours(root: HostRoot, layout: Layout, config: Config,
     return [h for h in holders if h.pid not in ours]
 
 
+def holders(root: HostRoot, layout: Layout, config: Config) -> list[str]:
+    """The processes other than our daemons that hold /dev/nvidia*, a phrase each."""
+    return [f"pid {h.pid} ({h.command}) holds {h.path}"
+            for h in not_ours(root, layout, config, host.holders_of(root, "/dev/nvidia"))]
+
+
+def driver_held(root: HostRoot, layout: Layout, config: Config) -> bool:
+    """Whether an unload would be refused for a reason other than our own daemons (which
+    `pause` stops right before it): another holder of /dev/nvidia*, or a module in use while
+    none of its holders is ours."""
+    everyone = host.holders_of(root, "/dev/nvidia")
+    others = not_ours(root, layout, config, everyone)
+    busy = any(count > 0 for name, count in modules.loaded_modules(root).items()
+               if name in modules.UNLOAD_ORDER)
+    # When our daemons are the only processes holding the driver, the module references are
+    # theirs; the unload checks again once they are stopped.
+    return bool(others or (busy and len(others) == len(everyone)))
+
+
 def pause(root: HostRoot, layout: Layout, config: Config) -> None:
     """Before the driver is freed for an unload: the pause file tells `installer
     fabricmanager` and `installer persistenced` to stop their daemons and not restart them
@@ -100,20 +120,35 @@ def resume(root: HostRoot) -> None:
 
 
 @contextlib.contextmanager
-def paused(root: HostRoot, layout: Layout, config: Config) -> Iterator[None]:
-    """Our daemons stopped (and kept stopped) for the duration."""
-    pause(root, layout, config)
+def paused(root: HostRoot, layout: Layout, config: Config, *, when: bool = True
+           ) -> Iterator[None]:
+    """Our daemons stopped (and kept stopped) for the duration; nothing unless `when` (an
+    unload that will be refused for other holders leaves them running)."""
+    if when:
+        pause(root, layout, config)
     try:
         yield
     finally:
+        if when:
+            resume(root)
+
+
+def pause_for(root: HostRoot, layout: Layout, config: Config,
+              make_room: Callable[[], None]) -> None:
+    """Our daemons stopped before the upgrade protocol's `make_room`, which waits for every
+    holder of the driver to go, ours included. They stay stopped until the unload, or until
+    this run ends (its host lock released); `make_room` failing resumes them."""
+    pause(root, layout, config)
+    try:
+        make_room()
+    except BaseException:
         resume(root)
+        raise
 
 
 def fabric_required(root: HostRoot) -> tuple[bool, tuple[str, ...]]:
     """Whether readiness needs the NVLink fabric (an NVSwitch node whose fabric the node
     manages), and the switches: the driver's list, else the PCI functions."""
-    from installer import host
-
     gpus = host.nvidia_gpus(root)
     fabric = nvswitch.fabric(root, tuple(g.device_id for g in gpus))
     switches = nvswitch.driver_switches(root) or tuple(s.address for s in fabric.switches)

@@ -15,9 +15,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
-from installer import host, runner, verify
+from installer import host, runner
 from installer.components import fm_archive, nvswitch
 from installer.config import Config
+from installer.dirs import scratch
 from installer.errors import ConfigError, FabricManagerFailed, FabricManagerMissing
 from installer.hostroot import HostRoot
 from installer.layout import Layout
@@ -91,8 +92,6 @@ def fetch_step(ctx: Context) -> Step:
 
 
 def install_step(ctx: Context) -> Step:
-    from installer.sources.runfile import scratch
-
     layout, version, arch = ctx.layout, ctx.target.version, ctx.facts.arch
 
     def satisfied() -> bool:
@@ -102,7 +101,7 @@ def install_step(ctx: Context) -> Step:
         archive = fm_archive.cached(layout, version, arch)
         if archive is None:
             archive = fm_archive.fetch(ctx.config, layout, version, arch)
-        with scratch(layout) as tmp:
+        with scratch(layout.tmp) as tmp:
             tree = fm_archive.unpack(archive, tmp)
             said = fm_archive.reported_version(ctx.runner, tree / "bin" / DAEMON)
             if said != version:
@@ -244,6 +243,8 @@ class FabricManagerDaemon:
         if not self.configured or time.monotonic() - self.asked < NVML_EVERY:
             return None
         self.asked = time.monotonic()  # NVML is asked in a child process: not every second
+        from installer import verify  # the container's loop only (the warm path never asks)
+
         gpus, problems = verify.nvml_gpus(self.layout.install_local, runner.SubprocessRunner())
         if problems or verify.fabric_problems(gpus):
             return None

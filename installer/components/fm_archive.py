@@ -13,6 +13,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from installer.config import Config
+from installer.dirs import mark_complete
 from installer.errors import (
     DownloadForbidden,
     DownloadNotFound,
@@ -239,7 +240,7 @@ def install(tree: Path, final_root: Path, config_dest: Path, version: str) -> li
             shutil.copy2(source, temporary)
         os.replace(temporary, dest)
         placed.append(str(dest.relative_to(final_root)))
-    (config_dest / INSTALLED_MARKER).write_text(version + "\n")
+    mark_complete(config_dest, version + "\n", INSTALLED_MARKER)
     return placed
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol, Union
 
-from installer import host
+from installer import host, readiness
 from installer.errors import InstallerError
 from installer.hostroot import HostRoot
 from installer.layout import READY_FILE
@@ -68,8 +68,9 @@ def paused(root: HostRoot, lock_file: Path | None) -> bool:
 
 
 def ready_file(name: str) -> PurePosixPath:
-    """Where `name`'s container says it is up (beside the driver's readiness file)."""
-    return READY_FILE.parent / f"{name}-ready"
+    """Where `name`'s container says it is up (beside the driver's readiness file; the
+    scheduling gate waits for it: installer/readiness.py)."""
+    return readiness.component_file(name)
 
 
 class Running(Protocol):

@@ -1,321 +1,166 @@
-"""Compiled kernel modules as OCI artifacts: find, pull (verified) and push through oras-py.
+"""Compiled kernel modules in an OCI registry: find a trusted artifact, pull it, publish one.
 
-One artifact holds the modules built for one key (driver version, kernel release, flavour,
-architecture, signing key identity). Its config blob lists every file with its SHA-256 and the
-key; its layers are the files. A node loads an artifact only when the config's key equals its
-own and every file's digest verifies; vermagic is checked by the caller (installer.prebuilt).
+A node uses an artifact only after: its manifest (read with a size limit) hashes to a digest the
+operator pinned (when pins are set), a cosign signature by a key of the trust root names that
+digest, the config blob hashes to what the manifest says and names the node's key, and every
+layer is one of NVIDIA's modules within the size limits (installer.delivery.artifact). The files
+are then pulled by digest and hashed while written. A builder publishes: the modules, their
+config and manifest at the key's tag, then its signature at cosign's `sha256-<hex>.sig` tag.
 
-The only user of the registry library (oras), imported lazily. oras-py's own retry decorator
-sleeps up to minutes on a dead registry; we call its undecorated request method with
-timeouts, so a down registry costs one failed connect and the node compiles instead.
+Every registry failure is RegistryUnavailable or a subclass, never a traceback: a node compiles.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from installer.delivery.transport import innermost_reason
-from installer.errors import ArtifactInvalid, RegistryAuthFailed, RegistryUnavailable
+from installer.delivery import trust
+from installer.delivery.artifact import (
+    MANIFEST_LIMIT,
+    Artifact,
+    ArtifactKey,
+    Evidence,
+    ModuleFile,
+    Policy,
+    check_pinned,
+    config_for,
+    contents,
+    layers_of,
+    manifest_for,
+    signature_candidates,
+    signature_manifest,
+    signing_identity,
+    trusted_signature,
+)
+from installer.delivery.oci import Client, RegistrySettings, digest_of
+from installer.errors import ArtifactInvalid, RegistryUnavailable
 
-if TYPE_CHECKING:
-    import requests
+__all__ = ["Artifact", "ArtifactKey", "Policy", "RegistrySettings", "find", "pull", "push",
+           "signing_identity"]
 
 log = logging.getLogger("installer.registry")
-
-CONFIG_MEDIA_TYPE = "application/vnd.nvidia-driver-installer.modules.config.v1+json"
-MODULE_MEDIA_TYPE = "application/vnd.nvidia-driver-installer.kernel-module.v1"
-MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
-ANNOTATION_PREFIX = "io.github.nvidia-driver-installer."
-_TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _CHUNK = 1 << 20
 
 
-@dataclass(frozen=True)
-class ArtifactKey:
-    """What a module set was built for; equal keys mean interchangeable modules."""
-
-    version: str
-    kernel: str
-    flavour: str
-    arch: str
-    signing: str = "unsigned"  # or "sha256:<hex of the signing certificate>"
-
-    def fields(self) -> dict[str, str]:
-        return {
-            "version": self.version,
-            "kernel": self.kernel,
-            "flavour": self.flavour,
-            "arch": self.arch,
-            "signing": self.signing,
-        }
-
-    def tag(self) -> str:
-        """A tag naming the key (tags allow [A-Za-z0-9_.-], 128 characters)."""
-        signing = "unsigned" if self.signing == "unsigned" else "key-" + self.signing[7:19]
-        raw = f"{self.version}-{self.kernel}-{self.flavour}-{self.arch}-{signing}"
-        tag = _TAG_UNSAFE.sub("_", raw)
-        if len(tag) > 128:
-            tag = tag[:111] + "-" + hashlib.sha256(raw.encode()).hexdigest()[:16]
-        return tag
-
-
-def signing_identity(cert: bytes | None) -> str:
-    """The signing key identity of an artifact: the certificate's SHA-256, or unsigned."""
-    return "sha256:" + hashlib.sha256(cert).hexdigest() if cert else "unsigned"
-
-
-@dataclass(frozen=True)
-class RegistrySettings:
-    """Where artifacts live: `host[:port]/repository`, and how to reach it."""
-
-    repository: str
-    plain_http: bool = False
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    connect_timeout: float = 5.0
-    read_timeout: float = 60.0
-
-    def reference(self, tag_or_digest: str) -> str:
-        sep = "@" if tag_or_digest.startswith("sha256:") else ":"
-        return f"{self.repository}{sep}{tag_or_digest}"
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """An artifact found in the registry: its reference, manifest digest and file list."""
-
-    reference: str
-    digest: str
-    files: tuple[tuple[str, str, int], ...]  # (name, sha256, size)
-
-
-# --------------------------------------------------------------------------- the client
-
-
-def _client(settings: RegistrySettings) -> Any:
-    import oras.provider
-    import requests
-
-    timeout = (settings.connect_timeout, settings.read_timeout)
-
-    class _Session(requests.Session):
-        def request(self, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
-            kwargs.setdefault("timeout", timeout)
-            return super().request(*args, **kwargs)
-
-    class _Registry(oras.provider.Registry):  # type: ignore[misc]
-        def do_request(self, *args: Any, **kwargs: Any) -> requests.Response:
-            # The undecorated method: no sleeps of 3**n seconds on a dead registry.
-            undecorated = oras.provider.Registry.do_request.__wrapped__
-            return undecorated(self, *args, **kwargs)  # type: ignore[no-any-return]
-
-    host = settings.repository.split("/", 1)[0]
-    session = _Session()
-    session.trust_env = True
-    # The API root says how this registry authenticates (distribution spec: GET /v2/): Basic
-    # (htpasswd) or Bearer tokens (most hosted registries). It also fails fast when the
-    # registry is down, before any other work.
-    scheme = "http" if settings.plain_http else "https"
-    probe = session.get(f"{scheme}://{host}/v2/")
-    probe.close()
-    challenge = probe.headers.get("Www-Authenticate", "")
-    if probe.status_code == 401 and not settings.username:
-        raise RegistryAuthFailed(f"{host} asks for credentials ({challenge.split(' ')[0]})")
-    backend = "basic" if challenge.lower().startswith("basic") else "token"
-    registry = _Registry(hostname=host, insecure=settings.plain_http, auth_backend=backend)
-    session.cookies.set_policy(registry.session.cookies._policy)
-    registry.session = session
-    registry.auth.session = session
-    if settings.username:
-        registry.auth.set_basic_auth(settings.username, settings.password or "")
-    return registry
-
-
-def _call(settings: RegistrySettings, what: str, fn: Any) -> Any:
-    """Runs one registry operation, mapping every failure to our errors (never a traceback)."""
-    import requests
-
+def find(settings: RegistrySettings, key: ArtifactKey, policy: Policy) -> Artifact | None:
+    """The trusted artifact for exactly `key`, or None (no such tag, or one built for another
+    key). Reads the registry only. Raises ArtifactUntrusted (unsigned, signed by another key,
+    not pinned), ArtifactInvalid (malformed, too large, other module names),
+    RegistryUnavailable / RegistryAuthFailed / RegistryRealmRefused."""
+    client = Client(settings)
     try:
-        return fn()
-    except (RegistryUnavailable, ArtifactInvalid):
-        raise
-    except requests.exceptions.RequestException as exc:
-        raise RegistryUnavailable(f"{what}: {innermost_reason(exc)}") from None
-    except Exception as exc:  # oras raises ValueError/AuthenticationException for auth
-        text = str(exc) or type(exc).__name__
-        if "authenticat" in text.lower() or "401" in text:
-            raise RegistryAuthFailed(f"{what}: the registry asks for credentials: {text}") from None
-        raise RegistryUnavailable(f"{what}: {text}") from None
-
-
-def _check(resp: requests.Response, what: str) -> None:
-    if resp.status_code in (401, 403):
-        raise RegistryAuthFailed(f"{what}: HTTP {resp.status_code} {resp.reason or ''}".rstrip())
-    if not 200 <= resp.status_code < 300:
-        raise RegistryUnavailable(f"{what}: HTTP {resp.status_code} {resp.reason or ''}".rstrip())
-
-
-# --------------------------------------------------------------------------- find and pull
-
-
-def find(settings: RegistrySettings, key: ArtifactKey) -> Artifact | None:
-    """The artifact for exactly `key`, or None (no such tag, or one built for another key).
-
-    Reads the registry only. Raises RegistryUnavailable / RegistryAuthFailed / ArtifactInvalid.
-    """
-    ref = settings.reference(key.tag())
-
-    def lookup() -> Artifact | None:
-        registry = _client(settings)
-        manifest_url = f"{registry.prefix}://{_container(registry, ref).manifest_url()}"
-        resp = registry.do_request(manifest_url, "GET", headers={"Accept": MANIFEST_MEDIA_TYPE})
-        if resp.status_code == 404:
+        client.probe()
+        tag = key.tag()
+        ref = settings.reference(tag)
+        manifest = client.get_manifest(tag, MANIFEST_LIMIT)
+        if manifest is None:
             return None
-        _check(resp, f"manifest {ref}")
-        body = resp.content
-        digest = "sha256:" + hashlib.sha256(body).hexdigest()
-        claimed = resp.headers.get("Docker-Content-Digest")
-        if claimed and claimed != digest:
-            raise ArtifactInvalid(
-                f"manifest {ref}: served with digest {claimed}, hashes to {digest}"
-            )
-        manifest = json.loads(body)
-        config = _read_config(registry, settings, manifest, ref)
-        if config.get("key") != key.fields():
-            log.warning("artifact %s was built for %s, not %s: not used", ref,
-                        config.get("key"), key.fields())
+        digest = digest_of(manifest)
+        by_digest = settings.reference(digest)
+        check_pinned(digest, policy, by_digest)
+        layers_of(manifest, by_digest)  # media types and sizes before anything else is read
+        signed = _signatures(client, digest, by_digest)
+        payload, signature, signer = trusted_signature(digest, signed, policy, by_digest)
+        (config_digest, config_size), _ = layers_of(manifest, by_digest)
+        config = client.get_blob(config_digest, config_size)
+        found_key, files = contents(manifest, config, by_digest)
+        if found_key != key.fields():
+            log.warning("artifact %s was built for %s, not %s: not used", ref, found_key,
+                        key.fields())
             return None
-        files = tuple((str(f["name"]), str(f["sha256"]), int(f["size"])) for f in config["files"])
-        return Artifact(settings.reference(digest), digest, files)
-
-    result: Artifact | None = _call(settings, f"looking up {ref}", lookup)
-    return result
-
-
-def _container(registry: Any, ref: str) -> Any:
-    return registry.get_container(ref)
+        evidence = Evidence(settings.repository, manifest, config, payload, signature)
+        return Artifact(by_digest, digest, found_key, files, signer, evidence)
+    finally:
+        client.close()
 
 
-def _read_config(
-    registry: Any, settings: RegistrySettings, manifest: Any, ref: str
-) -> dict[str, Any]:
-    try:
-        config_desc = manifest["config"]
-        if config_desc.get("mediaType") != CONFIG_MEDIA_TYPE:
-            raise ArtifactInvalid(f"{ref} is not a module artifact (config {config_desc})")
-        raw = _blob_bytes(registry, ref, config_desc["digest"], 1 << 20)
-        config = json.loads(raw)
-        layers = {layer["digest"]: layer for layer in manifest["layers"]}
-        for entry in config["files"]:
-            name = entry["name"]
-            if "/" in name or name in ("", ".", "..") or not name.endswith(".ko"):
-                raise ArtifactInvalid(f"{ref}: unsafe file name {name!r} in the artifact")
-            if "sha256:" + entry["sha256"] not in layers:
-                raise ArtifactInvalid(f"{ref}: {name} has no layer with its digest")
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ArtifactInvalid(f"{ref}: malformed manifest or config ({exc})") from None
-    return dict(config)
-
-
-def _blob_bytes(registry: Any, ref: str, digest: str, limit: int) -> bytes:
-    resp = registry.get_blob(_container(registry, ref), digest, stream=True)
-    with resp:
-        _check(resp, f"blob {digest} of {ref}")
-        data = resp.raw.read(limit + 1)
-    if len(data) > limit:
-        raise ArtifactInvalid(f"{ref}: blob {digest} is larger than {limit} bytes")
-    if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
-        raise ArtifactInvalid(f"{ref}: blob {digest} does not hash to its digest")
-    return bytes(data)
+def _signatures(client: Client, digest: str, ref: str) -> list[tuple[bytes, str]]:
+    """(payload, base64 signature) of each cosign signature stored for `digest`."""
+    manifest = client.get_manifest(trust.signature_tag(digest), MANIFEST_LIMIT)
+    if manifest is None:
+        return []
+    signed = []
+    for payload_digest, size, signature in signature_candidates(manifest, ref):
+        signed.append((client.get_blob(payload_digest, size), signature))
+    return signed
 
 
 def pull(settings: RegistrySettings, artifact: Artifact, dest: Path) -> list[Path]:
-    """Download every file of `artifact` (by digest) into the empty directory `dest`.
-
-    Each file is hashed while written; a mismatch raises ArtifactInvalid (files stay in `dest`
-    for the caller to drop). Writes only under `dest`. Raises RegistryUnavailable as well.
-    """
+    """Download every file of a verified `artifact` (by digest) into the empty directory
+    `dest`, each hashed and counted while written. Writes only under `dest` (a mismatch leaves
+    the files there for the caller to drop). Raises ArtifactInvalid, RegistryUnavailable."""
+    client = Client(settings)
     written: list[Path] = []
-
-    def download() -> list[Path]:
-        registry = _client(settings)
-        container = _container(registry, artifact.reference)
-        for name, sha256, size in artifact.files:
-            target = dest / name
-            digest = hashlib.sha256()
+    try:
+        for item in artifact.files:
+            target = dest / item.name
+            hashed = hashlib.sha256()
             got = 0
-            resp = registry.get_blob(container, "sha256:" + sha256, stream=True)
-            with resp:
-                _check(resp, f"blob of {name} in {artifact.reference}")
-                with target.open("wb") as out:
-                    for chunk in resp.iter_content(_CHUNK):
-                        digest.update(chunk)
-                        out.write(chunk)
-                        got += len(chunk)
-                        if got > size:
-                            break
-                    out.flush()
-                    os.fsync(out.fileno())
-            written.append(target)
-            if got != size or digest.hexdigest() != sha256:
+            with target.open("wb") as out:
+                written.append(target)
+                for chunk in client.stream_blob("sha256:" + item.sha256):
+                    got += len(chunk)
+                    if got > item.size:
+                        break
+                    hashed.update(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            if got != item.size or hashed.hexdigest() != item.sha256:
                 raise ArtifactInvalid(
-                    f"{name} from {artifact.reference}: expected {size} bytes with SHA-256 "
-                    f"{sha256}, got {got} bytes with {digest.hexdigest()}"
-                )
-        return written
-
-    result: list[Path] = _call(settings, f"pulling {artifact.reference}", download)
-    return result
-
-
-# --------------------------------------------------------------------------- push
+                    f"{item.name} from {artifact.reference}: expected {item.size} bytes with "
+                    f"SHA-256 {item.sha256}, got {'more than ' if got > item.size else ''}"
+                    f"{got} bytes with {hashed.hexdigest()}")
+    except OSError as exc:
+        raise RegistryUnavailable(f"writing {dest}: {exc.strerror or exc}") from None
+    finally:
+        client.close()
+    return written
 
 
-def push(settings: RegistrySettings, key: ArtifactKey, files: list[Path]) -> Artifact:
-    """Publish `files` (the .ko of one build) as the artifact of `key`; returns what was pushed.
-
-    Reads the files; writes a config file beside nothing (a temporary directory). Raises
-    RegistryUnavailable / RegistryAuthFailed.
-    """
-    import tempfile
-
-    entries: list[dict[str, Any]] = []
+def push(settings: RegistrySettings, key: ArtifactKey, files: list[Path],
+         signer: trust.Signer) -> Artifact:
+    """Publish `files` (NVIDIA's .ko of one build) as the artifact of `key`, then sign its
+    manifest digest with `signer` (cosign's scheme, beside any signatures already there).
+    Reads the files. Raises ArtifactInvalid (other module names), RegistryUnavailable and its
+    subclasses."""
+    blobs: list[tuple[ModuleFile, Path]] = []
     for path in sorted(files, key=lambda p: p.name):
-        data_hash = hashlib.sha256()
+        hashed = hashlib.sha256()
         size = 0
         with path.open("rb") as handle:
             for block in iter(lambda: handle.read(_CHUNK), b""):
-                data_hash.update(block)
+                hashed.update(block)
                 size += len(block)
-        entries.append({"name": path.name, "sha256": data_hash.hexdigest(), "size": size})
-    config = {"key": key.fields(), "files": entries}
-    ref = settings.reference(key.tag())
-
-    def upload() -> Artifact:
-        registry = _client(settings)
-        with tempfile.TemporaryDirectory(prefix="installer-artifact-") as tmp:
-            config_path = Path(tmp) / "modules.json"
-            config_path.write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
-            resp = registry.push(
-                target=ref,
-                files=[f"{p}:{MODULE_MEDIA_TYPE}" for p in sorted(files, key=lambda p: p.name)],
-                manifest_config=f"{config_path}:{CONFIG_MEDIA_TYPE}",
-                manifest_annotations={ANNOTATION_PREFIX + k: v for k, v in key.fields().items()},
-                disable_path_validation=True,
-                quiet=True,
-            )
-        _check(resp, f"pushing {ref}")
-        digest = resp.headers.get("Docker-Content-Digest", "")
-        files_t = tuple((str(e["name"]), str(e["sha256"]), int(e["size"])) for e in entries)
-        return Artifact(settings.reference(digest) if digest else ref, digest, files_t)
-
-    result: Artifact = _call(settings, f"pushing {ref}", upload)
-    log.info("published %s (%s)", ref, result.digest)
-    return result
+        blobs.append((ModuleFile(path.name, hashed.hexdigest(), size), path))
+    entries = [item for item, _ in blobs]
+    config = config_for(key, entries)
+    manifest = manifest_for(config, entries, key)
+    digest = digest_of(manifest)
+    ref = settings.reference(digest)
+    contents(manifest, config, ref)  # what nodes will check: refuse to publish anything else
+    payload = trust.payload(settings.repository, digest)
+    signature = signer.sign(payload)
+    client = Client(settings)
+    try:
+        client.probe()
+        for _, path in blobs:
+            client.put_blob(path.read_bytes())
+        client.put_blob(config)
+        client.put_manifest(key.tag(), manifest)
+        sig_tag = trust.signature_tag(digest)
+        sig_config = trust.signature_config(digest_of(payload))
+        client.put_blob(payload)
+        client.put_blob(sig_config)
+        existing = client.get_manifest(sig_tag, MANIFEST_LIMIT)
+        client.put_manifest(sig_tag, signature_manifest(existing, payload, signature,
+                                                        sig_config))
+    finally:
+        client.close()
+    log.info("published %s (%s), signed by %s", settings.reference(key.tag()), digest,
+             signer.fingerprint())
+    evidence = Evidence(settings.repository, manifest, config, payload, signature)
+    return Artifact(ref, digest, key.fields(), tuple(entries), signer.fingerprint(), evidence)

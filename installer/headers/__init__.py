@@ -1,1 +1,3 @@
-"""Kernel headers from the host's own package sources, unpacked into the install dir's cache."""
+"""The target kernel's exact headers: found on the host, in the image or the cache, or fetched
+through the host's own package sources (the family's tool in installer.distros) into the cache,
+and the steps that get them and the compiler before any large download."""

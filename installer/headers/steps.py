@@ -7,17 +7,17 @@ from pathlib import Path
 
 from installer import compiler
 from installer.headers import fetch
-from installer.kernel import Headers
-from installer.plan import Context, Step
+from installer.kernel import SOURCE_MARKER, Headers
+from installer.plan import Context, Decision, Step
 
 
 def local_tree(ctx: Context, headers: Headers) -> Path:
-    """Where this process reads a header tree."""
+    """Where this process reads the output (configured) header tree."""
     if headers.in_container:
-        return Path(str(headers.host_path))
+        return Path(str(headers.output_path))
     if headers.unpacked_root is not None:
-        return headers.unpacked_root.joinpath(*headers.host_path.parts[1:])
-    return ctx.root.local(headers.host_path)
+        return headers.unpacked_root.joinpath(*headers.output_path.parts[1:])
+    return ctx.root.local(headers.output_path)
 
 
 def kernel_gcc(ctx: Context) -> tuple[int | None, str]:
@@ -85,3 +85,16 @@ def build_compiler(ctx: Context) -> compiler.Compiler:
         raise compiler.missing_error(ctx.target.kernel, major, source, ctx.runner)
     return chosen
 
+
+
+def path_decisions(headers: Headers | None) -> list[Decision]:
+    """What `plan` says about the two paths nvidia-installer is given, and why."""
+    if headers is None:
+        return [Decision("kernel-source-path", "from the fetched headers",
+                         f"--kernel-source-path is the unpacked tree with {SOURCE_MARKER} and "
+                         "--kernel-output-path the configured one (Debian: linux-headers-<abi>-"
+                         "common and linux-headers-<k>; Ubuntu, RHEL: one tree for both)")]
+    return [
+        Decision("kernel-source-path", str(headers.source_path), headers.source_why),
+        Decision("kernel-output-path", str(headers.output_path), headers.output_why),
+    ]

@@ -14,6 +14,7 @@ from pathlib import Path, PurePosixPath
 
 from installer import modules, versions
 from installer.config import Config
+from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
 from installer.errors import (
     CommandFailed,
     DkmsUnavailable,
@@ -32,7 +33,7 @@ from installer.plan import Context, Decision, Step
 from installer.sources import dnf_commands as cmd
 from installer.sources import dnf_metadata
 from installer.sources.dnf_commands import Choice, DnfTarget
-from installer.steps import COMPLETE_MARKER, driver_free_before_packages_step
+from installer.steps import driver_free_before_packages_step
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,8 @@ def plan_decisions(ctx: Context) -> list[Decision]:
     module metadata dnf cached on an earlier run, else how it will be chosen."""
     dt = target_of(ctx)
     if dt.stream is None:
-        return []
+        packages = f"{dt.branch}.* packages" if dt.branch else "packages"
+        return _pending_version(ctx, dt, f"NVIDIA's repo ({packages}; EL10 has no streams)")
     streams = dnf_metadata.read_cached(_cache_dir(ctx))
     kernel = ctx.target.kernel
     if streams is None:
@@ -120,12 +122,15 @@ def plan_decisions(ctx: Context) -> list[Decision]:
                 "chosen when run, from the repo's module metadata (not cached here yet): the "
                 f"precompiled stream when NVIDIA ships a kmod for kernel {kernel}, else DKMS; "
                 "the version is the stream's newest unless pinned",
-            )
+            ),
+            *_pending_version(ctx, dt, f"stream {cmd.MODULE}:{options}"),
         ]
     try:
         choice = choose(dt, kernel, streams)
     except ModuleMetadataMissing as exc:
-        return [Decision("dnf-stream", "unavailable", exc.message)]
+        ctx.target.version_pending = True
+        return [Decision("dnf-stream", "unavailable", exc.message),
+                Decision("version", "none", f"`run` fails: {exc.message}")]
     ctx.target.version = choice.version
     return [
         Decision("dnf-stream", f"{cmd.MODULE}:{choice.stream}", choice.reason),
@@ -135,6 +140,17 @@ def plan_decisions(ctx: Context) -> list[Decision]:
             f"what dnf installs from stream {choice.stream} (the repo's cached module metadata)",
         ),
     ]
+
+
+def _pending_version(ctx: Context, dt: DnfTarget, where: str) -> list[Decision]:
+    """Unpinned, dnf installs the newest the repo offers, which is known only when run: the
+    catalog's version (what the runfile source would install) is not named (issue 19)."""
+    if dt.pinned:
+        return []
+    ctx.target.version_pending = True
+    return [Decision("version", f"the newest in {where}, chosen when run",
+                     "dnf installs what the repo offers; its module metadata is not cached here "
+                     "yet (the first run caches it, then plan names the version)")]
 
 
 def choose(dt: DnfTarget, kernel: str, streams: dnf_metadata.Streams) -> Choice:
@@ -326,7 +342,7 @@ def transaction_step(ctx: Context, dt: DnfTarget) -> Step:
                 f"dnf finished but the host is not on {what} of {where} ({', '.join(names)})"
             )
         ctx.target.version = version
-        _ensure_dkms(ctx, version)
+        _ensure_dkms(ctx, dt.dkms_name, version)
         log.info("dnf: the host has %s %s", ", ".join(names), version)
 
     return Step(
@@ -384,7 +400,7 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
             if dt.kmod in found or not cmd.all_installed(root, runner, [kmod]):
                 return None
             return Choice(state.stream, version, kmod, True, "installed")
-        built = root.local(cmd.DKMS_TREE / "nvidia" / version / kernel)
+        built = root.local(cmd.dkms_built(dt.dkms_name, version, kernel))
         if found.get(dt.kmod) != version or not built.is_dir():
             return None
         if "nvidia" not in cmd.module_files(root, kernel):
@@ -425,7 +441,7 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
         done = cmd.last_transaction(root)
         try:
             if not choice.precompiled:
-                _ensure_dkms(ctx, choice.version)
+                _ensure_dkms(ctx, dt.dkms_name, choice.version)
             if "nvidia" not in cmd.module_files(root, kernel):
                 raise InstallFailed(
                     f"after the transaction there is no nvidia module for kernel {kernel} under "
@@ -438,7 +454,7 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
                 )
         except InstallerError:
             if done > first:
-                _undo(ctx, done, before.get(dt.kmod), old_stream)
+                _undo(ctx, dt.dkms_name, done, before.get(dt.kmod), old_stream)
             raise
         log.info("dnf: the host has %s %s (%s)", ", ".join(dt.userspace), choice.version,
                  choice.kmod)
@@ -477,26 +493,27 @@ def _install_error(ctx: Context, choice: Choice, output: str) -> InstallerError:
     )
 
 
-def _ensure_dkms(ctx: Context, version: str) -> None:
+def _ensure_dkms(ctx: Context, name: str, version: str) -> None:
     """The -dkms kmod's %post builds for the running kernel only and swallows every error:
-    check DKMS's own status for the target kernel and install there when it did not."""
+    check DKMS's own status for the target kernel and install there when it did not. `name`
+    is the kmod's DKMS module name (nvidia, or nvidia-open for the open flavour)."""
     root, runner, kernel = ctx.root, ctx.runner, ctx.target.kernel
-    args = ["-m", "nvidia", "-v", version, "-k", kernel]
+    args = ["-m", name, "-v", version, "-k", kernel]
     status = runner.run(cmd.dkms_argv(root, "status", *args), check=False, timeout=120)
-    if cmd.dkms_installed(status.output, version, kernel) and "nvidia" in cmd.module_files(
+    if cmd.dkms_installed(status.output, name, version, kernel) and "nvidia" in cmd.module_files(
         root, kernel
     ):
-        log.info("DKMS has nvidia %s installed for %s", version, kernel)
+        log.info("DKMS has %s %s installed for %s", name, version, kernel)
         return
-    log.info("DKMS has not installed nvidia %s for %s: dkms install", version, kernel)
+    log.info("DKMS has not installed %s %s for %s: dkms install", name, version, kernel)
     try:
         runner.run(cmd.dkms_argv(root, "install", *args), stream=True, timeout=3600)
     except CommandFailed as exc:
-        make_log = cmd.make_log(version)
+        make_log = cmd.make_log(name, version)
         text = root.read_text(make_log) or "(no make.log)"
         tail = "\n".join(text.splitlines()[-25:])
         raise ModuleBuildFailed(
-            f"DKMS could not build nvidia {version} for kernel {kernel}: "
+            f"DKMS could not build {name} {version} for kernel {kernel}: "
             f"{exc.output_tail.strip()}\n--- {make_log} (last lines) ---\n{tail}",
             hint=f"Check that kernel-devel-{kernel}, gcc and make on the host match the kernel; "
             "the driver transaction was undone, the host's packages are as they were.",
@@ -504,7 +521,8 @@ def _ensure_dkms(ctx: Context, version: str) -> None:
 
 
 def _undo(
-    ctx: Context, transaction: int, old_kmod_version: str | None, old_stream: str | None
+    ctx: Context, name: str, transaction: int, old_kmod_version: str | None,
+    old_stream: str | None,
 ) -> None:
     """Undo this run's transaction; the old -dkms build is rebuilt for the target kernel
     (the new package's %preun removed it from DKMS). The old stream is enabled first: while
@@ -518,7 +536,7 @@ def _undo(
         log.error("could not undo dnf transaction %d: %s", transaction, exc.output_tail.strip())
         return
     if old_kmod_version:
-        args = ["-m", "nvidia", "-v", old_kmod_version, "-k", ctx.target.kernel]
+        args = ["-m", name, "-v", old_kmod_version, "-k", ctx.target.kernel]
         ctx.runner.run(cmd.dkms_argv(ctx.root, "install", *args), check=False, timeout=3600)
 
 
@@ -570,19 +588,18 @@ def populate_step(ctx: Context, dt: DnfTarget) -> Step:
     layout, t = ctx.layout, ctx.target
 
     def satisfied() -> bool:
-        return (layout.version_dir(t.version) / COMPLETE_MARKER).is_file() and (
-            layout.module_build(t.version, t.kernel, t.flavour) / COMPLETE_MARKER
-        ).is_file()
+        return is_complete(layout.version_dir(t.version)) and is_complete(
+            layout.module_build(t.version, t.kernel, t.flavour))
 
     def apply() -> None:
         version = t.version
         present = cmd.installed_versions(ctx.root, ctx.runner, list(cmd.USERSPACE_ALL))
         userspace = sorted(n for n, v in present.items() if v == version)
         final = layout.version_dir(version)
-        if not (final / COMPLETE_MARKER).is_file():
+        if not is_complete(final):
             _fill_version_dir(ctx, _package_files(ctx, userspace), final, version)
         build = layout.module_build(version, t.kernel, t.flavour)
-        if not (build / COMPLETE_MARKER).is_file():
+        if not is_complete(build):
             _fill_module_dir(ctx, build)
         _retire_runfile_modules(ctx)
         if _writable(ctx.root.local(f"/lib/modules/{t.kernel}")):
@@ -604,32 +621,27 @@ def _package_files(ctx: Context, names: list[str]) -> list[PurePosixPath]:
 
 
 def _fill_version_dir(ctx: Context, files: list[PurePosixPath], final: Path, version: str) -> None:
-    staging = final.with_name(f".{final.name}.tmp")
-    _remove(staging)
-    (staging / "bin").mkdir(parents=True)
-    (staging / "lib64").mkdir()
-    count = 0
-    for path in files:
-        local = ctx.root.local(path)
-        if local.is_symlink() or not local.is_file():
-            continue
-        if path.parent.name == "bin" and path.name.startswith("nvidia-"):
-            _link_or_copy(local, staging / "bin" / path.name)
-        elif path.parent.name in ("lib64", "lib") and ".so." in path.name:
-            _link_or_copy(local, staging / "lib64" / path.name)
-        else:
-            continue
-        count += 1
-    if not (staging / "bin" / "nvidia-smi").is_file():
-        _remove(staging)
-        raise InstallFailed(
-            f"the installed packages of {version} have no nvidia-smi (rpm -ql listed none)"
-        )
-    ctx.runner.run(["ldconfig", "-n", str(staging / "lib64")], timeout=120)
-    (staging / COMPLETE_MARKER).write_text(version + "\n")
-    _remove(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(staging, final)
+    with staged_dir(final) as staging:
+        (staging / "bin").mkdir()
+        (staging / "lib64").mkdir()
+        count = 0
+        for path in files:
+            local = ctx.root.local(path)
+            if local.is_symlink() or not local.is_file():
+                continue
+            if path.parent.name == "bin" and path.name.startswith("nvidia-"):
+                _link_or_copy(local, staging / "bin" / path.name)
+            elif path.parent.name in ("lib64", "lib") and ".so." in path.name:
+                _link_or_copy(local, staging / "lib64" / path.name)
+            else:
+                continue
+            count += 1
+        if not (staging / "bin" / "nvidia-smi").is_file():
+            raise InstallFailed(
+                f"the installed packages of {version} have no nvidia-smi (rpm -ql listed none)"
+            )
+        ctx.runner.run(["ldconfig", "-n", str(staging / "lib64")], timeout=120)
+        mark_complete(staging, version + "\n")
     log.info("filled %s with %d files from the packages", final, count)
 
 
@@ -642,28 +654,25 @@ def _fill_module_dir(ctx: Context, build: Path) -> None:
             hint="DKMS builds for the running kernel; check `dkms status` on the node and "
             "that kernel-devel matches the kernel.",
         )
-    staging = build.with_name(f".{build.name}.tmp")
-    _remove(staging)
-    staging.mkdir(parents=True)
-    for name, path in found.items():
-        dest = staging / f"{name}.ko"
-        if path.name.endswith(".ko.xz"):
-            with lzma.open(path) as packed, open(dest, "wb") as out:
-                shutil.copyfileobj(packed, out)
-        elif path.name.endswith(".ko.zst"):
-            ctx.runner.run(["zstd", "-d", "-q", "-f", "-o", str(dest), str(path)], timeout=120)
-        else:
-            _link_or_copy(path, dest)
-    (staging / COMPLETE_MARKER).write_text(f"{t.version} {t.kernel} {t.flavour}\n")
-    _remove(build)
-    os.replace(staging, build)
+    with staged_dir(build) as staging:
+        for name, path in found.items():
+            dest = staging / f"{name}.ko"
+            if path.name.endswith(".ko.xz"):
+                with lzma.open(path) as packed, open(dest, "wb") as out:
+                    shutil.copyfileobj(packed, out)
+            elif path.name.endswith(".ko.zst"):
+                ctx.runner.run(["zstd", "-d", "-q", "-f", "-o", str(dest), str(path)],
+                               timeout=120)
+            else:
+                _link_or_copy(path, dest)
+        mark_complete(staging, f"{t.version} {t.kernel} {t.flavour}\n")
 
 
 def _retire_runfile_modules(ctx: Context) -> None:
     """A runfile install's modules sit in updates/, which modprobe prefers over extra/."""
     ours = ctx.root.local(ctx.layout.host_modules_dir(ctx.target.kernel))
     if ours.exists():
-        _remove(ours)
+        remove_tree(ours)
         log.info("removed the runfile install's modules in %s", ours)
 
 
@@ -676,10 +685,3 @@ def _link_or_copy(src: Path, dest: Path) -> None:
 
 def _writable(path: Path) -> bool:
     return path.is_dir() and os.access(path, os.W_OK)
-
-
-def _remove(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path)

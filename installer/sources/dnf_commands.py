@@ -16,6 +16,9 @@ from installer.runner import Runner
 MODULE = "nvidia-driver"
 PROFILE = "default"
 KMOD = {"proprietary": "kmod-nvidia-latest-dkms", "open": "kmod-nvidia-open-dkms"}
+# The module name each -dkms kmod registers with DKMS (NVIDIA's dkms-nvidia.spec and
+# dkms-open-nvidia.spec): /usr/src/<name>-<v>/, `dkms ... -m <name>`, /var/lib/dkms/<name>/.
+DKMS_NAME = {"proprietary": "nvidia", "open": "nvidia-open"}
 USERSPACE = ("nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe")
 # Packages whose files may fill versions/<ver>/{bin,lib64} (those not installed are skipped).
 USERSPACE_ALL = (
@@ -62,6 +65,10 @@ class DnfTarget:
     @property
     def kmod(self) -> str:
         return KMOD[self.flavour]
+
+    @property
+    def dkms_name(self) -> str:
+        return DKMS_NAME[self.flavour]
 
     @property
     def other_kmod(self) -> str:
@@ -151,13 +158,12 @@ def dnf_base(root: HostRoot, distro: Distro, cache_dir: Path) -> list[str]:
     ]
     if root.is_bare:
         return ["dnf", *common]
-    argv = [
+    argv = root.tool_argv(
         "dnf",
-        f"--installroot={root.root}",
         f"--releasever={distro.version_id}",
         f"--setopt=reposdir={root.local(REPOS_DIR)}",
         f"--setopt=cachedir={cache_dir}",
-    ]
+    )
     if distro.major < 10:
         argv.append(f"--setopt=module_platform_id=platform:el{distro.major}")
     return argv + common
@@ -235,23 +241,26 @@ def epel_argv(base: list[str]) -> list[str]:
 def dkms_argv(root: HostRoot, *args: str) -> list[str]:
     """dkms of the host, run in the host root (it builds with the host's compiler and
     kernel-devel, into the host's /var/lib/dkms and /lib/modules)."""
-    if root.is_bare:
-        return ["dkms", *args]
-    return ["chroot", str(root.root), "dkms", *args]
+    return root.tool_argv("dkms", *args)
 
 
-def dkms_installed(status_output: str, version: str, kernel: str) -> bool:
-    """`dkms status` prints `nvidia/<v>, <k>, <arch>: installed` (older: `nvidia, <v>, ...`)."""
+def dkms_installed(status_output: str, name: str, version: str, kernel: str) -> bool:
+    """`dkms status` prints `<name>/<v>, <k>, <arch>: installed` (older: `<name>, <v>, ...`)."""
     for line in status_output.splitlines():
         head, _, state = line.rpartition(":")
         fields = [f.strip() for f in head.replace("/", ",").split(",")]
-        if state.strip().startswith("installed") and fields[:3] == ["nvidia", version, kernel]:
+        if state.strip().startswith("installed") and fields[:3] == [name, version, kernel]:
             return True
     return False
 
 
-def make_log(version: str) -> PurePosixPath:
-    return DKMS_TREE / "nvidia" / version / "build" / "make.log"
+def dkms_built(name: str, version: str, kernel: str) -> PurePosixPath:
+    """Where DKMS keeps a module built for a kernel."""
+    return DKMS_TREE / name / version / kernel
+
+
+def make_log(name: str, version: str) -> PurePosixPath:
+    return DKMS_TREE / name / version / "build" / "make.log"
 
 
 def last_transaction(root: HostRoot) -> int:
@@ -288,7 +297,7 @@ def versionlock_argv(base: list[str], names: tuple[str, ...], version: str) -> l
 
 
 def rpm_base(root: HostRoot) -> list[str]:
-    return ["rpm"] if root.is_bare else ["rpm", "--root", str(root.root)]
+    return root.tool_argv("rpm")
 
 
 def rpm_query_argv(root: HostRoot, names: list[str]) -> list[str]:

@@ -1,50 +1,87 @@
 """Prebuilt kernel modules from an OCI registry: use them instead of compiling, publish a build.
 
-A missing artifact or any registry failure is never an install failure: the node compiles, as
-it would without a registry. What is pulled is verified (digests while writing, the key in the
-artifact's config, each module's vermagic against the target kernel) before it takes the place
-of a build in the cache, so every later step treats it exactly like modules built here.
+A pulled artifact is used only when a publisher key the operator trusts signed its manifest
+digest (NVIDIA_MODULE_TRUSTED_KEYS; with none, nothing pulled is ever used) and, when pins are
+set, its digest is pinned; then every digest, NVIDIA's module names and each module's vermagic
+are checked before it takes the place of a build in the cache. The signed bytes stay beside the
+modules, and a cached pulled build is checked again (signature against the trust root of the
+day, pins, names, contents) before every run uses it. A missing, untrusted or unreachable
+artifact costs a compile, never an install, unless NVIDIA_MODULE_REQUIRE_PREBUILT says so.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from installer.errors import ArtifactInvalid, RegistryUnavailable
+from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
+from installer.errors import (
+    ArtifactInvalid,
+    PrebuiltRequired,
+    RegistryAuthFailed,
+    RegistryUnavailable,
+)
 from installer.plan import Context, Decision, Step
-from installer.steps import COMPLETE_MARKER, remove_tree
 
 if TYPE_CHECKING:
     from installer.config import Config
-    from installer.delivery.registry import Artifact, ArtifactKey, RegistrySettings
+    from installer.delivery.artifact import Artifact, ArtifactKey, Policy
+    from installer.delivery.oci import RegistrySettings
 
 log = logging.getLogger(__name__)
 
 ARTIFACT_MARKER = ".artifact"  # in a build dir: the modules came from this reference
+EVIDENCE_FILE = ".artifact.json"  # in a build dir: the signed bytes that vouched for them
+STAT_FILE = ".artifact.stat"  # size and mtime of each module when last hashed
 PUBLISHED_MARKER = ".published"  # in a build dir: these modules were pushed as this reference
 
 
 def registry_settings(config: Config) -> RegistrySettings | None:
+    """The registry to talk to, or None. Raises RegistryAuthFailed when the password file
+    cannot be read."""
     if not config.module_registry:
         return None
-    from installer.delivery.registry import RegistrySettings
+    from installer.delivery.oci import RegistrySettings
 
+    password = config.module_registry_password
+    if config.module_registry_password_file is not None:
+        try:
+            password = config.module_registry_password_file.read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise RegistryAuthFailed(
+                f"NVIDIA_MODULE_REGISTRY_PASSWORD_FILE={config.module_registry_password_file}: "
+                f"{exc.strerror or exc}") from None
     return RegistrySettings(
         repository=config.module_registry,
         plain_http=config.module_registry_plain_http,
         username=config.module_registry_username,
-        password=config.module_registry_password,
+        password=password,
         connect_timeout=min(config.connect_timeout, 5.0),
         read_timeout=config.read_timeout,
+        token_realms=config.module_registry_token_realms,
     )
 
 
+def policy(ctx: Context) -> Policy | None:
+    """The operator's trust root (read once per run), or None when none is configured.
+    Raises TrustRootInvalid for an unreadable or empty key file."""
+    if ctx.config.module_trusted_keys is None:
+        return None
+    found = ctx.memo.get("prebuilt-policy")
+    if found is None:
+        from installer.delivery.artifact import Policy
+        from installer.delivery.trust import load_trust_root
+
+        found = ctx.memo["prebuilt-policy"] = Policy(
+            load_trust_root(ctx.config.module_trusted_keys), ctx.config.module_digests)
+    return found  # type: ignore[no-any-return]
+
+
 def artifact_key(ctx: Context) -> ArtifactKey:
-    """The key of the modules this plan builds; the signing certificate names the key."""
-    from installer.delivery.registry import ArtifactKey, signing_identity
+    """The key of the modules this plan builds; the Secure Boot certificate names the key."""
+    from installer.delivery.artifact import ArtifactKey, signing_identity
 
     cert = None
     if ctx.config.signing_cert is not None:
@@ -67,10 +104,90 @@ def vermagic(path: Path) -> str | None:
     return data[start:end].decode("ascii", "replace")
 
 
-def _built(ctx: Context) -> Path | None:
+def _build_dir(ctx: Context) -> Path:
     t = ctx.target
-    final = ctx.layout.module_build(t.version, t.kernel, t.flavour)
-    return final if (final / COMPLETE_MARKER).is_file() else None
+    return ctx.layout.module_build(t.version, t.kernel, t.flavour)
+
+
+def _built(ctx: Context) -> Path | None:
+    final = _build_dir(ctx)
+    return final if is_complete(final) else None
+
+
+def _pulled(build: Path) -> bool:
+    return (build / ARTIFACT_MARKER).is_file() or (build / EVIDENCE_FILE).is_file()
+
+
+# --------------------------------------------------------------------------- cached builds
+
+
+def cached_problem(ctx: Context, build: Path) -> str | None:
+    """Why a pulled build in the cache may no longer be used (None: it verifies). Reads only;
+    the answer is kept for the run."""
+    memo = ctx.memo.get("prebuilt-cached")
+    if isinstance(memo, tuple) and memo[0] == build:
+        return memo[1]  # type: ignore[no-any-return]
+    problem = _check_cached(ctx, build)
+    ctx.memo["prebuilt-cached"] = (build, problem)
+    return problem
+
+
+def _check_cached(ctx: Context, build: Path) -> str | None:
+    from installer.delivery import artifact
+    from installer.errors import InstallerError
+
+    try:
+        trusted = policy(ctx)
+        if trusted is None:
+            return "no NVIDIA_MODULE_TRUSTED_KEYS: pulled modules are not used"
+        if not (build / EVIDENCE_FILE).is_file():
+            return "no signed record beside them (pulled before signatures were checked)"
+        verified = artifact.verify(artifact.Evidence.from_json(
+            (build / EVIDENCE_FILE).read_text()), trusted)
+        if verified.key != artifact_key(ctx).fields():
+            return f"built for {verified.key}, not for this node's key"
+        return _files_problem(build, verified)
+    except (InstallerError, OSError) as exc:
+        return getattr(exc, "message", None) or str(exc)
+
+
+def _files_problem(build: Path, verified: Artifact) -> str | None:
+    present = sorted(p.name for p in build.glob("*.ko"))
+    listed = sorted(f.name for f in verified.files)
+    if present != listed:
+        return f"the cache holds {present}, the signed artifact {listed}"
+    stats = _read_stats(build)
+    for item in verified.files:
+        path = build / item.name
+        info = path.stat()
+        if info.st_size != item.size:
+            return f"{item.name} is {info.st_size} bytes, signed as {item.size}"
+        if stats.get(item.name) == [info.st_size, info.st_mtime_ns]:
+            continue  # hashed when written and unchanged since
+        if _sha256(path) != item.sha256:
+            return f"{item.name} no longer hashes to its signed digest"
+    return None
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    hashed = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            hashed.update(block)
+    return hashed.hexdigest()
+
+
+def _read_stats(build: Path) -> dict[str, list[int]]:
+    try:
+        data = json.loads((build / STAT_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+# --------------------------------------------------------------------------- the lookup
 
 
 class _Lookup:
@@ -83,15 +200,18 @@ class _Lookup:
         self.error: RegistryUnavailable | None = None
 
     def get(self) -> Artifact | None:
-        settings = registry_settings(self.ctx.config)
-        if not self.done and settings is not None:
-            self.done = True
-            from installer.delivery import registry
+        if self.done:
+            return self.artifact
+        self.done = True
+        try:
+            settings = registry_settings(self.ctx.config)
+            trusted = policy(self.ctx)
+            if settings is not None and trusted is not None:
+                from installer.delivery import registry
 
-            try:
-                self.artifact = registry.find(settings, artifact_key(self.ctx))
-            except RegistryUnavailable as exc:
-                self.error = exc
+                self.artifact = registry.find(settings, artifact_key(self.ctx), trusted)
+        except RegistryUnavailable as exc:
+            self.error = exc
         return self.artifact
 
 
@@ -105,74 +225,131 @@ def _lookup(ctx: Context) -> _Lookup:
 
 def decision(ctx: Context) -> Decision | None:
     """What `plan` says about prebuilt modules; looks the artifact up only when a build is
-    still needed (the warm path never touches the registry)."""
-    settings = registry_settings(ctx.config)
-    if settings is None:
-        return None
+    still needed and a trust root is set (the warm path never touches the registry)."""
+    config = ctx.config
     built = _built(ctx)
+    if built is not None and _pulled(built):
+        where = (built / ARTIFACT_MARKER).read_text().strip() if (
+            built / ARTIFACT_MARKER).is_file() else "a registry"
+        problem = cached_problem(ctx, built)
+        if problem is None:
+            return Decision("prebuilt-modules", "not needed",
+                            f"modules already in the cache (pulled from {where}; their "
+                            "signature verified again)")
+        return Decision("prebuilt-modules", "cache dropped",
+                        f"the cached modules pulled from {where} are not used: {problem}")
+    if not config.module_registry:
+        return None
     if built is not None:
-        origin = (built / ARTIFACT_MARKER)
-        where = origin.read_text().strip() if origin.is_file() else "compiled on this node"
-        return Decision("prebuilt-modules", "not needed", f"modules already in the cache ({where})")
+        return Decision("prebuilt-modules", "not needed",
+                        "modules already in the cache (compiled on this node)")
+    fails = " and the run fails (NVIDIA_MODULE_REQUIRE_PREBUILT)" if (
+        config.module_require_prebuilt) else "; the modules will be compiled"
+    if policy(ctx) is None:
+        return Decision("prebuilt-modules", "not trusted",
+                        "NVIDIA_MODULE_TRUSTED_KEYS is unset: no pulled artifact is used and "
+                        "the registry is not asked" + fails)
     lookup = _lookup(ctx)
     artifact = lookup.get()
-    key = artifact_key(ctx)
     if lookup.error is not None:
-        return Decision("prebuilt-modules", "unavailable",
-                        f"{lookup.error.message}; the modules will be compiled")
+        value = "untrusted" if lookup.error.reference in (
+            "artifact-untrusted", "artifact-invalid") else "unavailable"
+        return Decision("prebuilt-modules", value,
+                        f"error[{lookup.error.reference}]: {lookup.error.message}{fails}")
+    key = artifact_key(ctx)
     if artifact is None:
+        push = " and published" if config.module_registry_push else ""
         return Decision("prebuilt-modules", "none",
-                        f"no artifact {settings.reference(key.tag())} for this key; the modules "
-                        "will be compiled" + (" and published" if ctx.config.module_registry_push
-                                              else ""))
+                        f"no artifact {config.module_registry}:{key.tag()} for this key"
+                        + (fails if config.module_require_prebuilt else
+                           f"; the modules will be compiled{push}"))
     return Decision("prebuilt-modules", artifact.reference,
-                    f"artifact for {key.tag()} found (digest {artifact.digest}); pulled and "
-                    "verified instead of compiling")
+                    f"artifact for {key.tag()} found (digest {artifact.digest}, signed by "
+                    f"{artifact.signer}); pulled and verified instead of compiling")
+
+
+# --------------------------------------------------------------------------- steps
 
 
 def pull_steps(ctx: Context) -> list[Step]:
-    """`use-prebuilt-modules` before the headers and the build, when a registry is set."""
-    if registry_settings(ctx.config) is None:
+    """`use-prebuilt-modules` before the headers and the build, when a registry is set or a
+    pulled build sits in the cache (it is checked again, and dropped when it fails)."""
+    pulled_in_cache = (_build_dir(ctx) / ARTIFACT_MARKER).exists() or (
+        _build_dir(ctx) / EVIDENCE_FILE).exists()
+    if not ctx.config.module_registry and not pulled_in_cache:
         return []
-    lookup = _lookup(ctx)
     tried = [False]
 
     def satisfied() -> bool:
-        return tried[0] or _built(ctx) is not None
+        if tried[0]:
+            return True
+        built = _built(ctx)
+        if built is None:
+            return not ctx.config.module_registry
+        return not _pulled(built) or cached_problem(ctx, built) is None
 
     def apply() -> None:
         tried[0] = True
-        try:
-            artifact = lookup.get()
-            if lookup.error is not None:
-                raise lookup.error
-            if artifact is None:
-                log.info("no prebuilt modules for %s in %s: compiling",
-                         artifact_key(ctx).tag(), ctx.config.module_registry)
+        built = _built(ctx)
+        if built is not None and _pulled(built):
+            problem = cached_problem(ctx, built)
+            if problem is None:
                 return
-            use(ctx, artifact)
-        except RegistryUnavailable as exc:  # includes auth failures and invalid artifacts
-            log.warning("prebuilt modules not used (error[%s]: %s); compiling instead",
-                        exc.reference, exc.message)
+            log.warning("the cached modules in %s are not used: %s; removed", built, problem)
+            remove_tree(built)
+            ctx.memo.pop("prebuilt-cached", None)
+        if not ctx.config.module_registry:
+            return
+        _pull_or_compile(ctx)
 
-    return [Step("use-prebuilt-modules", "pull compiled modules from the registry when an "
-                 "artifact matches this key (else compile)", satisfied, apply)]
+    return [Step("use-prebuilt-modules", "pull compiled modules from the registry when a "
+                 "trusted artifact matches this key (else compile)", satisfied, apply)]
+
+
+def _pull_or_compile(ctx: Context) -> None:
+    config = ctx.config
+    try:
+        if policy(ctx) is None:
+            log.info("NVIDIA_MODULE_TRUSTED_KEYS is unset: no pulled artifact is used; "
+                     "compiling")
+            return
+        lookup = _lookup(ctx)
+        artifact = lookup.get()
+        if lookup.error is not None:
+            raise lookup.error
+        if artifact is None:
+            message = (f"no prebuilt modules for {artifact_key(ctx).tag()} in "
+                       f"{config.module_registry}")
+            if config.module_require_prebuilt:
+                raise PrebuiltRequired(message)
+            log.info("%s: compiling", message)
+            return
+        use(ctx, artifact)
+    except RegistryUnavailable as exc:  # auth, realm, untrusted and invalid artifacts too
+        if config.module_require_prebuilt:
+            raise PrebuiltRequired(f"prebuilt modules not used (error[{exc.reference}]: "
+                                   f"{exc.message})") from None
+        log.warning("prebuilt modules not used (error[%s]: %s); compiling instead",
+                    exc.reference, exc.message)
 
 
 def use(ctx: Context, artifact: Artifact) -> Path:
-    """Pull `artifact` into the build cache as if built here. Raises ArtifactInvalid (vermagic,
-    digests) or RegistryUnavailable; nothing is left in the cache then."""
+    """Pull a verified `artifact` into the build cache as if built here, with its signed
+    record. Raises ArtifactInvalid (vermagic, digests, other files) or RegistryUnavailable;
+    nothing is left in the cache then."""
     from installer.delivery import registry
+    from installer.delivery.artifact import MODULE_NAMES
 
     settings = registry_settings(ctx.config)
     assert settings is not None
     t = ctx.target
-    final = ctx.layout.module_build(t.version, t.kernel, t.flavour)
-    staging = final.with_name(f".{final.name}.pull")
-    remove_tree(staging)
-    staging.mkdir(parents=True)
-    try:
+    final = _build_dir(ctx)
+    with staged_dir(final, suffix=".pull") as staging:
         registry.pull(settings, artifact, staging)
+        names = sorted(p.name for p in staging.iterdir())
+        if not set(names) <= MODULE_NAMES or "nvidia.ko" not in names:
+            raise ArtifactInvalid(f"{artifact.reference} gave {names}, not NVIDIA's modules")
+        stats: dict[str, list[int]] = {}
         for module in sorted(staging.glob("*.ko")):
             magic = vermagic(module)
             if magic is None or magic.split(" ", 1)[0] != t.kernel:
@@ -180,29 +357,26 @@ def use(ctx: Context, artifact: Artifact) -> Path:
                     f"{module.name} from {artifact.reference} has vermagic {magic!r}, not for "
                     f"kernel {t.kernel}"
                 )
-        if not (staging / "nvidia.ko").is_file():
-            raise ArtifactInvalid(f"{artifact.reference} holds no nvidia.ko")
+            info = module.stat()
+            stats[module.name] = [info.st_size, info.st_mtime_ns]
+        (staging / EVIDENCE_FILE).write_text(artifact.evidence.to_json())
+        (staging / STAT_FILE).write_text(json.dumps(stats, sort_keys=True) + "\n")
         (staging / ARTIFACT_MARKER).write_text(f"{artifact.reference}\n")
-        (staging / COMPLETE_MARKER).write_text(f"{t.version} {t.kernel} {t.flavour}\n")
-        final.parent.mkdir(parents=True, exist_ok=True)
-        remove_tree(final)
-        os.replace(staging, final)
-    finally:
-        remove_tree(staging)
-    log.info("using prebuilt modules %s (%s)", artifact.reference,
-             ", ".join(name for name, _, _ in artifact.files))
+        mark_complete(staging, f"{t.version} {t.kernel} {t.flavour}\n")
+    log.info("using prebuilt modules %s signed by %s (%s)", artifact.reference, artifact.signer,
+             ", ".join(f.name for f in artifact.files))
     return final
 
 
 def publish_steps(ctx: Context) -> list[Step]:
     """`publish-modules` after the build, when pushing is on; failures only warn."""
-    if registry_settings(ctx.config) is None or not ctx.config.module_registry_push:
+    if not ctx.config.module_registry or not ctx.config.module_registry_push:
         return []
     tried = [False]
 
     def satisfied() -> bool:
         built = _built(ctx)
-        return (tried[0] or built is None or (built / ARTIFACT_MARKER).is_file()
+        return (tried[0] or built is None or _pulled(built)
                 or (built / PUBLISHED_MARKER).is_file())
 
     def apply() -> None:
@@ -213,18 +387,22 @@ def publish_steps(ctx: Context) -> list[Step]:
             log.warning("modules not published (error[%s]: %s); the install goes on",
                         exc.reference, exc.message)
 
-    return [Step("publish-modules", "push the compiled modules to the registry for other nodes",
-                 satisfied, apply)]
+    return [Step("publish-modules", "push the compiled modules to the registry, signed with "
+                 "the publisher key", satisfied, apply)]
 
 
 def publish(ctx: Context) -> Artifact:
-    """Push the built modules of this plan's key. Raises RegistryUnavailable (and subclasses)."""
+    """Push and sign the built modules of this plan's key. Raises RegistryUnavailable (and
+    subclasses), TrustRootInvalid (the publisher key)."""
     from installer.delivery import registry
+    from installer.delivery.trust import load_signer
 
     settings = registry_settings(ctx.config)
     built = _built(ctx)
-    if settings is None or built is None:
-        raise RegistryUnavailable("nothing to publish: no registry set or no modules built")
-    artifact = registry.push(settings, artifact_key(ctx), sorted(built.glob("*.ko")))
+    if settings is None or built is None or ctx.config.module_publisher_key is None:
+        raise RegistryUnavailable("nothing to publish: no registry, no publisher key or no "
+                                  "modules built")
+    signer = load_signer(ctx.config.module_publisher_key)
+    artifact = registry.push(settings, artifact_key(ctx), sorted(built.glob("*.ko")), signer)
     (built / PUBLISHED_MARKER).write_text(f"{artifact.reference}\n")
     return artifact

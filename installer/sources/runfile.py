@@ -2,40 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import mmap
 import os
 import re
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from installer import delivery, kernel
-from installer.config import Config
+from installer.dirs import is_complete, mark_complete, remove_tree, scratch, staged_dir
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
 from installer.headers import steps as header_steps
 from installer.layout import Layout
 from installer.plan import Context, Step
-from installer.steps import COMPLETE_MARKER, remove_tree
+from installer.prefetch import runfile_name
 
 log = logging.getLogger(__name__)
-
-def runfile_name(version: str, arch: str) -> str:
-    return f"NVIDIA-Linux-{arch}-{version}.run"
-
-
-def download_urls(config: Config, version: str, arch: str, default_url: str) -> list[str]:
-    """URLs to try in order: an explicit URL alone, else each mirror's
-    `<mirror>/<v>/<runfile>`, then the default (catalog or GKE layout)."""
-    if config.download_url:
-        return [config.download_url]
-    name = runfile_name(version, arch)
-    urls = [f"{mirror.rstrip('/')}/{version}/{name}" for mirror in config.mirrors]
-    urls.append(default_url)
-    return urls
-
 
 def extract_argv(runfile: Path, target: Path, tmpdir: Path) -> list[str]:
     return ["sh", str(runfile), "--extract-only", "--target", str(target), "--tmpdir", str(tmpdir)]
@@ -143,6 +126,7 @@ class BuildRequest:
     kernel: str
     flavour: str
     kernel_source: str
+    kernel_output: str
     install_path: Path
     log_file: Path
     tmpdir: Path
@@ -160,7 +144,10 @@ def build_modules_argv(req: BuildRequest) -> list[str]:
         "--accept-license",
         "--kernel-modules-only",
         f"--kernel-name={req.kernel}",
+        # Both paths, always: nvidia-installer takes a given source path as the output path
+        # too, which is wrong for Debian's split headers (-common and -amd64).
         f"--kernel-source-path={req.kernel_source}",
+        f"--kernel-output-path={req.kernel_output}",
         f"--kernel-install-path={req.install_path}",
         *module_type_args(req.version, req.flavour),
         "--no-drm",
@@ -234,31 +221,18 @@ def _built(ctx: Context) -> bool:
     t = ctx.target
     build = ctx.layout.module_build(t.version, t.kernel, t.flavour)
     # A marker alone is not trusted: the module itself must be of the planned version.
-    return (build / COMPLETE_MARKER).is_file() and module_version_matches(build / "nvidia.ko",
-                                                                          t.version)
+    return is_complete(build) and module_version_matches(build / "nvidia.ko", t.version)
 
 
 def _userspace_done(ctx: Context) -> bool:
     version = ctx.target.version
     final = ctx.layout.version_dir(version)
-    return (final / COMPLETE_MARKER).is_file() and (
+    return is_complete(final) and (
         final / "lib64" / f"libnvidia-ml.so.{version}").is_file()
 
 
 def _runfile_needed(ctx: Context) -> bool:
     return not (_built(ctx) and _userspace_done(ctx))
-
-
-@contextlib.contextmanager
-def scratch(layout: Layout) -> Iterator[Path]:
-    """cache/tmp, emptied before and after a command: what a killed or failed build or
-    extraction left there never stays (the host lock makes this run its only user)."""
-    remove_tree(layout.tmp)
-    layout.tmp.mkdir(parents=True)
-    try:
-        yield layout.tmp
-    finally:
-        remove_tree(layout.tmp)
 
 
 def drop_cached_runfile(layout: Layout, name: str) -> None:
@@ -298,7 +272,6 @@ def extract_step(ctx: Context) -> Step:
         return not _runfile_needed(ctx) or is_extracted(directory, t.version)
 
     def refuse(runfile: Path, problems: list[str]) -> RunfileMismatch:
-        remove_tree(staging)
         remove_tree(directory)
         drop_cached_runfile(layout, name)
         return RunfileMismatch(
@@ -307,36 +280,32 @@ def extract_step(ctx: Context) -> Step:
 
     def apply() -> None:
         runfile = ctx.runfile or layout.downloads / name
-        remove_tree(staging)
         remove_tree(directory)
-        staging.parent.mkdir(parents=True, exist_ok=True)
-        said = ctx.runner.run(version_string_argv(runfile), check=False, timeout=120)
-        problems = archive_problems(header_identity(runfile),
-                                    (said.output.strip().splitlines() or [""])[-1].strip(),
-                                    t.version, ctx.facts.arch)
-        if problems:
-            raise refuse(runfile, problems)
-        with scratch(layout) as tmp:
-            try:
-                ctx.runner.run(extract_argv(runfile, staging, tmp), timeout=600)
-            except CommandFailed as exc:
-                remove_tree(staging)
-                drop_cached_runfile(layout, name)
-                raise InstallFailed(
-                    f"extracting {runfile.name} failed: {exc.output_tail}",
-                    hint="The file was damaged and is removed from the cache: run again to "
-                    "download it anew.") from exc
-        installer = ctx.runner.run([str(staging / "nvidia-installer"), "--version"],
-                                   check=False, timeout=120)
-        problems = tree_problems(staging, installer.output, t.version)
-        if problems:
-            raise refuse(runfile, problems)
-        (staging / EXTRACTED_MARKER).write_text(t.version + "\n")
-        os.replace(staging, directory)
+        with staged_dir(directory, create=False) as staging:
+            said = ctx.runner.run(version_string_argv(runfile), check=False, timeout=120)
+            problems = archive_problems(header_identity(runfile),
+                                        (said.output.strip().splitlines() or [""])[-1].strip(),
+                                        t.version, ctx.facts.arch)
+            if problems:
+                raise refuse(runfile, problems)
+            with scratch(layout.tmp) as tmp:
+                try:
+                    ctx.runner.run(extract_argv(runfile, staging, tmp), timeout=600)
+                except CommandFailed as exc:
+                    drop_cached_runfile(layout, name)
+                    raise InstallFailed(
+                        f"extracting {runfile.name} failed: {exc.output_tail}",
+                        hint="The file was damaged and is removed from the cache: run again to "
+                        "download it anew.") from exc
+            installer = ctx.runner.run([str(staging / "nvidia-installer"), "--version"],
+                                       check=False, timeout=120)
+            problems = tree_problems(staging, installer.output, t.version)
+            if problems:
+                raise refuse(runfile, problems)
+            mark_complete(staging, t.version + "\n", EXTRACTED_MARKER)
         log.info("extracted %s (version %s, %s, as planned)", runfile.name, t.version,
                  ctx.facts.arch)
 
-    staging = directory.with_name(f".{directory.name}.tmp")
     return Step("extract-runfile", "identify the .run as the planned version, extract it once "
                 "into the cache", satisfied, apply)
 
@@ -358,20 +327,18 @@ def build_step(ctx: Context) -> Step:
 
     def apply() -> None:
         assert t.headers is not None
-        staging = final.with_name(f".{final.name}.tmp")
-        remove_tree(staging)
-        staging.mkdir(parents=True)
         log_file = layout.install_local / "nvidia-installer-build.log"
         chosen = header_steps.build_compiler(ctx)
         env, note = chosen.env, chosen.note
         log.info("building %s modules for kernel %s (%s)", t.flavour, t.kernel, note)
-        with scratch(layout) as tmp:
+        with staged_dir(final) as staging, scratch(layout.tmp) as tmp:
             request = BuildRequest(
                 extracted=layout.extracted(t.version),
                 version=t.version,
                 kernel=t.kernel,
                 flavour=t.flavour,
-                kernel_source=str(t.headers.host_path),
+                kernel_source=str(t.headers.source_path),
+                kernel_output=str(t.headers.output_path),
                 install_path=staging,
                 log_file=log_file,
                 tmpdir=tmp,
@@ -384,26 +351,40 @@ def build_step(ctx: Context) -> Step:
             try:
                 ctx.runner.run(argv, env=env, stream=True, timeout=3600)
             except CommandFailed as exc:
-                remove_tree(staging)
                 raise ModuleBuildFailed(
                     f"building the {t.flavour} kernel modules of {t.version} for kernel "
-                    f"{t.kernel} failed (exit {exc.returncode}); last lines of "
-                    f"{log_file.name}:\n" + _tail(log_file, exc.output_tail),
+                    f"{t.kernel} failed (exit {exc.returncode})"
+                    + _compiler_errors(log_file)
+                    + f"; last lines of {log_file.name}:\n" + _tail(log_file, exc.output_tail),
                 ) from exc
-        if not (staging / "nvidia.ko").is_file():
-            remove_tree(staging)
-            raise ModuleBuildFailed(f"the build left no nvidia.ko in {staging}")
-        if not module_version_matches(staging / "nvidia.ko", t.version):
-            remove_tree(staging)
-            raise ModuleBuildFailed(f"the built nvidia.ko is not version {t.version}")
-        (staging / COMPLETE_MARKER).write_text(f"{t.version} {t.kernel} {t.flavour}\n")
-        final.parent.mkdir(parents=True, exist_ok=True)
-        remove_tree(final)
-        os.replace(staging, final)
+            if not (staging / "nvidia.ko").is_file():
+                raise ModuleBuildFailed(f"the build left no nvidia.ko in {staging}")
+            if not module_version_matches(staging / "nvidia.ko", t.version):
+                raise ModuleBuildFailed(f"the built nvidia.ko is not version {t.version}")
+            mark_complete(staging, f"{t.version} {t.kernel} {t.flavour}\n")
         log.info("built %s", ", ".join(p.name for p in sorted(final.glob("*.ko"))))
 
     return Step("build-modules", f"compile {t.flavour} modules for {t.kernel} (cached per "
                 "version, kernel and flavour)", satisfied, apply)
+
+
+# gcc's diagnostics: `nvidia/nv-pci.c:223:9: error: too few arguments to function ...`.
+_COMPILER_ERROR = re.compile(r"^\S+:\d+:(?:\d+:)? (?:fatal )?error: ")
+
+
+def _compiler_errors(log_file: Path, limit: int = 5) -> str:
+    """The compiler's own `error:` lines from the build log: nvidia-installer runs make -k, so
+    they sit far above the log's tail (make goes on compiling every other file)."""
+    try:
+        text = log_file.read_text(errors="replace")
+    except OSError:
+        return ""
+    found = list(dict.fromkeys(line.strip() for line in text.splitlines()
+                               if _COMPILER_ERROR.match(line.strip())))
+    if not found:
+        return ""
+    more = f" (and {len(found) - limit} more)" if len(found) > limit else ""
+    return "; the compiler said:\n" + "\n".join(found[:limit]) + more
 
 
 def _tail(log_file: Path, fallback: str, lines: int = 25) -> str:
@@ -422,28 +403,23 @@ def userspace_step(ctx: Context) -> Step:
         return _userspace_done(ctx)
 
     def apply() -> None:
-        staging = final.with_name(f".{final.name}.tmp")
-        remove_tree(staging)
-        staging.mkdir(parents=True)
         extracted = layout.extracted(t.version)
-        with scratch(layout) as tmp:
-            argv = install_userspace_argv(extracted, staging, layout.installer_log, tmp)
-            try:
-                ctx.runner.run(argv, stream=True, timeout=1800)
-            except CommandFailed as exc:
-                remove_tree(staging)
-                raise InstallFailed(
-                    f"nvidia-installer failed to install the user-space files of {t.version}: "
-                    + _tail(layout.installer_log, exc.output_tail)) from exc
-        copied = copy_firmware(extracted, staging / "firmware")
-        if copied:
-            log.info("GSP firmware from the extracted tree: %s", ", ".join(copied))
-        # Soname links (libnvidia-ml.so.1 -> .so.<ver>) before the switch, so an interrupted
-        # run never leaves an active version without them.
-        ctx.runner.run(["ldconfig", "-n", str(staging / "lib64")], timeout=120)
-        (staging / COMPLETE_MARKER).write_text(t.version + "\n")
-        remove_tree(final)
-        os.replace(staging, final)
+        with staged_dir(final) as staging:
+            with scratch(layout.tmp) as tmp:
+                argv = install_userspace_argv(extracted, staging, layout.installer_log, tmp)
+                try:
+                    ctx.runner.run(argv, stream=True, timeout=1800)
+                except CommandFailed as exc:
+                    raise InstallFailed(
+                        f"nvidia-installer failed to install the user-space files of "
+                        f"{t.version}: " + _tail(layout.installer_log, exc.output_tail)) from exc
+            copied = copy_firmware(extracted, staging / "firmware")
+            if copied:
+                log.info("GSP firmware from the extracted tree: %s", ", ".join(copied))
+            # Soname links (libnvidia-ml.so.1 -> .so.<ver>) before the switch, so an interrupted
+            # run never leaves an active version without them.
+            ctx.runner.run(["ldconfig", "-n", str(staging / "lib64")], timeout=120)
+            mark_complete(staging, t.version + "\n")
         log.info("installed user-space files of %s into %s", t.version, final)
 
     return Step("install-userspace", "nvidia-smi, libraries and firmware into versions/<ver>",

@@ -12,12 +12,19 @@ Semantics follow the API reference (kubernetes.io/docs/reference/kubernetes-api)
 - DELETE /api/v1/namespaces/{ns}/pods/{name}: graceful, or at once with gracePeriodSeconds=0.
 - POST /api/v1/namespaces/{ns}/events: core/v1 Event; for a Node the namespace must be default.
 - Bearer-token authentication (401) and, when given, the rules of a ClusterRole (403).
+- Issue 20: when given, ValidatingAdmissionPolicies (their CEL run by cluster.admission, its
+  `authorizer` answering from the same ClusterRole rules) on every write, with the token's
+  userInfo as the API server builds it for a pod-bound ServiceAccount token (the node claim in
+  `extra`): a denial is 403 `... is forbidden: ValidatingAdmissionPolicy
+  ... denied request: ...`. managedFields for spec.unschedulable: the field manager that last
+  changed it (`fieldManager`, else the User-Agent's product, as the API server derives it).
 
 The kubelet's part: a pod with a deletionTimestamp goes away after its grace period unless it has
 finalizers (then it stays, as a pod stuck terminating does). `on_node_change` callbacks play the
 DaemonSet controller and kubelet reacting to node labels.
 
 Run alone: python3 -m cluster.apiserver --seed seed.json --port-file F [--role rbac.yaml]
+                                        [--policy admission-policy.yaml]
 """
 
 from __future__ import annotations
@@ -83,6 +90,11 @@ class Cluster:
 
     token: str = "stand-in-token"
     rules: Optional[list[Json]] = None  # a ClusterRole's rules; None: everything allowed
+    # issue 20: bound ValidatingAdmissionPolicies (cluster.admission.load_policies) and the node
+    # claim of the token (None: a token without one, such as a long-lived Secret token)
+    policies: Optional[list[tuple[Json, str]]] = None
+    token_node: Optional[str] = None
+    username: str = "system:serviceaccount:kube-system:nvidia-driver-installer"
     grace_seconds: float = 0.3
     nodes: dict[str, Json] = field(default_factory=dict)
     pods: dict[tuple[str, str], Json] = field(default_factory=dict)
@@ -114,7 +126,9 @@ class Cluster:
 
     def add_pod(self, namespace: str, name: str, node: str, *, gpus: int = 0,
                 labels: Optional[dict[str, str]] = None, ready: bool = True,
-                finalizers: Optional[list[str]] = None) -> Json:
+                finalizers: Optional[list[str]] = None, owner_kind: Optional[str] = None,
+                annotations: Optional[dict[str, str]] = None,
+                tolerations: Optional[list[Json]] = None) -> Json:
         with self.lock:
             resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
             pod: Json = {
@@ -130,6 +144,14 @@ class Cluster:
             }
             if finalizers:
                 pod["metadata"]["finalizers"] = list(finalizers)
+            if owner_kind:
+                pod["metadata"]["ownerReferences"] = [{
+                    "apiVersion": "apps/v1", "kind": owner_kind, "name": f"{name}-owner",
+                    "uid": str(uuid.uuid4()), "controller": True, "blockOwnerDeletion": True}]
+            if annotations:
+                pod["metadata"]["annotations"] = dict(annotations)
+            if tolerations:
+                pod["spec"]["tolerations"] = list(tolerations)
             self.pods[(namespace, name)] = pod
             return pod
 
@@ -200,7 +222,7 @@ class Cluster:
                            {"name": name, "kind": "nodes"})
         return _public(self.nodes[name])
 
-    def patch_node(self, name: str, content_type: str, patch: Any) -> Json:
+    def patch_node(self, name: str, content_type: str, patch: Any, manager: str = "") -> Json:
         if content_type != "application/merge-patch+json":
             raise ApiError(415, "UnsupportedMediaType",
                            f"the stand-in implements merge patches only, not {content_type}")
@@ -224,6 +246,10 @@ class Cluster:
         if unschedulable is not None and not isinstance(unschedulable, bool):
             raise ApiError(400, "BadRequest", "spec.unschedulable must be a boolean")
         if merged != node:
+            self.admit("UPDATE", "nodes", name, obj=merged, old=node)
+            if (merged.get("spec") or {}).get("unschedulable") != (
+                    node.get("spec") or {}).get("unschedulable"):
+                _own_unschedulable(merged, manager, bool(merged["spec"].get("unschedulable")))
             merged["metadata"]["resourceVersion"] = self.next_rv()
             self.nodes[name] = merged
             for callback in self.on_node_change:
@@ -273,6 +299,8 @@ class Cluster:
                            {"causes": [{"reason": "DisruptionBudget", "message": "The "
                                         f"disruption budget {pdbs[0]['metadata']['name']} "
                                         "needs more healthy pods"}]})
+        self.admit("CREATE", "pods", name, namespace=namespace, subresource="eviction",
+                   obj=body)
         self._start_deletion(pod, None)
         return _success(201)
 
@@ -281,6 +309,7 @@ class Cluster:
         if pod is None:
             raise ApiError(404, "NotFound", f'pods "{name}" not found',
                            {"name": name, "kind": "pods"})
+        self.admit("DELETE", "pods", name, namespace=namespace, old=pod)
         grace = query.get("gracePeriodSeconds")
         self._start_deletion(pod, float(grace[0]) if grace else None)
         return _public(pod)
@@ -298,20 +327,49 @@ class Cluster:
                            "namespace")
         if not meta.get("name") or not body.get("reason"):
             raise ApiError(422, "Invalid", "metadata.name and reason are required")
+        self.admit("CREATE", "events", meta["name"], namespace=namespace, obj=body)
         event = copy.deepcopy(body)
         event["metadata"]["namespace"] = namespace
         event["metadata"]["resourceVersion"] = self.next_rv()
         self.events.append(event)
         return event
 
-    def allowed(self, verb: str, group: str, resource: str) -> bool:
+    def admit(self, operation: str, resource: str, name: str, *, namespace: str = "",
+              subresource: str = "", obj: Optional[Json] = None,
+              old: Optional[Json] = None) -> None:
+        """Run the ValidatingAdmissionPolicies on a write; raises the API server's denial."""
+        if not self.policies:
+            return
+        from cluster.admission import Authorizer, check, request, user_info
+
+        req = request(operation, resource, name, user_info(self.username, self.token_node),
+                      namespace=namespace, subresource=subresource,
+                      obj=_public(obj) if obj is not None else None,
+                      old=_public(old) if old is not None else None)
+        denied = check(self.policies, req, Authorizer(self.allowed))
+        if denied is not None:
+            raise ApiError(denied.code, denied.reason,
+                           f'{resource} "{name}" is forbidden: {denied.message}',
+                           {"name": name, "kind": resource})
+
+    def allowed(self, verb: str, group: str, resource: str, namespace: str = "") -> bool:
         if self.rules is None:
             return True
-        for rule in self.rules:
-            if (group in rule.get("apiGroups", []) and resource in rule.get("resources", [])
-                    and verb in rule.get("verbs", [])):
-                return True
-        return False
+        from cluster.admission import rbac_authorizer
+
+        return rbac_authorizer(self.rules).allowed(verb, group, resource, namespace)
+
+
+def _own_unschedulable(node: Json, manager: str, is_set: bool) -> None:
+    """managedFields after an Update that changed spec.unschedulable: the manager that made the
+    change owns the field (and no one once it is removed)."""
+    entries = [e for e in node["metadata"].get("managedFields") or []
+               if "f:unschedulable" not in (e["fieldsV1"].get("f:spec") or {})]
+    if is_set:
+        entries.append({"manager": manager or "unknown", "operation": "Update",
+                        "apiVersion": "v1", "time": _now(), "fieldsType": "FieldsV1",
+                        "fieldsV1": {"f:spec": {"f:unschedulable": {}}}})
+    node["metadata"]["managedFields"] = entries
 
 
 def _public(obj: Json) -> Json:
@@ -355,7 +413,9 @@ class _Handler(BaseHTTPRequestHandler):
                 match = pattern.match(url.path)
                 if method != self.command or not match:
                     continue
-                if not cluster.allowed(verb, group, resource):
+                path_ns = re.match(r"^/api/v1/namespaces/([^/]+)/", url.path)
+                if not cluster.allowed(verb, group, resource,
+                                       path_ns.group(1) if path_ns else ""):
                     raise ApiError(403, "Forbidden", f'{resource} is forbidden: User '
                                    f'"system:serviceaccount" cannot {verb} resource '
                                    f'"{resource}"')
@@ -390,8 +450,11 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command == "GET" and path.startswith("/api/v1/nodes/"):
             return 200, cluster.get_node(groups[0])
         if self.command == "PATCH":
+            # The API server's default field manager is the User-Agent's product token.
+            manager = (query.get("fieldManager") or [""])[0] or (
+                self.headers.get("User-Agent") or "").split("/", 1)[0]
             return 200, cluster.patch_node(groups[0], self.headers.get("Content-Type", ""),
-                                           body)
+                                           body, manager)
         if self.command == "GET":
             return 200, cluster.list_pods(query)
         if path.endswith("/eviction"):
@@ -452,14 +515,22 @@ def write_kubeconfig(path: Path, server: str, token: str) -> Path:
     return path
 
 
-def cluster_role_rules(rbac_yaml: Path) -> list[Json]:
-    """The rules of the ClusterRole in a manifest file."""
+def cluster_role_rules(*rbac_yaml: Path) -> list[Json]:
+    """The rules of every ClusterRole, and of every Role (kept to its namespace as
+    `_namespace`), in manifest files."""
     import yaml
 
-    for doc in yaml.safe_load_all(rbac_yaml.read_text()):
-        if doc and doc.get("kind") == "ClusterRole":
-            return list(doc["rules"])
-    raise ValueError(f"no ClusterRole in {rbac_yaml}")
+    rules: list[Json] = []
+    for path in rbac_yaml:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "ClusterRole":
+                rules += [dict(rule) for rule in doc["rules"]]
+            elif doc and doc.get("kind") == "Role":
+                namespace = doc["metadata"]["namespace"]
+                rules += [{**rule, "_namespace": namespace} for rule in doc["rules"]]
+    if not rules:
+        raise ValueError(f"no ClusterRole or Role in {', '.join(map(str, rbac_yaml))}")
+    return rules
 
 
 def main() -> None:
@@ -469,11 +540,20 @@ def main() -> None:
     parser.add_argument("--port-file", type=Path, required=True)
     parser.add_argument("--dump", type=Path, help="write the node, events and writes here on "
                         "every change")
-    parser.add_argument("--role", type=Path, help="enforce this ClusterRole's rules")
+    parser.add_argument("--role", type=Path, action="append",
+                        help="enforce the rules of the ClusterRoles and Roles in this file")
+    parser.add_argument("--policy", type=Path, help="enforce these ValidatingAdmissionPolicies "
+                        "(the token carries the seed node's name as its node claim)")
     args = parser.parse_args()
     seed = json.loads(args.seed.read_text())
-    cluster = Cluster(rules=cluster_role_rules(args.role) if args.role else None)
     node = seed["node"]
+    policies = None
+    if args.policy:
+        from cluster.admission import load_policies
+
+        policies = load_policies(args.policy)
+    cluster = Cluster(rules=cluster_role_rules(*args.role) if args.role else None,
+                      policies=policies, token_node=node["name"])
     cluster.add_node(node["name"], node.get("labels"), node.get("unschedulable", False))
     for pod in seed.get("pods", []):
         cluster.add_pod(pod["namespace"], pod["name"], node["name"], gpus=pod.get("gpus", 0),

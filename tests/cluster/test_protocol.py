@@ -1,6 +1,7 @@
 """The upgrade protocol with the official kubernetes client against the stand-in API server: the
 node's cordon, labels, annotation and events, evictions under PodDisruptionBudgets, timeouts,
-an unreachable API, a run killed mid-way."""
+an unreachable API, a run killed mid-way. The stand-in enforces the shipped RBAC and the
+ValidatingAdmissionPolicy (issue 20) on every call, with a token bound to NODE."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 
 pytest.importorskip("kubernetes", reason="pip install kubernetes")
 
+from cluster.admission import load_policies
 from cluster.apiserver import ApiServer, Cluster, cluster_role_rules, write_kubeconfig
 from installer.cluster import protocol
 from installer.config import Config, build_config
@@ -33,7 +35,10 @@ from installer.hostroot import HostRoot
 from installer.layout import Layout
 
 REPO = Path(__file__).resolve().parents[2]
-RBAC = REPO / "daemonset" / "base" / "rbac.yaml"
+PROTOCOL = REPO / "daemonset" / "components" / "upgrade-protocol"
+RBAC = PROTOCOL / "rbac.yaml"
+FORCE_RBAC = REPO / "daemonset" / "components" / "force-eviction" / "rbac.yaml"
+POLICY = PROTOCOL / "admission-policy.yaml"
 NODE = "gpu-node-1"
 PLUGIN = "nvidia.com/gpu.deploy.device-plugin"
 GFD = "nvidia.com/gpu.deploy.gpu-feature-discovery"
@@ -85,7 +90,8 @@ class Env:
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
     monkeypatch.setattr(protocol, "POLL_SECONDS", 0.05)
-    cluster = Cluster(rules=cluster_role_rules(RBAC))
+    cluster = Cluster(rules=cluster_role_rules(RBAC), policies=load_policies(POLICY),
+                      token_node=NODE)
     cluster.add_node(NODE, LABELS)
     root = tmp_path / "host"
     (root / "proc").mkdir(parents=True)
@@ -214,6 +220,7 @@ def test_pdb_that_never_allows_is_deleted_only_with_force(env: Env) -> None:
     assert ("ml", "solo") in env.cluster.pods
     assert not any(r.method == "DELETE" for r in env.cluster.requests)
 
+    env.cluster.rules = cluster_role_rules(RBAC, FORCE_RBAC)  # components/force-eviction
     make_room(env, env.config(NVIDIA_INSTALLER_EVICTION_TIMEOUT="0.5",
                               NVIDIA_INSTALLER_FORCE_EVICTION="true"))
     assert ("ml", "solo") not in env.cluster.pods

@@ -31,3 +31,28 @@ print(json.dumps(sorted(loaded)))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert json.loads(out.stdout) == []
+
+
+def test_gate_off_an_unload_imports_no_cluster_code(tmp_path: Path) -> None:
+    """Issue 21: with the scheduling gate (and the protocol) off, an unload that goes ahead
+    passes the gate's hook without loading the kubernetes client or installer.cluster."""
+    code = f"""
+import json, shutil, sys
+from pathlib import Path
+sys.path[:0] = [{str(REPO / 'tests')!r}, {str(REPO / 'tests' / 'unit')!r}]
+from test_upgrade_hook import held_host
+from installer import steps
+ctx = held_host(Path({str(tmp_path)!r}))
+shutil.rmtree(Path({str(tmp_path)!r}) / "proc" / "4242")  # nothing holds the driver
+try:
+    steps.unload_old_step(ctx).apply()
+except Exception as error:  # the fake rmmod unloads nothing; the step's check is not run here
+    print("unexpected", error, file=sys.stderr)
+    raise
+assert [c.argv[0] for c in ctx.runner.calls] == ["rmmod", "rmmod"], ctx.runner.calls
+loaded = [m for m in sys.modules if m.startswith(("kubernetes", "installer.cluster"))]
+print(json.dumps(sorted(loaded)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert json.loads(out.stdout) == []

@@ -27,6 +27,9 @@ READY_DIR = READY_FILE.rpartition("/")[0]
 
 # The oldest and newest Kubernetes schemas kubernetes-validate ships that we check against.
 K8S_VERSIONS = ("1.25.0", "1.37.0")
+# ValidatingAdmissionPolicy v1 (and the token's node claim it reads) exist from 1.30 on.
+POLICY_MIN_VERSION = "1.30.0"
+POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 
 
 def need_tool(name: str, install_hint: str) -> str:
@@ -52,12 +55,20 @@ def manifest_files() -> list[Path]:
         DAEMONSET_DIR / "base" / "daemonset.yaml",
         DAEMONSET_DIR / "nvidia-driver-installer.yaml",
         *sorted((DAEMONSET_DIR / "extras").glob("*.yaml")),
+        *sorted((DAEMONSET_DIR / "builder").glob("*.yaml")),  # issue 20
     ]
     return files
 
 
 def kustomization_dirs() -> list[Path]:
-    return sorted(p.parent for p in DAEMONSET_DIR.rglob("kustomization.yaml"))
+    """Every kustomization that renders on its own (Components only render inside one)."""
+    return sorted(p.parent for p in DAEMONSET_DIR.rglob("kustomization.yaml")
+                  if "kind: Component" not in p.read_text())
+
+
+def component_dirs() -> list[Path]:
+    return sorted(p.parent for p in DAEMONSET_DIR.rglob("kustomization.yaml")
+                  if "kind: Component" in p.read_text())
 
 
 def render(kustomize_dir: Path) -> list[dict[str, Any]]:

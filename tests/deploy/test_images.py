@@ -14,14 +14,14 @@ import pytest
 from deploy.manifests import DAEMONSET_DIR, IMAGES_DIR, REPO, need_tool
 
 DOCKERFILES = {
-    "apt": IMAGES_DIR / "apt" / "Dockerfile",
+    "ubuntu": IMAGES_DIR / "ubuntu" / "Dockerfile",
     "rocky": IMAGES_DIR / "rocky" / "Dockerfile",
 }
 FAMILIES = sorted(DOCKERFILES)
 
 # What the runtime stage must install, per family (docs/deploy.md explains each).
 RUNTIME_PACKAGES = {
-    "apt": {
+    "ubuntu": {
         "gcc",
         "make",
         "libc6-dev",
@@ -170,7 +170,7 @@ def test_runtime_installs_what_the_driver_build_needs(family: str) -> None:
 
 
 def test_apt_compilers_cover_each_release_kernels() -> None:
-    text = DOCKERFILES["apt"].read_text(encoding="utf-8")
+    text = DOCKERFILES["ubuntu"].read_text(encoding="utf-8")
     defaults = dict(re.findall(r'(\w+\d+(?:\.\d\d)?)\) compilers="([^"]+)"', text))
     # Each release's GA and HWE kernel compilers (docs/deploy.md).
     assert {k: set(v.split()) for k, v in defaults.items()} == {
@@ -183,7 +183,7 @@ def test_apt_compilers_cover_each_release_kernels() -> None:
 
 def test_apt_python_is_at_least_3_9_everywhere() -> None:
     # Ubuntu 20.04's python3 is 3.8, older than the installer's requires-python.
-    text = DOCKERFILES["apt"].read_text(encoding="utf-8")
+    text = DOCKERFILES["ubuntu"].read_text(encoding="utf-8")
     choice = 'if [ "${DISTRO}${DISTRO_VERSION}" = ubuntu20.04 ]; then python=python3.9; fi'
     assert text.count(choice) == 2
 
@@ -232,12 +232,18 @@ def test_build_sh_dry_run_builds_six_images_with_the_pyproject_version() -> None
     assert tags == [f"r.example/gpu/nvidia-driver-installer:0.1.0-{s}" for s in SUFFIXES]
     assert "--build-arg DISTRO=debian --build-arg DISTRO_VERSION=12" in commands[0]
     assert "--build-arg DISTRO=ubuntu --build-arg DISTRO_VERSION=20.04" in commands[1]
-    assert all("images/apt/Dockerfile" in c for c in commands[:4])
+    assert all("images/ubuntu/Dockerfile" in c for c in commands[:4])
     assert "--build-arg ROCKY_VERSION=9" in commands[5]
     assert all("--build-arg VERSION=0.1.0" in c for c in commands)
     # Without buildx (no docker client here): plain docker build with BuildKit on.
     assert all("env DOCKER_BUILDKIT=1 /nonexistent/docker build" in c for c in commands)
     assert all(c.endswith(f" {REPO}") for c in commands), "context is the repo root"
+
+
+def test_the_images_built_are_the_tags_the_distro_families_name() -> None:
+    from installer import distros
+
+    assert list(distros.image_compilers()) == list(SUFFIXES)
 
 
 def test_build_sh_push_with_buildx() -> None:
@@ -267,7 +273,7 @@ def test_build_sh_with_buildah_needs_no_daemon() -> None:
     assert result.returncode == 0, result.stderr
     build, push = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
     assert build.startswith("+ buildah --root /x build --isolation chroot --ignorefile ")
-    assert "images/apt/Dockerfile.dockerignore" in build
+    assert "images/ubuntu/Dockerfile.dockerignore" in build
     assert "--build-arg BASE_IMAGE=localhost/base:12" in build
     ref = "registry.example.com/nvidia-driver-installer:0.1.0-debian12"
     assert push == f"+ buildah --root /x push {ref}"

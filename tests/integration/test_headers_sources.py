@@ -220,7 +220,7 @@ def test_rocky_9_kernel_devel_from_the_hosts_repos_signature_checked(archive: An
     requests.clear()
     headers = obtain(root, ROCKY9_K, NVIDIA_INSTALLER_ROCKY_VAULT=UNREACHABLE)
     tree = cache_of(root, ROCKY9_K) / "root/usr/src/kernels" / ROCKY9_K
-    assert str(headers.host_path) == f"/usr/src/kernels/{ROCKY9_K}"
+    assert str(headers.output_path) == str(headers.source_path) == f"/usr/src/kernels/{ROCKY9_K}"
     assert (tree / "Makefile").is_file() and (tree / "scripts/mod/modpost").is_file()
     assert (cache_of(root, ROCKY9_K) / ".complete").read_text().split() == [
         f"kernel-devel-{ROCKY9_K}"]
@@ -247,7 +247,7 @@ def test_rocky_8_node_one_minor_behind_gets_kernel_devel_from_the_vault(
     root = rocky_host(tmp_path, base, key, "8.10")
     requests.clear()
     headers = obtain(root, ROCKY8_K, NVIDIA_INSTALLER_ROCKY_VAULT=f"{base}/vault")
-    assert str(headers.host_path) == f"/usr/src/kernels/{ROCKY8_K}"
+    assert str(headers.output_path) == str(headers.source_path) == f"/usr/src/kernels/{ROCKY8_K}"
     tree = cache_of(root, ROCKY8_K) / "root/usr/src/kernels" / ROCKY8_K
     assert (tree / "Makefile").is_file() and (tree / "scripts/mod/modpost").is_file()
     assert (cache_of(root, ROCKY8_K) / ".complete").read_text().split() == [
@@ -456,3 +456,17 @@ def test_jammy_headers_fetched_then_compiler_missing_before_the_driver(archive: 
     assert any(r.endswith(".deb") for r in requests)
     assert not [r for r in requests if r.endswith(".run")]
 
+
+
+def test_headers_in_the_image_are_used_at_their_own_paths() -> None:
+    """The installer's own image (here: this machine, Debian's headers installed): no bind
+    mounts, and Debian's split trees as source and output (issue 19)."""
+    from installer import kernel
+
+    found = debian_headers()
+    assert found is not None
+    release, (amd64, common, _kbuild) = found
+    headers = kernel.find_container_headers(release)
+    assert headers is not None and headers.in_container and headers.binds == ()
+    assert (str(headers.source_path), str(headers.output_path)) == (common, amd64)
+    assert kernel.with_host_trees(HostRoot(Path("/root")), headers, ["make"]) == ["make"]

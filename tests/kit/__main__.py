@@ -1,4 +1,5 @@
-"""`python3 -m kit build VERSION OUT_DIR [--compile-error] [--kernel-source DIR]` from tests/."""
+"""`python3 -m kit build VERSION OUT_DIR [--compile-error] [--kernel-source DIR]` from tests/;
+`python3 -m kit fetch-real-parts` (scripts/install-deps) caches NVIDIA's real parts."""
 
 from __future__ import annotations
 
@@ -16,7 +17,15 @@ def main() -> None:
     build.add_argument("out_dir", type=Path)
     build.add_argument("--compile-error", action="store_true")
     build.add_argument("--kernel-source", type=Path)
+    commands.add_parser("fetch-real-parts", help="download NVIDIA's real 535.261.03 parts and "
+                        "Debian's 6.1.0-47 headers into the test cache (once)")
     args = parser.parse_args()
+    if args.command == "fetch-real-parts":
+        from kit import real_parts
+
+        parts, headers = real_parts.fetch()
+        print(f"{parts.directory}\n{headers.root}")
+        return
     print(
         build_runfile(
             args.version,

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from . import cache, runfile_header, staging
+
+if TYPE_CHECKING:
+    from .real_parts import RealParts
 
 KIT_DIR = Path(__file__).parent
 DEFAULT_KERNEL_SOURCE = KIT_DIR / "kernel"
@@ -55,16 +59,51 @@ def build_runfile(
     return dest_dir / name
 
 
-def _build(version: str, out_dir: Path, kernel_source: Path, compile_error: bool) -> None:
+def build_real_runfile(dest_dir: Path, parts: Optional[RealParts] = None,
+                       *, pad_to: int = 0) -> Path:
+    """NVIDIA-Linux-x86_64-535.261.03.run whose kernel/ and kernel-open/ trees, nvidia-smi,
+    nvidia-modprobe, libnvidia-ml, libcuda and GSP firmware are NVIDIA's real ones (from
+    kit.real_parts; the installer, other tools and libraries are the kit's). `pad_to` (bytes)
+    adds an incompressible `.kit-padding` file so the archive has a real driver's size, for
+    benchmarks. Cached like build_runfile."""
+    from . import real_parts
+
+    parts = parts or real_parts.require()
+    version = parts.version
+    inputs = [
+        KIT_DIR / "payload",
+        KIT_DIR / "runfile_preparse.sh",
+        runfile_header.STOCK_HEADER,
+        *sorted(KIT_DIR.glob("*.py")),
+    ]
+    parts_digest = hashlib.sha256(parts.debs.encode()).hexdigest()[:12]
+    key = f"real-{version}-{parts_digest}-pad{pad_to}-{cache.tree_digest(inputs)[:16]}"
+    entry = cache.cached_dir(
+        key, lambda work: _build(version, work, DEFAULT_KERNEL_SOURCE, False, parts, pad_to))
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    name = runfile_name(version)
+    for file in (name, f"{name}.sha256sum"):
+        shutil.copyfile(entry / file, dest_dir / file)
+    (dest_dir / name).chmod(0o755)
+    return dest_dir / name
+
+
+def _build(version: str, out_dir: Path, kernel_source: Path, compile_error: bool,
+           real: Optional[RealParts] = None, pad_to: int = 0) -> None:
     name = runfile_name(version)
     with tempfile.TemporaryDirectory(prefix="kit-stage.") as scratch:
         payload = Path(scratch) / f"NVIDIA-Linux-x86_64-{version}"
         payload.mkdir()
-        staging.stage(version, payload, kernel_source, compile_error)
+        staging.stage(version, payload, kernel_source, compile_error, real)
+        if pad_to:
+            _pad(payload, pad_to)
         header = runfile_header.write_header(version, Path(scratch) / "header.sh")
+        # Real parts: gzip -6 (makeself's default is -9: three times the CPU, 0.2 % smaller).
+        level = ["--complevel", "6"] if real is not None else []
         subprocess.run(
             [
                 "makeself",
+                *level,
                 "--quiet",
                 "--tar-quietly",
                 "--nox11",
@@ -82,5 +121,19 @@ def _build(version: str, out_dir: Path, kernel_source: Path, compile_error: bool
             check=True,
             stdout=subprocess.DEVNULL,
         )
-    digest = hashlib.sha256((out_dir / name).read_bytes()).hexdigest()
-    (out_dir / f"{name}.sha256sum").write_text(f"{digest}  {name}\n")
+    digest = hashlib.sha256()
+    with (out_dir / name).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    (out_dir / f"{name}.sha256sum").write_text(f"{digest.hexdigest()}  {name}\n")
+
+
+def _pad(payload: Path, size: int) -> None:
+    """Random bytes (gzip cannot shrink them) so the compressed archive is about `size`."""
+    have = sum(p.stat().st_size for p in payload.rglob("*") if p.is_file())
+    missing = max(0, size - have // 2)  # the real trees compress to about half
+    with (payload / ".kit-padding").open("wb") as handle:
+        while missing > 0:
+            chunk = min(missing, 1 << 20)
+            handle.write(os.urandom(chunk))
+            missing -= chunk

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
 from . import native
+
+if TYPE_CHECKING:
+    from .real_parts import RealParts
 
 PAYLOAD = Path(__file__).with_name("payload")
 DESCRIPTION = "NVIDIA Accelerated Graphics Driver for Linux-x86_64"
@@ -18,6 +22,12 @@ STUB_TOOLS = (
     "nvidia-cuda-mps-server",
 )
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+# The modules the kit's kernel tree builds (NVIDIA's manifest lists nvidia-peermem too).
+KERNEL_MODULES = ("nvidia", "nvidia-modeset", "nvidia-drm", "nvidia-uvm")
+REAL_KERNEL_MODULES = (*KERNEL_MODULES, "nvidia-peermem")
+# What NVIDIA's own files replace in a .run built from the real parts.
+REAL_TOOLS = ("nvidia-smi", "nvidia-modprobe")
+REAL_LIBRARIES = ("libnvidia-ml", "libcuda")
 COMPILE_ERROR = "\nint nvfake_injected_compile_error = ;\n"
 
 STUB_TOOL_SCRIPT = """#!/bin/sh
@@ -30,19 +40,36 @@ exit 1
 """
 
 
-def stage(version: str, dest: Path, kernel_source: Path, compile_error: bool) -> None:
-    """Fill dest with the payload; dest's name becomes the default extraction directory."""
+def stage(
+    version: str,
+    dest: Path,
+    kernel_source: Path,
+    compile_error: bool,
+    real: Optional[RealParts] = None,
+) -> None:
+    """Fill dest with the payload; dest's name becomes the default extraction directory.
+    With `real`, kernel/, kernel-open/, nvidia-smi, nvidia-modprobe, libnvidia-ml, libcuda and
+    the GSP firmware are NVIDIA's own (the other files stay the kit's)."""
     shutil.copy2(PAYLOAD / "nvidia-installer", dest / "nvidia-installer")
     shutil.copytree(
         PAYLOAD / "nvidia_installer",
         dest / "nvidia_installer",
         ignore=shutil.ignore_patterns("__pycache__"),
     )
-    for directory in ("kernel", "kernel-open"):
+    for directory, flavour in (("kernel", "proprietary"), ("kernel-open", "open")):
+        if real is not None:
+            shutil.copytree(real.directory / directory, dest / directory, symlinks=True)
+            continue
         copy_kernel_sources(kernel_source, dest / directory, compile_error)
-    manifest = [DESCRIPTION, version]
+        # The version and flavour live in the tree, as NVIDIA's Kbuild carries its version.
+        (dest / directory / "nv-kit.mk").write_text(
+            f"NV_VERSION := {version}\nNV_FLAVOUR := {flavour}\n")
+    modules = REAL_KERNEL_MODULES if real is not None else KERNEL_MODULES
+    manifest = [DESCRIPTION, version, " ".join(modules)]
     for tool in SCRIPTED_TOOLS:
-        shutil.copy2(PAYLOAD / tool, dest / tool)
+        source = real.file(tool) if real is not None else PAYLOAD / tool
+        shutil.copy2(source, dest / tool)
+        (dest / tool).chmod(0o755)
     for tool in STUB_TOOLS:
         (dest / tool).write_text(STUB_TOOL_SCRIPT.format(name=tool, version=version))
         (dest / tool).chmod(0o755)
@@ -53,11 +80,19 @@ def stage(version: str, dest: Path, kernel_source: Path, compile_error: bool) ->
         mode = "4755" if tool == "nvidia-modprobe" else "0755"
         manifest.append(f"{tool} {mode} UTILITY_BINARY")
     for library in native.LIBRARIES:
-        built = native.compile_library(library, version, dest)
+        if real is not None and library.stem in REAL_LIBRARIES:
+            built = dest / f"{library.stem}.so.{version}"
+            shutil.copy2(real.file(built.name), built)
+        else:
+            built = native.compile_library(library, version, dest)
         manifest.append(f"{built.name} 0755 {library.file_type}")
     (dest / "firmware").mkdir()
     for name in FIRMWARE:
-        (dest / "firmware" / name).write_bytes(f"NVFAKE GSP firmware {name} {version}\n".encode())
+        if real is not None:
+            shutil.copy2(real.firmware / name, dest / "firmware" / name)
+        else:
+            (dest / "firmware" / name).write_bytes(
+                f"NVFAKE GSP firmware {name} {version}\n".encode())
         manifest.append(f"firmware/{name} 0644 FIRMWARE")
     (dest / "supported-gpus").mkdir()
     shutil.copy2(PAYLOAD / "supported-gpus.json", dest / "supported-gpus" / "supported-gpus.json")

@@ -37,6 +37,30 @@ def test_known_errors_print_reference_and_hint_and_fill_the_termination_log(
     assert termination.read_text().startswith("error[unsupported-distro]")
 
 
+def test_the_termination_log_flag_takes_the_place_of_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    by_flag, by_env = tmp_path / "by-flag", tmp_path / "by-env"
+    by_flag.write_text("")
+    by_env.write_text("")
+    env = root_env(tmp_path / "empty", NVIDIA_INSTALLER_TERMINATION_LOG=str(by_env))
+    code = invoke(monkeypatch, ["plan", "--termination-log", str(by_flag)], env)
+    assert code == 14
+    assert by_flag.read_text().startswith("error[unsupported-distro]: no os-release found")
+    assert "\nhint: " in by_flag.read_text()
+    assert by_env.read_text() == ""
+
+
+def test_the_termination_log_flag_also_gets_the_error_of_another_bad_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    by_flag = tmp_path / "by-flag"
+    by_flag.write_text("")
+    code = invoke(monkeypatch, ["run", "--termination-log", str(by_flag), "--source", "apt"], {})
+    assert code == 10
+    assert by_flag.read_text().startswith("error[invalid-config]: NVIDIA_DRIVER_SOURCE='apt'")
+
+
 def test_config_errors_exit_with_their_code(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

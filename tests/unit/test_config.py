@@ -1,10 +1,20 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer.config import SETTINGS, build_config, from_env, known_env_vars
+from installer.config import (
+    SETTINGS,
+    Config,
+    Setting,
+    build_config,
+    from_env,
+    known_env_vars,
+    setting,
+    settings_of,
+)
 from installer.errors import ConfigError
 
 GKE_ENV = {
@@ -51,6 +61,37 @@ def test_every_gke_variable_is_known() -> None:
 def test_settings_have_unique_names_and_variables() -> None:
     assert len({s.name for s in SETTINGS}) == len(SETTINGS)
     assert len({s.env for s in SETTINGS}) == len(SETTINGS)
+
+
+def test_every_config_field_is_exactly_one_setting_in_the_same_order() -> None:
+    names = [f.name for f in dataclasses.fields(Config)]
+    assert names == [s.name for s in SETTINGS]
+    assert all(isinstance(f.metadata.get("setting"), Setting) for f in dataclasses.fields(Config))
+
+
+def test_a_field_without_its_setting_is_refused_when_the_table_is_read() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Half:
+        named: str = setting("X_NAMED", "a", lambda v, s: v, "named once")
+        bare: str = "b"
+
+    with pytest.raises(KeyError):
+        settings_of(Half)
+
+
+def test_the_defaults_are_what_each_parser_makes_of_the_default_text() -> None:
+    built = from_env({})
+    assert built == Config()
+    for s in SETTINGS:
+        assert getattr(built, s.name) == s.parse(s.default, s), s.name
+    assert built.lock_timeout == 600.0 and built.retries == 5
+    assert built.install_dir_host == PurePosixPath("/var/lib/nvidia")
+
+
+def test_a_secret_setting_stays_out_of_the_repr() -> None:
+    config = from_env({"NVIDIA_MODULE_REGISTRY_PASSWORD": "hunter2-token"})
+    assert config.module_registry_password == "hunter2-token"
+    assert "hunter2" not in repr(config)
 
 
 def test_mirrors_and_module_args_are_parsed() -> None:

@@ -390,3 +390,47 @@ def test_packages_already_on_the_target_need_no_free_driver(tmp_path: Path) -> N
 
     write_driver_version(tmp_path, "580.105.08")  # the planned version is the loaded one
     assert step(plan, "check-driver-free").is_satisfied()
+
+
+CATALOG_550 = "550.163.01"  # the shipped catalog's newest 550; the repo's stream need not have it
+
+
+@pytest.mark.parametrize(("distro", "kernel"), [("rocky-9", KERNEL),
+                                                ("rocky-10", "6.12.0-55.el10.x86_64")])
+def test_before_the_first_run_plan_names_no_version_dnf_will_not_install(
+    tmp_path: Path, distro: str, kernel: str
+) -> None:
+    """Issue 19: without the repo's module metadata the catalog's version is a guess: neither
+    the plan nor prune-cache may promise it."""
+    from installer.app import describe_plan
+
+    add_repo_file(tmp_path, "cuda-rhel10.repo" if distro == "rocky-10" else "cuda-rhel9.repo")
+    plan = plan_for(tmp_path, rpm_answer({}), distro=distro, kernel=kernel,
+                    NVIDIA_DRIVER_SOURCE="dnf", NVIDIA_DRIVER_VERSION="550",
+                    NVIDIA_KERNEL_MODULE_TYPE="proprietary")
+    shown = "\n".join(describe_plan(plan))
+    assert CATALOG_550 not in shown, shown
+    value, reason = decision(plan, "version")
+    assert value.startswith("the newest in ") and value.endswith(", chosen when run")
+    assert "550" in value and "not cached here yet" in reason
+    assert step(plan, "prune-cache").summary.startswith("keep only the version dnf installs")
+    assert plan.context.target.version_pending
+
+
+def test_a_pinned_version_is_named_before_the_first_run(tmp_path: Path) -> None:
+    add_repo_file(tmp_path)
+    plan = plan_for(tmp_path, FakeRunner(), NVIDIA_DRIVER_SOURCE="dnf",
+                    NVIDIA_DRIVER_VERSION="550.90.07", NVIDIA_KERNEL_MODULE_TYPE="proprietary")
+    assert decision(plan, "version")[0] == "550.90.07"
+    assert step(plan, "prune-cache").summary.startswith("keep only 550.90.07")
+    assert not plan.context.target.version_pending
+
+
+def test_a_stream_the_cached_metadata_lacks_names_no_version(tmp_path: Path) -> None:
+    add_repo_file(tmp_path)
+    cache_metadata(tmp_path)
+    plan = plan_for(tmp_path, FakeRunner(), NVIDIA_DRIVER_SOURCE="dnf",
+                    NVIDIA_DRIVER_VERSION="550", NVIDIA_KERNEL_MODULE_TYPE="proprietary")
+    assert decision(plan, "dnf-stream")[0] == "unavailable"
+    assert decision(plan, "version")[0] == "none"
+    assert CATALOG_550 not in "\n".join(s.summary for s in plan.steps)

@@ -72,9 +72,15 @@ def test_plan_shows_the_version_dnf_installs_not_the_catalogs(tmp_path: Path) ->
     assert value == "nvidia-driver:latest-dkms" and "no precompiled kmod" in reason
 
 
-def test_dkms_failure_is_module_build_failed_and_undoes_the_transaction(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("flavour", "dkms_name"), [("proprietary", "nvidia"),
+                                                   ("open", "nvidia-open")])
+def test_dkms_failure_is_module_build_failed_and_undoes_the_transaction(
+    tmp_path: Path, flavour: str, dkms_name: str
+) -> None:
+    """NVIDIA's open -dkms kmod registers as nvidia-open (/usr/src/nvidia-open-<v>): DKMS is
+    asked about, and builds, that name, and its make.log is the one quoted."""
     add_repo_file(tmp_path)
-    make_log = tmp_path / f"var/lib/dkms/nvidia/{V565}/build/make.log"
+    make_log = tmp_path / f"var/lib/dkms/{dkms_name}/{V565}/build/make.log"
 
     def dnf_answer(argv: Sequence[str]) -> Result:
         if "install" in argv:  # the transaction: dnf records it in its history
@@ -96,15 +102,20 @@ def test_dkms_failure_is_module_build_failed_and_undoes_the_transaction(tmp_path
     runner.answers.append((("dnf",), dnf_answer))
     runner.answers.append((("chroot",), dkms_answer))
     plan = plan_for(tmp_path, runner, NVIDIA_DRIVER_VERSION="565",
-                    NVIDIA_KERNEL_MODULE_TYPE="proprietary")
+                    NVIDIA_KERNEL_MODULE_TYPE=flavour)
     cache_metadata(tmp_path)
     with pytest.raises(ModuleBuildFailed) as info:
         pipeline.run_step(step(plan, "install-driver-packages"))
     message = info.value.message
-    assert "No rule to make target" in message and "build/make.log" in message
+    assert "No rule to make target" in message
+    assert f"/var/lib/dkms/{dkms_name}/{V565}/build/make.log" in message
+    assert f"DKMS could not build {dkms_name} {V565} for kernel " in message
     assert info.value.exit_code == 31
     argvs = runner.argvs()
-    assert [str(tmp_path), "dkms", "install", "-m", "nvidia", "-v", V565, "-k"] == argvs[-2][1:9]
+    assert [str(tmp_path), "dkms", "status", "-m", dkms_name, "-v", V565, "-k"] == (
+        argvs[-3][1:9])
+    assert [str(tmp_path), "dkms", "install", "-m", dkms_name, "-v", V565, "-k"] == (
+        argvs[-2][1:9])
     assert argvs[-1][-3:] == ["history", "undo", "7"]
 
 

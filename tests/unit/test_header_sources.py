@@ -12,7 +12,8 @@ from fakes import FakeRunner
 from hosttrees import make_host
 
 from installer.config import from_env
-from installer.headers import apt, dnf, fetch
+from installer.distros import apt, dnf
+from installer.headers import fetch
 from installer.host import distro_from_os_release, gather
 from installer.hostroot import HostRoot
 

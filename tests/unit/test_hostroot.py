@@ -54,3 +54,24 @@ def test_write_atomic_replaces_and_sets_mode(tmp_path: Path) -> None:
     assert target.read_text() == "two\n"
     assert target.stat().st_mode & 0o777 == 0o600
     assert [p.name for p in target.parent.iterdir()] == ["x.conf"]
+
+
+def test_tools_run_as_they_are_on_a_bare_host() -> None:
+    bare = HostRoot(Path("/"))
+    for tool in ("ldconfig", "depmod", "modprobe", "rpm", "dnf", "dkms"):
+        assert bare.tool_argv(tool, "x") == [tool, "x"]
+
+
+def test_each_tool_gets_its_own_root_flag_or_chroot(tmp_path: Path) -> None:
+    root, r = HostRoot(tmp_path), str(tmp_path)
+    assert root.tool_argv("ldconfig", "-p") == ["ldconfig", "-r", r, "-p"]
+    assert root.tool_argv("depmod", "6.1.0-26-amd64") == ["depmod", "-b", r, "6.1.0-26-amd64"]
+    assert root.tool_argv("modprobe", "nvidia") == ["modprobe", "-d", r, "nvidia"]
+    assert root.tool_argv("rpm", "-q", "dkms") == ["rpm", "--root", r, "-q", "dkms"]
+    assert root.tool_argv("dnf", "makecache") == ["dnf", f"--installroot={r}", "makecache"]
+    assert root.tool_argv("dkms", "status") == ["chroot", r, "dkms", "status"]
+
+
+def test_a_tool_without_a_known_way_into_the_root_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(KeyError):
+        HostRoot(tmp_path).tool_argv("apt-get", "update")

@@ -49,3 +49,55 @@ def test_registry_settings_are_validated_and_the_password_is_never_shown() -> No
                 "reg.example/x:tag"):
         with pytest.raises(ConfigError):
             from_env({"NVIDIA_MODULE_REGISTRY": bad})
+
+
+# --- issue 20: the settings of fleet trust ---
+
+
+def test_asking_to_push_without_a_registry_or_a_publisher_key_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="there is nowhere to publish"):
+        from_env({"NVIDIA_MODULE_REGISTRY_PUSH": "true"})  # finding 9: not a silent no-op
+    with pytest.raises(ConfigError, match="needs NVIDIA_MODULE_PUBLISHER_KEY"):
+        from_env({"NVIDIA_MODULE_REGISTRY_PUSH": "true",
+                  "NVIDIA_MODULE_REGISTRY": "registry.example.com/gpu/m"})
+    with pytest.raises(ConfigError, match="needs NVIDIA_MODULE_REGISTRY and "
+                       "NVIDIA_MODULE_TRUSTED_KEYS"):
+        from_env({"NVIDIA_MODULE_REQUIRE_PREBUILT": "true",
+                  "NVIDIA_MODULE_REGISTRY": "registry.example.com/gpu/m"})
+    with pytest.raises(ConfigError, match="both set"):
+        from_env({"NVIDIA_MODULE_REGISTRY_PASSWORD": "x",
+                  "NVIDIA_MODULE_REGISTRY_PASSWORD_FILE": "/run/secrets/password"})
+
+
+def test_pins_and_token_realms_are_validated() -> None:
+    pin = "sha256:" + "Ab" * 32
+    config = from_env({"NVIDIA_MODULE_DIGESTS": f" {pin} ,",
+                       "NVIDIA_MODULE_REGISTRY_TOKEN_REALMS": "https://auth.docker.io/"})
+    assert config.module_digests == (pin.lower(),)
+    assert config.module_registry_token_realms == ("https://auth.docker.io",)
+    for bad in ("sha256:abc", "md5:" + "0" * 32):
+        with pytest.raises(ConfigError, match="is not a sha256"):
+            from_env({"NVIDIA_MODULE_DIGESTS": bad})
+    for bad in ("http://auth.example.com", "https://auth.example.com/token"):
+        with pytest.raises(ConfigError, match="is not https://host"):
+            from_env({"NVIDIA_MODULE_REGISTRY_TOKEN_REALMS": bad})
+
+
+def test_registry_credentials_have_no_flag_and_are_kept_from_children() -> None:
+    from click.testing import CliRunner
+
+    from installer.cli import cli
+    from installer.config import secret_env_vars
+    from installer.runner import child_environment
+
+    help_text = CliRunner().invoke(cli, ["run", "--help"]).output
+    assert "--module-registry-password " not in help_text and "--module-registry-password\n" \
+        not in help_text
+    assert "--module-registry-password-file" in help_text
+    assert secret_env_vars() == {"NVIDIA_MODULE_REGISTRY_USERNAME",
+                                 "NVIDIA_MODULE_REGISTRY_PASSWORD"}
+    env = {"PATH": "/usr/bin", "NVIDIA_MODULE_REGISTRY_PASSWORD": "s3cr3t",
+           "NVIDIA_MODULE_REGISTRY_USERNAME": "robot", "ORAS_PASS": "x",
+           "NVIDIA_MODULE_REGISTRY": "registry.example.com/gpu/m"}
+    assert child_environment(env) == {"PATH": "/usr/bin",
+                                      "NVIDIA_MODULE_REGISTRY": "registry.example.com/gpu/m"}

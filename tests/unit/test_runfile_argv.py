@@ -3,10 +3,10 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 from installer.config import from_env
+from installer.prefetch import download_urls
 from installer.sources.runfile import (
     BuildRequest,
     build_modules_argv,
-    download_urls,
     extract_argv,
     install_userspace_argv,
     module_type_args,
@@ -58,7 +58,8 @@ def test_build_argv_builds_only_modules_into_the_cache() -> None:
         version="580.105.08",
         kernel="6.1.0-56-amd64",
         flavour="open",
-        kernel_source="/usr/src/linux-headers-6.1.0-56-amd64",
+        kernel_source="/usr/src/linux-headers-6.1.0-56-common",
+        kernel_output="/usr/src/linux-headers-6.1.0-56-amd64",
         install_path=Path("/c/modules/x"),
         log_file=Path("/i/build.log"),
         tmpdir=Path("/c/tmp"),
@@ -72,7 +73,8 @@ def test_build_argv_builds_only_modules_into_the_cache() -> None:
         "--accept-license",
         "--kernel-modules-only",
         "--kernel-name=6.1.0-56-amd64",
-        "--kernel-source-path=/usr/src/linux-headers-6.1.0-56-amd64",
+        "--kernel-source-path=/usr/src/linux-headers-6.1.0-56-common",
+        "--kernel-output-path=/usr/src/linux-headers-6.1.0-56-amd64",
         "--kernel-install-path=/c/modules/x",
         "--kernel-module-type=open",
         "--no-drm",

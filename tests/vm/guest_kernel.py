@@ -12,6 +12,9 @@ class GuestKernel:
     release: str
     image: Path
     modules_dir: Path
+    # Where its /boot and /lib/modules live: this machine's /, or a kernel's packages unpacked
+    # elsewhere (tests/secondkernel.py), which the guest sees through the 9p root.
+    base: Path = Path("/")
 
     @property
     def build_dir(self) -> Path:
@@ -34,3 +37,9 @@ def find_guest_kernel(release: str | None = None, boot: Path = Path("/boot")) ->
     if not candidates:
         return None
     return max(candidates, key=lambda kernel: _release_key(kernel.release))
+
+
+def unpacked_guest_kernel(base: Path, release: str) -> GuestKernel:
+    """A kernel whose packages are unpacked under `base` (boot/, lib/modules/ with depmod run)."""
+    return GuestKernel(release, base / "boot" / f"vmlinuz-{release}",
+                       base / "lib/modules" / release, base)

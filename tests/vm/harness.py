@@ -88,17 +88,19 @@ def boot_and_run(
     gpus: Sequence[FakeGpu] | None = None,
     files: Mapping[str, Path] | None = None,
     timeout: float = 180.0,
-    kernel: str | None = None,
+    kernel: str | GuestKernel | None = None,
 ) -> VmResult:
     """Boots the guest, runs `script` with `bash -e` as root in it, powers it off.
 
     state_dir: host directory holding the guest's writes to its root filesystem; booting
     again with the same directory is a reboot. gpus: when given, the guest's
     /sys/bus/pci/devices is a crafted tree with its real devices plus these. files: copied
-    into the guest's $VM_FILES (/run/vm/files) under their names. Raises VmError when the
-    guest reports no exit code within `timeout` seconds; qemu is always killed and reaped.
+    into the guest's $VM_FILES (/run/vm/files) under their names. kernel: a release in this
+    machine's /boot (default: the newest), or a GuestKernel unpacked elsewhere. Raises VmError
+    when the guest reports no exit code within `timeout` seconds; qemu is always killed and
+    reaped.
     """
-    guest = find_guest_kernel(kernel)
+    guest = kernel if isinstance(kernel, GuestKernel) else find_guest_kernel(kernel)
     if guest is None:
         raise VmError(f"no bootable kernel {kernel or ''} in /boot with /lib/modules", "")
     disk = state_disk(state_dir) if state_dir is not None else None

@@ -25,7 +25,8 @@ def cache_dir() -> Path:
 def boot_module_files(kernel: GuestKernel) -> list[Path]:
     """The .ko files for BOOT_MODULES with their dependencies, in load order."""
     result = subprocess.run(
-        ["modprobe", "-S", kernel.release, "--show-depends", "-a", *BOOT_MODULES],
+        ["modprobe", "-d", str(kernel.base), "-S", kernel.release, "--show-depends", "-a",
+         *BOOT_MODULES],
         check=True,
         capture_output=True,
         text=True,
@@ -43,7 +44,8 @@ def build_initramfs(kernel: GuestKernel) -> Path:
     init_script = (GUEST_DIR / "init").read_bytes()
     recipe = init_script + BUSYBOX.read_bytes() + " ".join(BOOT_MODULES).encode()
     digest = hashlib.sha256(recipe).hexdigest()[:12]
-    target = cache_dir() / f"initramfs-{kernel.release}-{digest}.cpio.gz"
+    where = "" if kernel.base == Path("/") else "-unpacked"
+    target = cache_dir() / f"initramfs-{kernel.release}{where}-{digest}.cpio.gz"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""The fake NVIDIA modules in a booted kernel: load, /proc and /sys, device numbers, refusals.
+"""The fake NVIDIA modules in a booted kernel: load, /proc and /sys, device numbers, refusals,
+and NVIDIA's real nvidia-modprobe (Debian's package) making the device nodes against them.
 
 Two boots serve every test here: one with two fake GPUs (V100 and H100), one with a K80.
 A refused load leaves nothing behind, so one boot can try several builds in turn.
@@ -10,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from realdriver import parts
 
 from vm.fake_modules import build_fake_modules, expected_gpu_uuid
 from vm.guest_kernel import GuestKernel
@@ -27,7 +29,8 @@ BUILDS = {
 }
 
 LOAD_ALL = """
-insmod $VM_FILES/{build}/nvidia.ko NVreg_DeviceFileMode=0660 NVreg_EnableGpuFirmware=0
+insmod $VM_FILES/{build}/nvidia.ko NVreg_DeviceFileMode=0660 NVreg_DeviceFileGID=44 \
+  NVreg_EnableGpuFirmware=0
 insmod $VM_FILES/{build}/nvidia-uvm.ko uvm_disable_hmm=1
 insmod $VM_FILES/{build}/nvidia-modeset.ko
 insmod $VM_FILES/{build}/nvidia-drm.ko modeset=1
@@ -56,10 +59,21 @@ dmesg -t | grep 'NVRM: ' | tail -n 1
 {LOAD_ALL.format(build="proprietary-550")}
 echo "@@ devices"; cat /proc/devices
 echo "@@ params"; grep -H . /sys/module/nvidia*/parameters/* | sed 's|^/sys/module/||'
+echo "@@ params-file"; cat /proc/driver/nvidia/params
 echo "@@ dev-before-mknod"; ls /dev | grep nvidia || echo "no nvidia nodes"
-mknod /dev/nvidia0 c 195 0
+mkdir -p /dev/char  # udev's, on a real host: nvidia-modprobe links each node there
+echo "@@ real-nvidia-modprobe"
+$VM_FILES/real-nvidia-modprobe --version | grep -m 1 version
+$VM_FILES/real-nvidia-modprobe -c 0 -c 1 -c 255 && echo "nvidia nodes: ok"
+$VM_FILES/real-nvidia-modprobe -u -c 0 && echo "uvm nodes: ok"
+$VM_FILES/real-nvidia-modprobe -m && echo "modeset node: ok"
+echo "@@ real-nodes"
+stat -c '%n %F %t:%T %a %u:%g' /dev/nvidia* | sort
+echo "@@ char-links"
+for link in /dev/char/*; do
+  [ -L "$link" ] && echo "$link -> $(readlink "$link")"
+done | grep nvidia
 mknod /dev/nvidia2 c 195 2
-mknod /dev/nvidiactl c 195 255
 echo "@@ open-nodes"
 (exec 4</dev/nvidiactl) && echo "nvidiactl opens"
 (exec 4</dev/nvidia2) 2>&1 || echo "nvidia2 exit $?"
@@ -114,6 +128,7 @@ def kit_builds(kernel_build_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
 def _boot(vm_kernel: GuestKernel, kit_builds: Path, script: str, gpus: list[FakeGpu]) -> VmResult:
     files = {name: kit_builds / name for name in BUILDS}
+    files["real-nvidia-modprobe"] = parts().file("nvidia-modprobe")
     result = boot_and_run(script, gpus=gpus, files=files, timeout=240, kernel=vm_kernel.release)
     assert result.exit_code == 0, result.console
     return result
@@ -200,8 +215,11 @@ def test_char_devices_are_registered_but_no_nodes_created(two_gpus: VmResult) ->
 
 def test_parameters_given_to_insmod_show_in_sysfs(two_gpus: VmResult) -> None:
     assert two_gpus.section("params").splitlines() == [
+        "nvidia/parameters/NVreg_DeviceFileGID:44",
         "nvidia/parameters/NVreg_DeviceFileMode:432",
+        "nvidia/parameters/NVreg_DeviceFileUID:0",
         "nvidia/parameters/NVreg_EnableGpuFirmware:0",
+        "nvidia/parameters/NVreg_ModifyDeviceFiles:1",
         "nvidia/parameters/NVreg_OpenRmEnableUnsupportedGpus:0",
         "nvidia/parameters/NVreg_RestrictProfilingToAdminUsers:1",
         "nvidia_drm/parameters/fbdev:0",
@@ -209,6 +227,38 @@ def test_parameters_given_to_insmod_show_in_sysfs(two_gpus: VmResult) -> None:
         "nvidia_modeset/parameters/hdmi_deepcolor:Y",
         "nvidia_uvm/parameters/uvm_disable_hmm:Y",
     ]
+
+
+def test_params_file_has_nvidias_format(two_gpus: VmResult) -> None:
+    lines = two_gpus.section("params-file").splitlines()
+    assert lines[:6] == ["ResmanDebugLevel: 4294967295", "RmLogonRC: 1", "ModifyDeviceFiles: 1",
+                         "DeviceFileUID: 0", "DeviceFileGID: 44", "DeviceFileMode: 432"]
+    assert lines[-6:] == ['RegistryDwords: ""', 'RegistryDwordsPerDevice: ""', 'RmMsg: ""',
+                          'GpuBlacklist: ""', 'TemporaryFilePath: ""', 'ExcludedGpus: ""']
+
+
+def test_nvidias_nvidia_modprobe_makes_the_nodes_the_kit_modules_ask_for(
+    two_gpus: VmResult,
+) -> None:
+    """Debian's nvidia-modprobe reads /proc/driver/nvidia/params (mode, group) for the
+    nvidia nodes and /proc/devices for nvidia-uvm's major, as with NVIDIA's driver."""
+    said = two_gpus.section("real-nvidia-modprobe").splitlines()
+    assert said[0].startswith("nvidia-modprobe:  version 535.")
+    assert said[1:] == ["nvidia nodes: ok", "uvm nodes: ok", "modeset node: ok"]
+    uvm = next(line.split()[0] for line in two_gpus.section("devices").splitlines()
+               if line.endswith(" nvidia-uvm"))
+    uvm_hex = f"{int(uvm):x}"
+    assert two_gpus.section("real-nodes").splitlines() == [
+        "/dev/nvidia-modeset character special file c3:fe 660 0:44",
+        f"/dev/nvidia-uvm character special file {uvm_hex}:0 666 0:0",
+        f"/dev/nvidia-uvm-tools character special file {uvm_hex}:1 666 0:0",
+        "/dev/nvidia0 character special file c3:0 660 0:44",
+        "/dev/nvidia1 character special file c3:1 660 0:44",
+        "/dev/nvidiactl character special file c3:ff 660 0:44",
+    ]
+    links = two_gpus.section("char-links").splitlines()
+    assert "/dev/char/195:255 -> ../nvidiactl" in links
+    assert f"/dev/char/{uvm}:1 -> ../nvidia-uvm-tools" in links
 
 
 def test_minor_without_a_gpu_cannot_be_opened(two_gpus: VmResult) -> None:

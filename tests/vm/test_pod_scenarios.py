@@ -306,7 +306,7 @@ def _assert_installed(state: str, version: str) -> None:
 
 def test_the_image_is_built_by_buildah_on_the_mmdebstrap_base(boots: Boots) -> None:
     built = boots.built
-    assert re.search(r"^\+ buildah .* build --isolation chroot .*images/apt/Dockerfile",
+    assert re.search(r"^\+ buildah .* build --isolation chroot .*images/ubuntu/Dockerfile",
                      built.log, re.MULTILINE), built.log[-2000:]
     assert built.ref == "registry.example.com/nvidia-driver-installer:0.1.0-debian12"
     assert built.image.config["Entrypoint"] == ["installer"]
@@ -328,7 +328,9 @@ def test_our_pod_installs_the_driver_then_its_probe_passes_unprivileged(boots: B
     (init,) = report["init"]
     assert init["exit_code"] == 0, init["log"]
     assert "step build-modules: compile open modules" in init["log"]
-    assert report["started"] == ["driver-ready", "fabricmanager", "persistenced"]
+    # next-kernel: `installer prepare-next-kernel --watch` (issue 21), no readiness probe.
+    assert report["started"] == ["driver-ready", "fabricmanager", "persistenced", "next-kernel"]
+    assert set(report["probes"]) == {"driver-ready", "fabricmanager", "persistenced"}
     probe = report["probes"]["driver-ready"]
     assert probe["exit_code"] == 0, probe
     assert probe["user"] == {"uid": 65534, "gid": 65534} and probe["capabilities"] == []

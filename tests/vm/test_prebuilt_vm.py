@@ -13,7 +13,7 @@ import kit
 import pytest
 from hostkit import installer_env, make_debian_host, run_installer
 from httpfaults import serve_directory
-from registrykit import PASSWORD, USER, Registry
+from registrykit import PASSWORD, USER, Registry, make_key_pair
 
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
@@ -51,6 +51,7 @@ export PYTHONPATH={repo} NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000
 export NVIDIA_INSTALL_DIR_HOST={install} NVIDIA_DRIVER_VERSION={version}
 export NVIDIA_MODULE_REGISTRY=127.0.0.1:{port}/{path} NVIDIA_MODULE_REGISTRY_PLAIN_HTTP=true
 export NVIDIA_MODULE_REGISTRY_USERNAME={user} NVIDIA_MODULE_REGISTRY_PASSWORD={password}
+export NVIDIA_MODULE_TRUSTED_KEYS="$VM_FILES/www/keys/publisher.pub"
 step() {{ echo "@@ $1"; rc=0; shift; "$@" 2>&1 || rc=$?; echo "exit=$rc"; }}
 step shim-works gcc --version
 rm -f /tmp/compiler-calls
@@ -67,6 +68,8 @@ cat /tmp/compiler-calls 2>/dev/null || echo "no compiler process"
 def node_b(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VmResult]:
     www = tmp_path_factory.mktemp("www")
     kit.build_runfile(A, www / A)
+    private, _public = make_key_pair(www / "keys")  # node B gets the public key only
+    private = private.replace(tmp_path_factory.mktemp("builder-key") / private.name)
     registry = Registry(tmp_path_factory.mktemp("registry")).start()
     try:
         root = tmp_path_factory.mktemp("node-a")
@@ -78,6 +81,7 @@ def node_b(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> 
                 NVIDIA_MODULE_REGISTRY=registry.repository(REPOSITORY_PATH),
                 NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true",
                 NVIDIA_MODULE_REGISTRY_USERNAME=USER, NVIDIA_MODULE_REGISTRY_PASSWORD=PASSWORD,
+                NVIDIA_MODULE_PUBLISHER_KEY=str(private),
             )
             env.pop("NVIDIA_KERNEL_RELEASE")
             built = run_installer(env, "prebuild", "--kernel", kernel, "--push", timeout=900)
@@ -106,6 +110,7 @@ def test_node_b_loads_the_published_modules_with_no_compiler_process(node_b: VmR
     assert exit_of(plan) == 0, plan
     assert re.search(r"prebuilt-modules: 127\.0\.0\.1:\d+/gpu/nvidia-modules@sha256:[0-9a-f]{64}",
                      plan), plan
+    assert "signed by sha256:" in plan, plan
     run = node_b.section("run")
     assert exit_of(run) == 0, run
     assert "using prebuilt modules" in run

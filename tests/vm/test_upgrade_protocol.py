@@ -87,7 +87,8 @@ cat > /tmp/seed.json <<SEED
  "kill_on_pause": {{"device-plugin": $plugin}}}}
 SEED
 $py -m cluster.apiserver --seed /tmp/seed.json --port-file /tmp/api-url \\
-  --dump /tmp/cluster.json --role {REPO}/daemonset/base/rbac.yaml &
+  --dump /tmp/cluster.json --role {REPO}/daemonset/components/upgrade-protocol/rbac.yaml \\
+  --policy {REPO}/daemonset/components/upgrade-protocol/admission-policy.yaml &
 wait_for "test -s /tmp/cluster.json" || {{ echo "the stand-in API server did not start"; exit 1; }}
 $py -c 'import sys; from cluster.apiserver import write_kubeconfig; from pathlib import Path
 write_kubeconfig(Path("/tmp/kubeconfig"), open("/tmp/api-url").read(), "stand-in-token")'

@@ -48,6 +48,12 @@ struct nv_gpu_model {
 	bool open_only;
 };
 
+struct nv_parm {
+	const char *name;
+	const unsigned int *data;
+};
+
+extern const struct nv_parm nv_parms[];
 extern struct nv_gpu nv_gpus[NV_MAX_GPUS];
 extern int nv_gpu_count;
 extern struct nv_switch nv_switches[NV_MAX_SWITCHES];

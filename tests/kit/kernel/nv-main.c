@@ -11,14 +11,38 @@
 struct nv_gpu nv_gpus[NV_MAX_GPUS];
 int nv_gpu_count;
 
-static int NVreg_DeviceFileMode = 0666;
-static int NVreg_RestrictProfilingToAdminUsers = 1;
-static int NVreg_EnableGpuFirmware = 18;
-static int NVreg_OpenRmEnableUnsupportedGpus;
-module_param(NVreg_DeviceFileMode, int, 0444);
-module_param(NVreg_RestrictProfilingToAdminUsers, int, 0444);
-module_param(NVreg_EnableGpuFirmware, int, 0444);
-module_param(NVreg_OpenRmEnableUnsupportedGpus, int, 0444);
+/* NVIDIA's registry keys (nv-reg.h), as module parameters and in /proc/driver/nvidia/params. */
+static unsigned int NVreg_ModifyDeviceFiles = 1;
+static unsigned int NVreg_DeviceFileUID;
+static unsigned int NVreg_DeviceFileGID;
+static unsigned int NVreg_DeviceFileMode = 0666;
+static unsigned int NVreg_RestrictProfilingToAdminUsers = 1;
+static unsigned int NVreg_EnableGpuFirmware = 18;
+static unsigned int NVreg_OpenRmEnableUnsupportedGpus;
+module_param(NVreg_ModifyDeviceFiles, uint, 0444);
+module_param(NVreg_DeviceFileUID, uint, 0444);
+module_param(NVreg_DeviceFileGID, uint, 0444);
+module_param(NVreg_DeviceFileMode, uint, 0444);
+module_param(NVreg_RestrictProfilingToAdminUsers, uint, 0444);
+module_param(NVreg_EnableGpuFirmware, uint, 0444);
+module_param(NVreg_OpenRmEnableUnsupportedGpus, uint, 0444);
+
+static unsigned int nv_resman_debug_level = 0xffffffff;
+static unsigned int nv_rm_logon_rc = 1;
+
+/* In NVIDIA's order (nv_parms[]); nvidia-modprobe reads the DeviceFile* lines. */
+const struct nv_parm nv_parms[] = {
+	{ "ResmanDebugLevel", &nv_resman_debug_level },
+	{ "RmLogonRC", &nv_rm_logon_rc },
+	{ "ModifyDeviceFiles", &NVreg_ModifyDeviceFiles },
+	{ "DeviceFileUID", &NVreg_DeviceFileUID },
+	{ "DeviceFileGID", &NVreg_DeviceFileGID },
+	{ "DeviceFileMode", &NVreg_DeviceFileMode },
+	{ "RmProfilingAdminOnly", &NVreg_RestrictProfilingToAdminUsers },
+	{ "EnableGpuFirmware", &NVreg_EnableGpuFirmware },
+	{ "OpenRmEnableUnsupportedGpus", &NVreg_OpenRmEnableUnsupportedGpus },
+	{ NULL, NULL },
+};
 
 /* Used by nvidia-uvm and nvidia-modeset so depmod and modprobe see real dependencies. */
 int nvfake_gpu_count(void)

@@ -46,6 +46,22 @@ static int nv_state_show(struct seq_file *m, void *v)
 	return 0;
 }
 
+/* NVIDIA's nv_procfs_read_params(): `Name: %u` per registry key, then the string keys. */
+static int nv_params_show(struct seq_file *m, void *v)
+{
+	const struct nv_parm *entry;
+
+	for (entry = nv_parms; entry->name; entry++)
+		seq_printf(m, "%s: %u\n", entry->name, *entry->data);
+	seq_puts(m, "RegistryDwords: \"\"\n");
+	seq_puts(m, "RegistryDwordsPerDevice: \"\"\n");
+	seq_puts(m, "RmMsg: \"\"\n");
+	seq_puts(m, "GpuBlacklist: \"\"\n");
+	seq_puts(m, "TemporaryFilePath: \"\"\n");
+	seq_puts(m, "ExcludedGpus: \"\"\n");
+	return 0;
+}
+
 int nv_procfs_init(void)
 {
 	struct proc_dir_entry *root, *gpus, *gpu_dir;
@@ -55,6 +71,8 @@ int nv_procfs_init(void)
 	if (!root)
 		return -ENOMEM;
 	if (!proc_create_single_data("version", 0444, root, nv_version_show, NULL))
+		goto fail;
+	if (!proc_create_single_data("params", 0444, root, nv_params_show, NULL))
 		goto fail;
 	gpus = proc_mkdir("gpus", root);
 	if (!gpus)

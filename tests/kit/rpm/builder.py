@@ -5,10 +5,12 @@ Payload: the kit's own `.run` is built and extracted (so the RPMs carry exactly 
 runfile tests install), and the kit's kernel modules are compiled with kbuild against this
 machine's Debian headers. The packages have the shapes of `shared/reference/dnf-packages.md`:
 
-- `kmod-nvidia-latest-dkms` / `kmod-nvidia-open-dkms` own only `/usr/src/nvidia-<v>/` (the kit's
-  kernel sources, NVIDIA's `dkms.conf`, and one `<module>.o_binary` object per module, which the
-  kit's dkms stand-in links), `Requires: dkms`, and run NVIDIA's scriptlets (`dkms add/build/
-  install ... || :` in %post, `dkms remove --all` in %preun). No `.ko` file is in them.
+- `kmod-nvidia-latest-dkms` / `kmod-nvidia-open-dkms` own only `/usr/src/nvidia-<v>/` /
+  `/usr/src/nvidia-open-<v>/` (the kit's kernel sources, NVIDIA's `dkms.conf` with
+  PACKAGE_NAME="nvidia" in both, and one `<module>.o_binary` object per module, which the kit's
+  dkms stand-in links), `Requires: dkms`, and run NVIDIA's scriptlets (`dkms add/build/install
+  -m nvidia|nvidia-open ... || :` in %post, `dkms remove --all` in %preun). No `.ko` file is in
+  them.
 - precompiled `kmod-nvidia-<v>-<kernel version>-<kernel release>` (streams `<branch>`, `latest`)
   ship the modules under /usr/lib64/nvidia/kmod/<k>/, list `/lib/modules/<k>/extra/drivers/
   video/nvidia/*.ko` as %ghost, link them there in %post and run depmod.
@@ -40,6 +42,10 @@ RELEASE = "1.el9"
 MODULE = "nvidia-driver"
 USERSPACE = ("nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe")
 KMOD = {"proprietary": "kmod-nvidia-latest-dkms", "open": "kmod-nvidia-open-dkms"}
+# The name each -dkms kmod registers with DKMS (NVIDIA's dkms-nvidia.spec / dkms-open-nvidia.spec):
+# its source dir is /usr/src/<name>-<v>/, its scriptlets run `dkms ... -m <name>`. The open
+# package's dkms.conf still says PACKAGE_NAME="nvidia".
+DKMS_NAME = {"proprietary": "nvidia", "open": "nvidia-open"}
 HEADERS_TREES = sorted(Path("/usr/src").glob("linux-headers-*-amd64"))
 MODULES = ("nvidia", "nvidia-modeset", "nvidia-uvm")
 PRECOMPILED_DIR = "/usr/lib64/nvidia/kmod"
@@ -53,7 +59,8 @@ class Release:
     version: str
     flavours: tuple[str, ...] = ("proprietary", "open")
     conflict: bool = False
-    # The DKMS sources lack nvidia-uvm's object: every DKMS build fails, make.log says why.
+    # The DKMS sources (of both flavours) lack nvidia-uvm's object: every DKMS build fails,
+    # make.log says why.
     broken: bool = False
     # Kernels NVIDIA shipped a precompiled (proprietary) kmod of this version for.
     precompiled: tuple[str, ...] = ()
@@ -73,7 +80,7 @@ V570, V575, V580A, V580B = "570.172.08", "575.57.08", "580.105.08", "580.126.20"
 
 DEFAULT_SPEC = RepoSpec(
     releases=(
-        Release(V565, ("proprietary",), broken=True),
+        Release(V565, broken=True),
         Release(V570, ("proprietary",), precompiled=(KERNEL,)),
         Release(V575, ("proprietary",), conflict=True),
         Release(V580A),
@@ -81,6 +88,7 @@ DEFAULT_SPEC = RepoSpec(
     ),
     streams=(
         ("565-dkms", (V565,)),
+        ("565-open", (V565,)),
         ("570-dkms", (V570,)),
         ("570", (V570,)),
         ("575-dkms", (V575,)),
@@ -233,9 +241,10 @@ def _stage_release(release: Release, stage: Path, kos: dict[str, Path]) -> None:
     docs.mkdir(parents=True)
     shutil.copy2(extracted / "LICENSE", docs / "LICENSE")
     for flavour, build in kos.items():
-        sources = stage / KMOD[flavour] / "usr/src" / f"nvidia-{version}"
+        sources = stage / KMOD[flavour] / "usr/src" / f"{DKMS_NAME[flavour]}-{version}"
         shutil.copytree(KIT_DIR / "kernel", sources)
-        (sources / "dkms.conf").write_text(dkms_conf(version, flavour))
+        (sources / "nv-kit.mk").write_text(f"NV_VERSION := {version}\nNV_FLAVOUR := {flavour}\n")
+        (sources / "dkms.conf").write_text(dkms_conf(version))
         for name in MODULES:
             if release.broken and name == "nvidia-uvm":
                 continue
@@ -247,15 +256,15 @@ def _stage_release(release: Release, stage: Path, kos: dict[str, Path]) -> None:
             shutil.copy2(kos["proprietary"] / f"{name}.ko", objects / f"{name}.ko")
 
 
-def dkms_conf(version: str, flavour: str) -> str:
-    """NVIDIA's dkms.conf, with the kit's make variables."""
+def dkms_conf(version: str) -> str:
+    """NVIDIA's dkms.conf: PACKAGE_NAME is "nvidia" for both flavours; MAKE[0] runs the tree's
+    own Makefile in DKMS's build dir for ${kernelver}, as NVIDIA's does."""
     lines = [
         'PACKAGE_NAME="nvidia"',
         f'PACKAGE_VERSION="{version}"',
         'AUTOINSTALL="yes"',
-        "MAKE[0]=\"'make' -j$(nproc) -C ${kernel_source_dir} M=${dkms_tree}/${PACKAGE_NAME}/"
-        f"${{PACKAGE_VERSION}}/build NV_VERSION={version} NV_FLAVOUR={flavour} NV_BUILD_DRM=0 "
-        'modules"',
+        "MAKE[0]=\"'make' -j$(nproc) NV_EXCLUDE_KERNEL_MODULES='nvidia-drm' "
+        'KERNEL_UNAME=${kernelver} modules"',
     ]
     for index, name in enumerate(MODULES):
         lines += [f'BUILT_MODULE_NAME[{index}]="{name}"', f'DEST_MODULE_LOCATION[{index}]="/extra"']
@@ -361,15 +370,16 @@ def _scriptlets(release: Release) -> str:
     v = release.version
     text = ""
     for flavour in release.flavours:
+        name = DKMS_NAME[flavour]
         text += (
             f"\n%post -n {KMOD[flavour]}\n"
-            f"dkms add -m nvidia -v {v} -q || :\n"
+            f"dkms add -m {name} -v {v} -q || :\n"
             "# Rebuild and make available for the currently running kernel\n"
-            f"dkms build -m nvidia -v {v} -q || :\n"
-            f"dkms install -m nvidia -v {v} -q --force || :\n"
+            f"dkms build -m {name} -v {v} -q || :\n"
+            f"dkms install -m {name} -v {v} -q --force || :\n"
             f"\n%preun -n {KMOD[flavour]}\n"
             "# Remove all versions from DKMS registry\n"
-            f"dkms remove -m nvidia -v {v} -q --all || :\n"
+            f"dkms remove -m {name} -v {v} -q --all || :\n"
         )
     for kernel in release.precompiled:
         text += f"\n%post -n {precompiled_kmod(v, kernel)}\n"
@@ -386,8 +396,9 @@ def _files_sections(release: Release, stage: Path) -> str:
     modes = {"/usr/bin/nvidia-modprobe": "4755"}
     for name in names:
         files = _files(stage / name, modes)
-        if name in KMOD.values():
-            files = f"%dir /usr/src/nvidia-{release.version}\n" + files
+        for flavour, kmod in KMOD.items():
+            if name == kmod:
+                files = f"%dir /usr/src/{DKMS_NAME[flavour]}-{release.version}\n" + files
         text += f"\n%files -n {name}\n" + files
     for kernel in release.precompiled:
         name = precompiled_kmod(release.version, kernel)

@@ -7,6 +7,9 @@
 # in a test root, which has no compiler, is run MAKE[0]: its "build" links each
 # BUILT_MODULE_NAME from the <name>.o_binary object the sources ship (as NVIDIA's proprietary
 # sources ship nv-kernel.o_binary) and fails like a failed kbuild when one is missing.
+# As in DKMS 3, the module name is -m's (and the source dir /usr/src/<m>-<v>), not dkms.conf's
+# PACKAGE_NAME (NVIDIA's open package: -m nvidia-open, PACKAGE_NAME="nvidia"); build and install
+# add a module that is not added yet, and a module already built or installed is skipped.
 set -u
 tree=/var/lib/dkms
 arch=$(uname -m)
@@ -31,7 +34,11 @@ done
 case $module in */*) version=${module#*/}; module=${module%%/*} ;; esac
 [ -n "$kernel" ] || kernel=$(uname -r)
 
-die() { code=$1; shift; printf 'Error! %s\n' "$*" >&2; exit "$code"; }
+die() {  # DKMS's error(): a blank line, "Error! " and each message on its own line
+  code=$1; shift
+  { echo; printf 'Error! %s\n' "$1"; shift; for line in "$@"; do printf '%s\n' "$line"; done; } >&2
+  exit "$code"
+}
 say() { [ -n "$quiet" ] || printf '%s\n' "$*"; }
 
 source_dir=/usr/src/$module-$version
@@ -57,27 +64,35 @@ installed_on() {  # every module's file is where install puts it
     i=$((i + 1))
   done
 }
-need_module() { [ -n "$module" ] && [ -n "$version" ] || die 1 "Invalid number of arguments passed. Usage: $command <module>/<module-version> or $command -m <module>/<module-version> or $command -m <module> -v <module-version>"; }
+need_module() { [ -n "$module" ] && [ -n "$version" ] || die 1 "Invalid number of arguments passed." "Usage: $command <module>/<module-version> or $command -m <module>/<module-version> or $command -m <module> -v <module-version>"; }
 need_added() {
-  [ -d "$base" ] || die 3 "The module/version combo: $module-$version is not located in the DKMS tree."
+  [ -e "$base/source" ] || die 3 "The module/version combo: $module/$version is not located in the DKMS tree."
+}
+check_conf() {  # read_conf_strict_or_die: PACKAGE_NAME and PACKAGE_VERSION must be set
+  grep -q '^PACKAGE_NAME=..*' "$conf" && grep -q '^PACKAGE_VERSION=..*' "$conf" ||
+    die 8 "Bad conf file." "File: $conf does not represent a valid dkms.conf file."
 }
 run_depmod() { command -v depmod >/dev/null 2>&1 && depmod -a "$1" >/dev/null 2>&1 || :; }
 
 do_add() {
   need_module
-  [ -f "$conf" ] || die 2 "Could not find module source directory. Directory: $source_dir does not exist."
-  [ -e "$base/source" ] && die 3 "DKMS tree already contains: $module-$version. You cannot add the same module/version combo more than once."
-  mkdir -p "$base"
-  ln -s "$source_dir" "$base/source"
+  [ -e "$base/source" ] && die 3 "DKMS tree already contains: $module/$version" "You cannot add the same module/version combo more than once."
+  [ -d "$source_dir" ] || die 2 "Could not find module source directory." "Directory: $source_dir does not exist."
+  [ -f "$conf" ] || die 4 "Could not locate dkms.conf file." "File: $conf does not exist."
+  check_conf
   say "Creating symlink $base/source -> $source_dir"
+  mkdir -p "$base/build"
+  ln -s "$source_dir" "$base/source"
 }
 
 do_build() {
   need_module
-  need_added
+  [ -e "$base/source" ] || { do_add; say ""; }
   if [ -d "$base/$kernel/$arch/module" ] && [ -z "$force" ]; then
-    die 3 "This module/version has already been built on: $kernel. Directory $base/$kernel/$arch already exists. Use the dkms remove function before trying to build again."
+    say "Module $module/$version already built for kernel $kernel ($arch), skip. You may override by specifying --force."
+    return 0
   fi
+  check_conf
   ksrc=$(kernel_dir "$kernel") ||
     die 1 "Your kernel headers for kernel $kernel cannot be found at /lib/modules/$kernel/build or /lib/modules/$kernel/source. Please install the linux-headers-$kernel package or use the --kernelsourcedir option to tell DKMS where it's located."
   rm -rf "$base/build" "$base/$kernel/$arch"
@@ -119,9 +134,8 @@ do_build() {
 
 do_install() {
   need_module
-  need_added
-  if installed_on "$kernel" && [ -d "$base/$kernel/$arch/module" ] && [ -z "$force" ]; then
-    say "Module $module/$version already installed on kernel $kernel/$arch, skip."
+  if [ -d "$base/$kernel/$arch/module" ] && installed_on "$kernel" && [ -z "$force" ]; then
+    say "Module $module/$version already installed on kernel $kernel ($arch), skip. You may override by specifying --force."
     return 0
   fi
   [ -d "$base/$kernel/$arch/module" ] || do_build

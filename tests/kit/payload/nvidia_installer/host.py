@@ -21,13 +21,13 @@ UTILITY_SEARCH_PATH = (
 PCI_DEVICES = "/sys/bus/pci/devices"
 
 
-def find_utility(name: str) -> str:
+def find_utility(name: str, package: str = "kmod") -> str:
     search = os.pathsep.join([os.environ.get("PATH", ""), *UTILITY_SEARCH_PATH])
     found = shutil.which(name, path=search)
     if not found:
         raise InstallerError(
             f"Unable to find the system utility `{name}`; please make sure you "
-            "have the package 'kmod' installed."
+            f"have the package '{package}' installed."
         )
     return found
 

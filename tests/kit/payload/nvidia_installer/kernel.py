@@ -1,10 +1,9 @@
-"""Building the kernel modules with kbuild against a kernel source tree, and signing them."""
+"""The kernel source and output paths, settled as NVIDIA's nvidia-installer does (kernel.c),
+building with the package's own Makefile, and signing."""
 
 from __future__ import annotations
 
 import os
-import re
-import shutil
 from dataclasses import dataclass
 from typing import Optional
 
@@ -29,17 +28,109 @@ FLAVOUR_BY_OLD_BUILD_DIRECTORY = {"kernel-open": OPEN, "kernel": PROPRIETARY}
 @dataclass(frozen=True)
 class KernelTarget:
     name: str
-    source_path: str
     install_path: str
+
+
+@dataclass(frozen=True)
+class KernelPaths:
+    source: str
+    output: str
 
 
 def resolve_target(options: Options) -> KernelTarget:
     name = options.kernel_name or os.uname().release
     return KernelTarget(
         name=name,
-        source_path=options.kernel_source_path or f"/lib/modules/{name}/build",
         install_path=options.kernel_install_path or f"/lib/modules/{name}/kernel/drivers/video",
     )
+
+
+def default_source_path(options: Options, name: str, log: Log) -> Optional[str]:
+    """NVIDIA's default_kernel_source_path(): the flag and $SYSSRC are taken as given (checked
+    later); the usual places only when they exist."""
+    if options.kernel_source_path:
+        log.detail(
+            f"Using the kernel source path '{options.kernel_source_path}' as specified by the "
+            "'--kernel-source-path' commandline option."
+        )
+        return options.kernel_source_path
+    from_env = os.environ.get("SYSSRC")
+    if from_env is not None:
+        log.detail(
+            f"Using the kernel source path '{from_env}', as specified by the SYSSRC "
+            "environment variable."
+        )
+        return from_env
+    modlib = f"/lib/modules/{name}"
+    for candidate in (f"{modlib}/source", f"{modlib}/build/source", f"{modlib}/build",
+                      f"/usr/src/linux-{name}", "/usr/src/linux"):
+        if os.path.isdir(candidate):
+            return candidate
+    return None
+
+
+def determine_output_path(options: Options, name: str, source: str, log: Log) -> str:
+    """NVIDIA's determine_kernel_output_path(): the flag, else $SYSOUT, else `build` when the
+    source path is /lib/modules/<k>/source (or .../build/source), else the source path itself."""
+    given = options.kernel_output_path
+    if given is not None:
+        log.detail(
+            f"Using the kernel output path '{given}' as specified by the "
+            "'--kernel-output-path' commandline option."
+        )
+    elif os.environ.get("SYSOUT") is not None:
+        given = os.environ["SYSOUT"]
+        log.detail(
+            f"Using the kernel output path '{given}', as specified by the SYSOUT "
+            "environment variable."
+        )
+    if given is not None:
+        if not os.path.isdir(given):
+            raise InstallerError(f"The kernel output path '{given}' does not exist.")
+        return given
+    modlib = f"/lib/modules/{name}"
+    if source.startswith((f"{modlib}/source", f"{modlib}/build/source")) and os.path.isdir(
+        f"{modlib}/build"
+    ):
+        return f"{modlib}/build"
+    return source
+
+
+def determine_paths(options: Options, target: KernelTarget, log: Log) -> KernelPaths:
+    """NVIDIA's determine_kernel_source_path(), with its checks and messages."""
+    source = default_source_path(options, target.name, log)
+    if source is None:
+        raise InstallerError(
+            "Unable to find the kernel source tree for the currently running "
+            f"kernel.  {INSTALL_YOUR_KERNEL_SOURCE}"
+        )
+    if source in ("/usr", "/usr/"):
+        raise InstallerError(
+            f"The kernel source path '{source}' is invalid.  {INSTALL_YOUR_KERNEL_SOURCE}"
+        )
+    if not os.path.isdir(source):
+        raise InstallerError(
+            f"The kernel source path '{source}' does not exist.  {INSTALL_YOUR_KERNEL_SOURCE}"
+        )
+    kernel_h = f"{source}/include/linux/kernel.h"
+    if not os.path.exists(kernel_h):
+        raise InstallerError(
+            f"The kernel header file '{kernel_h}' does not exist.  The most likely reason for "
+            f"this is that the kernel source path '{source}' is incorrect.  "
+            f"{INSTALL_YOUR_KERNEL_SOURCE}"
+        )
+    output = determine_output_path(options, target.name, source, log)
+    version_h = f"{output}/include/linux/version.h"
+    uapi_version_h = f"{output}/include/generated/uapi/linux/version.h"
+    if not (os.path.exists(version_h) or os.path.exists(uapi_version_h)):
+        raise InstallerError(
+            f"Neither the '{version_h}' nor the '{uapi_version_h}' kernel header file exists. "
+            "The most likely reason for this is that the kernel source files in "
+            f"'{output}' have not been configured."
+        )
+    log.detail(f"Kernel source path: '{source}'\n")
+    log.detail(f"Kernel output path: '{output}'\n")
+    return KernelPaths(source, output)
 
 
 def resolve_flavour(options: Options, version: str) -> str:
@@ -60,120 +151,94 @@ def resolve_flavour(options: Options, version: str) -> str:
     return default_flavour(version)
 
 
-def source_tree_release(source_path: str) -> Optional[str]:
-    """The kernel release the tree was configured for.
-
-    Like NVIDIA's conftest (get_uname) this reads UTS_RELEASE from utsrelease.h: Debian's
-    include/config/kernel.release holds the upstream version (6.1.192), not `uname -r`.
-    """
-    for header in ("include/generated/utsrelease.h", "include/linux/utsrelease.h"):
-        try:
-            with open(os.path.join(source_path, header)) as handle:
-                match = re.search(r'#define\s+UTS_RELEASE\s+"([^"]+)"', handle.read())
-        except OSError:
-            continue
-        if match:
-            return match.group(1)
-    try:
-        with open(os.path.join(source_path, "include/config/kernel.release")) as handle:
-            return handle.read().strip() or None
-    except OSError:
-        return None
+# nvidia-installer's optional modules and the flags that leave them out, in its order.
+OPTIONAL_MODULES = (
+    ("nvidia-uvm", "no_unified_memory"),
+    ("nvidia-drm", "no_drm"),
+    ("nvidia-peermem", "no_peermem"),
+)
 
 
-def check_source_tree(options: Options, target: KernelTarget) -> None:
-    if not os.path.isdir(target.source_path):
-        if options.kernel_source_path:
-            raise InstallerError(
-                f"The kernel source path '{target.source_path}' does not exist.  "
-                f"{INSTALL_YOUR_KERNEL_SOURCE}"
-            )
-        raise InstallerError(
-            "Unable to find the kernel source tree for the currently running "
-            f"kernel.  {INSTALL_YOUR_KERNEL_SOURCE}"
-        )
-    if options.kernel_output_path and not os.path.isdir(options.kernel_output_path):
-        raise InstallerError(
-            f"The kernel output path '{options.kernel_output_path}' does not exist."
-        )
-    release = source_tree_release(target.source_path)
-    if release is None:
-        raise InstallerError(
-            "Unable to determine the version of the kernel sources located in "
-            f"'{target.source_path}'.  {INSTALL_YOUR_KERNEL_SOURCE}"
-        )
-    if release != target.name:
-        raise InstallerError(
-            f"The kernel source tree at '{target.source_path}' is for kernel "
-            f"'{release}', which does not match the target kernel "
-            f"'{target.name}'.  {INSTALL_YOUR_KERNEL_SOURCE}"
-        )
+def excluded_modules(options: Options, package_modules: list[str]) -> list[str]:
+    """What NV_EXCLUDE_KERNEL_MODULES names: each left-out optional module the package has,
+    put in front of the list as NVIDIA's remove_kernel_module_from_package() does."""
+    excluded: list[str] = []
+    for name, flag in OPTIONAL_MODULES:
+        if getattr(options, flag) and name in package_modules:
+            excluded.insert(0, name)
+    return excluded
 
 
-def expected_modules(options: Options) -> list[str]:
-    names = ["nvidia", "nvidia-modeset"]
-    if not options.no_unified_memory:
-        names.append("nvidia-uvm")
-    if not options.no_drm:
-        names.append("nvidia-drm")
-    return names
-
-
-def make_command(
-    options: Options, version: str, flavour: str, source: str, build_dir: str
-) -> list[str]:
+def make_command(options: Options, excluded: list[str], paths: KernelPaths) -> list[str]:
+    """NVIDIA's run_make(): `make -k -jN NV_EXCLUDE_KERNEL_MODULES=... SYSSRC=... SYSOUT=...`
+    in the package's kernel/ or kernel-open/ directory (a target, if any, is appended)."""
     jobs = options.concurrency_level or str(min(os.cpu_count() or 1, MAX_DEFAULT_JOBS))
     if not jobs.isdigit() or int(jobs) < 1:
         raise InstallerError(f"Invalid concurrency level '{jobs}'.")
-    argv = [
-        "make",
-        "-C",
-        source,
-        f"M={build_dir}",
-        f"NV_VERSION={version}",
-        f"NV_FLAVOUR={flavour}",
+    return [
+        host.find_utility("make", package="make"),
+        "-k",
+        f"-j{jobs}",
+        "NV_EXCLUDE_KERNEL_MODULES=" + " ".join(excluded),
+        f"SYSSRC={paths.source}",
+        f"SYSOUT={paths.output}",
     ]
-    if options.no_unified_memory:
-        argv.append("NV_BUILD_UVM=0")
-    if options.no_drm:
-        argv.append("NV_BUILD_DRM=0")
-    return [*argv, f"-j{jobs}", "modules"]
 
 
 def build_modules(
     package_dir: str,
-    build_root: str,
-    version: str,
     flavour: str,
+    package_modules: list[str],
     options: Options,
-    target: KernelTarget,
+    paths: KernelPaths,
     log: Log,
 ) -> list[str]:
-    """Copy the flavour's sources into build_root, run kbuild, return the built .ko paths."""
-    build_dir = os.path.join(build_root, PACKAGE_DIR_BY_FLAVOUR[flavour])
-    shutil.copytree(os.path.join(package_dir, PACKAGE_DIR_BY_FLAVOUR[flavour]), build_dir)
-    argv = make_command(options, version, flavour, target.source_path, build_dir)
-    log.info(f"Building {flavour} kernel modules for kernel {target.name}.")
-    log.detail("Kernel module compilation command: " + " ".join(argv))
-    status, output = host.run(argv, cwd=build_dir)
-    log.detail(output)
+    """Build in the package's own kernel/ or kernel-open/ directory (as nvidia-installer does
+    for an install) with NVIDIA's Makefile; return the built .ko paths."""
+    build_dir = os.path.join(package_dir, PACKAGE_DIR_BY_FLAVOUR[flavour])
+    excluded = excluded_modules(options, package_modules)
+    base = make_command(options, excluded, paths)
+    log.detail("Cleaning kernel module build directory.")
+    _run_make([*base, "clean"], build_dir, log)
+    log.info(f"Building {flavour} kernel modules")
+    status, output = _run_make(base, build_dir, log)
     if status != 0:
+        log.detail(f"The command `{_shown(base, build_dir)}` failed with the following "
+                   f"output:\n\n{output}")
         raise InstallerError(
             'An error occurred while performing the step: "Building kernel '
             f'modules". See {log.path} for details.'
         )
+    log.detail(output)
     built = []
-    for name in expected_modules(options):
+    for name in package_modules:
+        if name in excluded:
+            continue
         path = os.path.join(build_dir, f"{name}.ko")
         if not os.path.isfile(path):
             raise InstallerError(
                 f"The kernel module build did not produce {name}.ko. See {log.path} for details."
             )
         built.append(path)
+    log.detail("Kernel module compilation complete.")
     return built
 
 
-def sign_modules(modules: list[str], options: Options, target: KernelTarget, log: Log) -> None:
+def _shown(argv: list[str], cwd: str) -> str:
+    """The command as nvidia-installer's log shows it (values in double quotes)."""
+    words = []
+    for word in argv:
+        name, eq, value = word.partition("=")
+        words.append(f'{name}="{value}"' if eq and name.isupper() else word)
+    return f"cd {cwd}; " + " ".join(words)
+
+
+def _run_make(argv: list[str], cwd: str, log: Log) -> tuple[int, str]:
+    log.detail(f"executing: '{_shown(argv, cwd)}'...")
+    return host.run(argv, cwd=cwd)
+
+
+def sign_modules(modules: list[str], options: Options, paths: KernelPaths, log: Log) -> None:
     secret, public = options.module_signing_secret_key, options.module_signing_public_key
     if not secret and not public:
         return
@@ -184,7 +249,7 @@ def sign_modules(modules: list[str], options: Options, target: KernelTarget, log
     for key in (secret, public):
         if not os.path.isfile(key):
             raise InstallerError(f"The module signing key '{key}' does not exist.")
-    sign_file = _find_sign_file(options, target)
+    sign_file = _find_sign_file(paths)
     for module in modules:
         status, output = host.run([sign_file, options.module_signing_hash, secret, public, module])
         log.detail(output)
@@ -196,15 +261,13 @@ def sign_modules(modules: list[str], options: Options, target: KernelTarget, log
     log.info(f"Signed {len(modules)} kernel modules with {options.module_signing_hash}.")
 
 
-def _find_sign_file(options: Options, target: KernelTarget) -> str:
-    trees = [target.source_path]
-    if options.kernel_output_path:
-        trees.append(options.kernel_output_path)
-    for tree in trees:
+def _find_sign_file(paths: KernelPaths) -> str:
+    """scripts/sign-file of the output tree, else of the source tree (NVIDIA's order)."""
+    for tree in (paths.output, paths.source):
         candidate = os.path.join(tree, "scripts", "sign-file")
         if os.access(candidate, os.X_OK):
             return candidate
     raise InstallerError(
-        "Unable to find the module signing utility 'scripts/sign-file' in the "
-        f"kernel source tree '{target.source_path}'."
+        "nvidia-installer cannot sign the kernel modules without the `sign-file` utility: "
+        f"it is in neither '{paths.output}/scripts' nor '{paths.source}/scripts'."
     )

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 
 from . import gpus, host, kernel, modules, record, userspace
 from .errors import InstallerError
@@ -104,18 +102,14 @@ def install_kernel_modules(
     options: Options, manifest: Manifest, package_dir: str, target: kernel.KernelTarget, log: Log
 ) -> list[str]:
     flavour = kernel.resolve_flavour(options, manifest.version)
-    kernel.check_source_tree(options, target)
+    paths = kernel.determine_paths(options, target, log)
     if options.tmpdir and not os.path.isdir(options.tmpdir):
         raise InstallerError(f"The temporary directory '{options.tmpdir}' does not exist.")
-    build_root = tempfile.mkdtemp(prefix="nvidia-installer-build.", dir=options.tmpdir)
-    try:
-        built = kernel.build_modules(
-            package_dir, build_root, manifest.version, flavour, options, target, log
-        )
-        kernel.sign_modules(built, options, target, log)
-        installed = modules.install_modules(built, target, log)
-    finally:
-        shutil.rmtree(build_root, ignore_errors=True)
+    built = kernel.build_modules(
+        package_dir, flavour, manifest.kernel_modules, options, paths, log
+    )
+    kernel.sign_modules(built, options, paths, log)
+    installed = modules.install_modules(built, target, log)
     if not options.skip_depmod:
         modules.run_depmod(target.name, log)
     return installed

@@ -1,4 +1,5 @@
-"""The package's .manifest: version, then one `path mode TYPE [subdir]` line per user-space file."""
+"""The package's .manifest: description, version, the kernel modules (NVIDIA's manifest names
+them too), then one `path mode TYPE [subdir]` line per user-space file."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ class Entry(NamedTuple):
 class Manifest(NamedTuple):
     description: str
     version: str
+    kernel_modules: list[str]
     entries: list[Entry]
 
 
@@ -23,9 +25,9 @@ def load(package_dir: str) -> Manifest:
     with open(os.path.join(package_dir, ".manifest")) as handle:
         lines = handle.read().splitlines()
     entries = []
-    for line in lines[2:]:
+    for line in lines[3:]:
         parts = line.split()
         if parts:
             subdir = parts[3] if len(parts) > 3 else ""
             entries.append(Entry(parts[0], int(parts[1], 8), parts[2], subdir))
-    return Manifest(lines[0], lines[1], entries)
+    return Manifest(lines[0], lines[1], lines[2].split(), entries)

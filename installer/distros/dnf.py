@@ -1,5 +1,5 @@
-"""RHEL-family headers (kernel-devel) through the image's dnf, reading the host's repos, vars and
-keys with a private config, cache and rpm database (the host's are never touched)."""
+"""The RHEL family's header fetch: kernel-devel through the image's dnf reading the host's repos,
+vars and keys with a private config, cache and rpm database (the host's are never touched)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,16 @@ import io
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
-from installer.host import Distro
+from installer.distros.family import PackageNotFound
+from installer.errors import CommandFailed, HeadersFetchFailed
 from installer.hostroot import HostRoot
 from installer.runner import Result, Runner
+
+if TYPE_CHECKING:
+    from installer.config import Config
+    from installer.host import Distro, HostFacts
 
 REPOS_DIR = PurePosixPath("/etc/yum.repos.d")
 VARS_DIRS = (PurePosixPath("/etc/dnf/vars"), PurePosixPath("/etc/yum/vars"))
@@ -185,3 +191,33 @@ def unpack_argv(rpm: Path, tree: Path) -> list[str]:
     return ["sh", "-c", 'cd "$2" && rpm2cpio "$1" > .payload.cpio && '
             'cpio -idm --quiet --no-absolute-filenames < .payload.cpio; rc=$?; '
             'rm -f .payload.cpio; exit $rc', "sh", str(rpm), str(tree)]
+
+
+def fetch(root: HostRoot, config: Config, facts: HostFacts, work: Path, runner: Runner,
+          package: str, where: str) -> list[str]:
+    """`package` fetched through the host's repos (or the mirror, or Rocky's vault), its signature
+    checked against the keys those repos trust, unpacked under `work/root`. Raises
+    KernelHeadersMissing (no repo has it) or HeadersFetchFailed."""
+    private = prepare(root, work / "dnf", facts.distro, facts.kernel_release,
+                          mirror=config.headers_mirror, vault=config.rocky_vault)
+    rpms_dir = work / "rpms"
+    result = download(runner, private, package, rpms_dir)
+    rpms = sorted(rpms_dir.glob("*.rpm"))
+    if not rpms:
+        raise PackageNotFound(f"no source has it; tried {where}; dnf said:\n" + result.tail(15))
+    try:
+        if private.keys:
+            checked = [runner.run(argv, timeout=300) for argv in verify_argvs(private, rpms)]
+            unsigned = [line for line in checked[-1].output.splitlines()
+                        if line.strip() and "signatures OK" not in line]
+            if unsigned:
+                raise HeadersFetchFailed(
+                    f"{package} from {where} is not signed by a key the host's "
+                    "repos trust:\n" + "\n".join(unsigned))
+        (work / "root").mkdir(exist_ok=True)
+        for rpm in rpms:
+            runner.run(unpack_argv(rpm, work / "root"), timeout=600)
+    except CommandFailed as exc:
+        raise HeadersFetchFailed(f"checking or unpacking {package} from {where} "
+                                 f"failed: {exc}") from exc
+    return [package]

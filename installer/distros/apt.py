@@ -1,14 +1,21 @@
-"""Debian/Ubuntu headers through the image's apt-get, reading the host's sources and keys with a
-private state and cache (the host's dpkg database and /var/lib/apt are never touched)."""
+"""The Debian family's header fetch: the image's apt-get reading the host's sources and keys with
+a private state and cache (the host's dpkg database and /var/lib/apt are never touched)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
+from installer.distros.family import PackageNotFound
+from installer.errors import CommandFailed, HeadersFetchFailed
 from installer.hostroot import HostRoot
 from installer.runner import Result, Runner
+
+if TYPE_CHECKING:
+    from installer.config import Config
+    from installer.host import HostFacts
 
 SOURCES_LIST = PurePosixPath("/etc/apt/sources.list")
 SOURCES_PARTS = PurePosixPath("/etc/apt/sources.list.d")
@@ -165,3 +172,24 @@ def download(runner: Runner, apt: PrivateApt, packages: list[str], dest: Path) -
 def unpack_argv(deb: Path, tree: Path) -> list[str]:
     """Unpack a .deb's files only: no maintainer scripts, no dpkg database."""
     return ["dpkg-deb", "--extract", str(deb), str(tree)]
+
+
+def fetch(root: HostRoot, config: Config, facts: HostFacts, work: Path, runner: Runner,
+          package: str, where: str) -> list[str]:
+    """`package` and the header packages it depends on, fetched through the host's sources
+    (or the mirror) and unpacked under `work/root`; returns their names. Raises
+    KernelHeadersMissing (no source has it) or HeadersFetchFailed."""
+    private = prepare(root, work / "apt", facts.arch, config.headers_mirror)
+    updated = update(runner, private)
+    packages = header_packages(runner, private, package)
+    if packages is None:
+        raise PackageNotFound(f"no source has it; tried {where}; apt-get update said:\n"
+                              + updated.tail(15))
+    try:
+        debs = download(runner, private, packages, work / "debs")
+        for deb in debs:
+            runner.run(unpack_argv(deb, work / "root"), timeout=600)
+    except CommandFailed as exc:
+        raise HeadersFetchFailed(f"fetching {', '.join(packages)} from {where} failed: "
+                                 f"{exc}") from exc
+    return packages

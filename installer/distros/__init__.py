@@ -1,0 +1,57 @@
+"""Distro families: one class per family answers every per-family question (header and compiler
+packages, package manager, image tags, package sources, fetching through the host's sources).
+Elsewhere code asks the family; it never tests a family's name. A new family is its own module
+here plus one entry in FAMILIES."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from installer.distros.debian import Debian
+from installer.distros.family import Family, PackageNotFound
+from installer.distros.rhel import Rhel
+from installer.errors import UnsupportedDistro
+
+if TYPE_CHECKING:
+    from installer.host import Distro
+
+__all__ = ["FAMILIES", "Family", "PackageNotFound", "for_compiler_package", "for_os_release",
+           "image_compilers", "named", "of"]
+
+FAMILIES: tuple[Family, ...] = (Debian(), Rhel())
+
+
+def named(name: str) -> Family:
+    """The family called `name`. Raises UnsupportedDistro for any other: an unknown family is
+    never treated as one of the known ones."""
+    for family in FAMILIES:
+        if family.name == name:
+            return family
+    raise UnsupportedDistro(
+        f"no distro family {name!r} (known: {', '.join(f.name for f in FAMILIES)})")
+
+
+def of(distro: Distro) -> Family:
+    """The family of a detected distro."""
+    return named(distro.family)
+
+
+def for_os_release(distro_id: str) -> Family | None:
+    """The family that knows os-release ID `distro_id`, or None."""
+    for family in FAMILIES:
+        if distro_id in family.releases:
+            return family
+    return None
+
+
+def for_compiler_package(package: str) -> Family | None:
+    """The family whose installer image installs compiler `package`, or None."""
+    for family in FAMILIES:
+        if family.owns_compiler_package(package):
+            return family
+    return None
+
+
+def image_compilers() -> dict[str, tuple[int, ...]]:
+    """Every installer image tag and the gcc majors it carries."""
+    return {tag: majors for family in FAMILIES for tag, majors in family.image_tags.items()}

@@ -1,0 +1,57 @@
+"""Debian and Ubuntu: .deb packages, apt on the host, apt-get in the installer image."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, ClassVar
+
+from installer.distros.family import Family
+
+if TYPE_CHECKING:
+    from installer.config import Config
+    from installer.host import HostFacts
+    from installer.hostroot import HostRoot
+    from installer.runner import Runner
+
+_GCC = re.compile(r"^gcc-\d+$")
+
+
+class Debian(Family):
+    name = "debian"
+    # Ubuntu's point releases are separate distros: matched on the full VERSION_ID.
+    releases: ClassVar[dict[str, tuple[str, ...]]] = {
+        "ubuntu": ("20.04", "22.04", "24.04"),
+        "debian": ("11", "12"),
+    }
+    package_manager = "apt"
+    image_tool = "apt-get"
+    sources_where = "/etc/apt/sources.list(.d)"
+    image_tags: ClassVar[dict[str, tuple[int, ...]]] = {
+        "debian12": (12,),
+        "ubuntu20.04": (9, 10),
+        "ubuntu22.04": (11, 12),
+        "ubuntu24.04": (12, 13, 14),
+    }
+
+    def headers_package(self, kernel: str) -> str:
+        return f"linux-headers-{kernel}"
+
+    def source_files(self, root: HostRoot) -> list[PurePosixPath]:
+        from installer.distros import apt
+
+        return apt.source_files(root)
+
+    def fetch_headers(self, root: HostRoot, config: Config, facts: HostFacts, work: Path,
+                      runner: Runner, package: str, where: str) -> list[str]:
+        from installer.distros import apt
+
+        return apt.fetch(root, config, facts, work, runner, package, where)
+
+    def owns_compiler_package(self, package: str) -> bool:
+        return _GCC.fullmatch(package) is not None
+
+    def compiler_install_argvs(self, package: str) -> list[list[str]]:
+        # The image's package lists are removed at build time.
+        return [["apt-get", "update", "-q"],
+                ["apt-get", "install", "-y", "-q", "--no-install-recommends", package]]

@@ -1,0 +1,76 @@
+"""What every distro family answers: the protocol the rest of the installer asks, never testing a
+family's name."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from installer.config import Config
+    from installer.host import Distro, HostFacts
+    from installer.hostroot import HostRoot
+    from installer.runner import Runner
+
+
+class PackageNotFound(Exception):
+    """None of the host's package sources has the package; `detail` says what was tried (the
+    caller names the package and what it was needed for)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class Family(ABC):
+    """One family of distributions (one package format, one package manager)."""
+
+    # The name os-release facts carry (Distro.family) and `installer plan` prints.
+    name: ClassVar[str]
+    # os-release ID -> the VERSION_IDs supported, or their majors ("9" takes 9.4).
+    releases: ClassVar[dict[str, tuple[str, ...]]]
+    # The host's package manager.
+    package_manager: ClassVar[str]
+    # The installer image's package tool: fetches headers (reading the host's sources) and
+    # installs the kernel's compiler in the container.
+    image_tool: ClassVar[str]
+    # Where the host keeps its package sources, for messages.
+    sources_where: ClassVar[str]
+    # The installer image tags of this family and the gcc majors each carries (images/).
+    image_tags: ClassVar[dict[str, tuple[int, ...]]]
+    # Driver sources this family offers besides NVIDIA's .run.
+    package_sources: ClassVar[tuple[str, ...]] = ()
+
+    def supports(self, distro_id: str, version_id: str) -> bool:
+        """Whether this family supports `distro_id` at `version_id` (os-release values)."""
+        accepted = self.releases.get(distro_id, ())
+        return version_id in accepted or version_id.split(".", 1)[0] in accepted
+
+    @abstractmethod
+    def headers_package(self, kernel: str) -> str:
+        """The package holding the header tree of exactly `kernel`."""
+
+    @abstractmethod
+    def source_files(self, root: HostRoot) -> list[PurePosixPath]:
+        """The host's package source files (host paths), in the package manager's order."""
+
+    @abstractmethod
+    def fetch_headers(self, root: HostRoot, config: Config, facts: HostFacts, work: Path,
+                      runner: Runner, package: str, where: str) -> list[str]:
+        """Fetch `package` (and what it needs) through the image's package tool reading the
+        host's sources, unpacked under `work/root`; returns the packages fetched. Writes only
+        under `work`. Raises PackageNotFound (no source has it) or HeadersFetchFailed."""
+
+    def vault(self, config: Config, distro: Distro, kernel: str) -> tuple[str, str] | None:
+        """An archive of older releases the header fetch also reads for `kernel`: (what it is,
+        its URL), or None."""
+        return None
+
+    @abstractmethod
+    def owns_compiler_package(self, package: str) -> bool:
+        """Whether `package` is one of this family's versioned compiler packages."""
+
+    @abstractmethod
+    def compiler_install_argvs(self, package: str) -> list[list[str]]:
+        """The image tool's commands that install compiler `package` in the container."""

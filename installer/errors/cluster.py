@@ -1,0 +1,94 @@
+"""The Kubernetes API server's answers to the upgrade protocol and the scheduling gate
+(installer/cluster)."""
+
+from __future__ import annotations
+
+from installer.errors.base import InstallerError
+
+
+class ClusterApiUnavailable(InstallerError):
+    reference = "cluster-api-unavailable"
+    exit_code = 70
+    default_hint = (
+        "The installer could not talk to the Kubernetes API server; check the node's network "
+        "and NVIDIA_INSTALLER_KUBECONFIG (or the pod's service account). Nothing on the node "
+        "was changed by this attempt; the pod retries."
+    )
+
+
+class ClusterApiForbidden(InstallerError):
+    reference = "cluster-api-forbidden"
+    exit_code = 71
+    default_hint = (
+        "The API server refused the request: apply the upgrade protocol's Component "
+        "(daemonset/components/upgrade-protocol: RBAC, token, admission policy), and "
+        "check that the installer writes only to its own node (the message names the policy)."
+    )
+
+
+class NodeNotFound(InstallerError):
+    reference = "node-not-found"
+    exit_code = 72
+    default_hint = (
+        "NODE_NAME must be this node's name: set it from the downward API (fieldRef "
+        "spec.nodeName)."
+    )
+
+
+class EvictionTimeout(InstallerError):
+    reference = "eviction-timeout"
+    exit_code = 73
+    default_hint = (
+        "GPU pods named above did not leave in time (a PodDisruptionBudget or a pod that does "
+        "not terminate). The node was uncordoned and its labels restored if the installer had "
+        "changed them; the old driver keeps working. Move the pods or relax the budget, raise "
+        "NVIDIA_INSTALLER_EVICTION_TIMEOUT, or set NVIDIA_INSTALLER_FORCE_EVICTION=true."
+    )
+
+
+class DriverHoldersTimeout(InstallerError):
+    reference = "driver-holders-timeout"
+    exit_code = 74
+    default_hint = (
+        "Processes named above kept /dev/nvidia* open after the GPU pods left (a DaemonSet pod "
+        "that does not follow nvidia.com/gpu.deploy.<component> labels, or a host process). "
+        "The node was restored; stop them, add their component to "
+        "NVIDIA_INSTALLER_PAUSE_COMPONENTS, or raise NVIDIA_INSTALLER_HOLDERS_TIMEOUT."
+    )
+
+
+class UpgradeAnnotationInvalid(InstallerError):
+    reference = "upgrade-annotation-invalid"
+    exit_code = 89
+    default_hint = (
+        "The node's nvidia-driver-installer/upgrade annotation is not what the installer "
+        "writes. Look at it (`kubectl get node <node> -o yaml`), restore the node by hand "
+        "(uncordon, the nvidia.com/gpu.deploy.* labels) and remove the annotation "
+        "(`kubectl annotate node <node> nvidia-driver-installer/upgrade-`)."
+    )
+
+
+class SchedulingGateUnavailable(ClusterApiUnavailable):
+    """Issue 21: the API server did not answer while the node's scheduling gate was opened or
+    closed."""
+
+    reference = "scheduling-gate-unavailable"
+    exit_code = 110
+    default_hint = (
+        "The node keeps its scheduling-gate taint (NVIDIA_INSTALLER_GATE_TAINT) until a run or "
+        "the scheduling-gate container reaches the API server again; before an unload, nothing "
+        "was unloaded. Check the node's network and the pod's service account "
+        "(daemonset/components/scheduling-gate); the pod retries."
+    )
+
+
+class SchedulingGateForbidden(ClusterApiForbidden):
+    """Issue 21: the API server refused a change of the node's scheduling gate."""
+
+    reference = "scheduling-gate-forbidden"
+    exit_code = 111
+    default_hint = (
+        "Apply daemonset/components/scheduling-gate (its RBAC and admission policy), and keep "
+        "the policy's gateTaintKey equal to NVIDIA_INSTALLER_GATE_TAINT (docs/deploy.md, "
+        "\"The scheduling gate\"). The node keeps its taint."
+    )

@@ -1,0 +1,131 @@
+"""Getting files onto the node: downloads, checksums, space, the .run's identity, the
+module registry."""
+
+from __future__ import annotations
+
+from installer.errors.base import InstallerError
+
+
+class DownloadFailed(InstallerError):
+    reference = "download-failed"
+    exit_code = 20
+    default_hint = (
+        "Check the node's network or proxy, add a mirror (NVIDIA_DRIVER_MIRRORS), or provide a "
+        "file:// URL (NVIDIA_DRIVER_DOWNLOAD_URL) for air-gapped nodes."
+    )
+
+
+class DownloadNotFound(DownloadFailed):
+    reference = "download-not-found"
+    exit_code = 21
+    default_hint = (
+        "The server has no such file: check the version, NVIDIA_DRIVER_BRANCH and the URL."
+    )
+
+
+class DownloadForbidden(DownloadFailed):
+    reference = "download-forbidden"
+    exit_code = 22
+    default_hint = (
+        "The server refused access (401/403): check credentials, the bucket's policy, or use a "
+        "mirror."
+    )
+
+
+class ChecksumMismatch(InstallerError):
+    reference = "checksum-mismatch"
+    exit_code = 23
+    default_hint = (
+        "The downloaded file was deleted. Check NVIDIA_DRIVER_SHA256 and the mirror's content; "
+        "a proxy may be serving a stale or altered file."
+    )
+
+
+class InsufficientSpace(InstallerError):
+    reference = "insufficient-space"
+    exit_code = 24
+    default_hint = (
+        "Free space on the filesystem that holds the install dir, or move "
+        "NVIDIA_INSTALL_DIR_HOST."
+    )
+
+
+class RunfileMismatch(InstallerError):
+    reference = "runfile-mismatch"
+    exit_code = 25
+    default_hint = (
+        "The download URL or mirror serves another driver than the planned version: point "
+        "NVIDIA_DRIVER_DOWNLOAD_URL (or the mirror) at the planned version's .run, or set "
+        "NVIDIA_DRIVER_VERSION to the file's version. The file was removed from the cache and "
+        "nothing on the host was changed."
+    )
+
+
+class UnverifiedDownload(DownloadFailed):
+    reference = "download-unverified"
+    exit_code = 26
+    default_hint = (
+        "Pin the file's SHA-256 (NVIDIA_DRIVER_SHA256), publish <file>.sha256sum beside it, or "
+        "accept unverified files knowingly with NVIDIA_DRIVER_ALLOW_UNVERIFIED=true."
+    )
+
+
+class RegistryUnavailable(InstallerError):
+    reference = "registry-unavailable"
+    exit_code = 75
+    default_hint = (
+        "Check NVIDIA_MODULE_REGISTRY (host[:port]/repository), that the registry is up and "
+        "reachable from the node, and NVIDIA_MODULE_REGISTRY_PLAIN_HTTP for a registry without "
+        "TLS. On a node this only costs a compile; `installer prebuild --push` needs it."
+    )
+
+
+class RegistryAuthFailed(RegistryUnavailable):
+    reference = "registry-auth-failed"
+    exit_code = 76
+    default_hint = (
+        "The registry refused the credentials (or asked for some): set "
+        "NVIDIA_MODULE_REGISTRY_USERNAME and NVIDIA_MODULE_REGISTRY_PASSWORD (from a Secret) "
+        "to an account that may pull, and push when NVIDIA_MODULE_REGISTRY_PUSH is on."
+    )
+
+
+class ArtifactInvalid(RegistryUnavailable):
+    reference = "artifact-invalid"
+    exit_code = 77
+    default_hint = (
+        "The artifact in the registry does not match what it claims (a digest, its key or the "
+        "kernel's vermagic differ): delete its tag and publish it again from a good build."
+    )
+
+
+class ArtifactUntrusted(RegistryUnavailable):
+    reference = "artifact-untrusted"
+    exit_code = 85
+    default_hint = (
+        "No signature by a key in NVIDIA_MODULE_TRUSTED_KEYS vouches for the artifact (or its "
+        "digest is not in NVIDIA_MODULE_DIGESTS): the node compiles instead. Publish with "
+        "`installer prebuild --push` and NVIDIA_MODULE_PUBLISHER_KEY, or sign the artifact "
+        "with `cosign sign --key` (docs/deploy.md, \"Prebuilt modules you can trust\")."
+    )
+
+
+class RegistryRealmRefused(RegistryAuthFailed):
+    reference = "registry-realm-refused"
+    exit_code = 86
+    default_hint = (
+        "The registry sent the installer to a token service on another host or over plain "
+        "HTTP; no credentials were sent there. If that service is the registry's own, list "
+        "it in NVIDIA_MODULE_REGISTRY_TOKEN_REALMS (https://host[:port])."
+    )
+
+
+class PrebuiltRequired(InstallerError):
+    reference = "prebuilt-modules-required"
+    exit_code = 88
+    default_hint = (
+        "NVIDIA_MODULE_REQUIRE_PREBUILT=true and no verified artifact could be used (the reason "
+        "is above): publish one for this key with the builder (`installer prebuild --kernel "
+        "<K> --push`), check NVIDIA_MODULE_TRUSTED_KEYS and NVIDIA_MODULE_DIGESTS, or let the "
+        "node compile by setting it to false. Nothing on the host was changed."
+    )

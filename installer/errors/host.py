@@ -1,0 +1,78 @@
+"""Changing the host: Secure Boot, nouveau, the loaded driver, loading, device nodes,
+verification, the lock and the install dir's layout."""
+
+from __future__ import annotations
+
+from installer.errors.base import InstallerError
+
+
+class SecureBootKeysMissing(InstallerError):
+    reference = "secure-boot-unsigned"
+    exit_code = 32
+    default_hint = (
+        "Secure Boot rejects unsigned modules: set NVIDIA_MODULE_SIGNING_KEY and "
+        "NVIDIA_MODULE_SIGNING_CERT to a key enrolled in the node's MOK list, "
+        "or disable Secure Boot."
+    )
+
+
+class NouveauActive(InstallerError):
+    reference = "nouveau-active"
+    exit_code = 33
+    default_hint = (
+        "nouveau is blacklisted on the host now; reboot the node and the installer will finish."
+    )
+
+
+class DriverInUse(InstallerError):
+    reference = "driver-in-use"
+    exit_code = 34
+    default_hint = (
+        "Stop the processes listed above (or drain the node), then restart the installer pod."
+    )
+
+
+class ModuleLoadFailed(InstallerError):
+    reference = "module-load-failed"
+    exit_code = 35
+    default_hint = "See the kernel log (dmesg) on the node for the reason the module was rejected."
+
+
+class InstallFailed(InstallerError):
+    reference = "install-failed"
+    exit_code = 36
+    default_hint = "See the nvidia-installer log in the install dir."
+
+
+class DeviceNodesFailed(InstallerError):
+    reference = "device-nodes-failed"
+    exit_code = 37
+    default_hint = (
+        "Check that /dev is the host's /dev (a hostPath volume) and the container is privileged."
+    )
+
+
+class VerificationFailed(InstallerError):
+    reference = "verification-failed"
+    exit_code = 40
+    default_hint = (
+        "The driver did not answer as planned; see the report above and dmesg on the node."
+    )
+
+
+class LockTimeout(InstallerError):
+    reference = "lock-timeout"
+    exit_code = 41
+    default_hint = (
+        "Another installer holds the host lock; wait for it or raise "
+        "NVIDIA_INSTALLER_LOCK_TIMEOUT."
+    )
+
+
+class HostLayoutError(InstallerError):
+    reference = "host-layout"
+    exit_code = 42
+    default_hint = (
+        "Check the mounts: ROOT_MOUNT_DIR must hold the host's root and the install dir must be "
+        "writable."
+    )

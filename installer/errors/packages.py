@@ -1,0 +1,41 @@
+"""The distro's packages (the dnf source): transactions, repos, DKMS, module metadata."""
+
+from __future__ import annotations
+
+from installer.errors.base import InstallerError
+
+
+class PackageManagerFailed(InstallerError):
+    reference = "package-transaction-failed"
+    exit_code = 50
+    default_hint = (
+        "See the package manager output above; the host's packages were left as they were."
+    )
+
+
+class RepoUnavailable(InstallerError):
+    reference = "repo-unavailable"
+    exit_code = 51
+    default_hint = "Check NVIDIA_DNF_REPO_URL, the node's network, or use the runfile source."
+
+
+class DkmsUnavailable(InstallerError):
+    reference = "dkms-unavailable"
+    exit_code = 52
+    default_hint = (
+        "NVIDIA's -dkms kmod packages require `dkms`, which comes from EPEL: enable EPEL on the "
+        "host (Rocky: `dnf install epel-release`; RHEL: the EPEL release RPM) or set "
+        "NVIDIA_DNF_ENABLE_EPEL=true, or use a precompiled stream (NVIDIA_DRIVER_VERSION=<branch> "
+        "on a kernel NVIDIA ships a kmod for). The host's packages were left as they were."
+    )
+
+
+class ModuleMetadataMissing(InstallerError):
+    reference = "module-metadata-missing"
+    exit_code = 53
+    default_hint = (
+        "The configured repo has no nvidia-driver module metadata (modules.yaml) or not the "
+        "stream asked for: check NVIDIA_DNF_REPO_URL / the .repo file points at NVIDIA's CUDA "
+        "repo for this EL release, and that the version or branch exists there "
+        "(`dnf module list nvidia-driver`)."
+    )

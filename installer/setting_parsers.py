@@ -1,0 +1,348 @@
+"""Parsers of setting values: the text of a flag or environment variable to a typed value, or a
+ConfigError naming the variable (`config.py` names which parser each setting uses); and the
+settings that must agree with each other."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Callable, Protocol
+
+from installer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from installer.config import Config
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+_MODULE_ARG = re.compile(r"^[a-z0-9_-]+\.[A-Za-z0-9_]+=[A-Za-z0-9_.,:/+-]*$")
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+class Named(Protocol):
+    """What a parser needs of its setting: the variable to name in errors."""
+
+    @property
+    def env(self) -> str: ...
+
+
+def choice(*allowed: str) -> Callable[[str, Named], str]:
+    def parse(value: str, setting: Named) -> str:
+        if value not in allowed:
+            raise ConfigError(
+                f"{setting.env}={value!r} is not one of {', '.join(allowed)}",
+            )
+        return value
+
+    return parse
+
+
+def number(value: str, setting: Named) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if number <= 0:
+        raise ConfigError(f"{setting.env}={value!r} must be a positive number")
+    return number
+
+
+def count(value: str, setting: Named) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"{setting.env}={value!r} must be a whole number >= 1")
+    return int(value)
+
+
+def switch(value: str, setting: Named) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigError(f"{setting.env}={value!r} must be true or false")
+
+
+def host_abs_path(value: str, setting: Named) -> PurePosixPath | None:
+    if not value:
+        return None
+    path = PurePosixPath(value)
+    if not path.is_absolute() or ".." in path.parts:
+        raise ConfigError(f"{setting.env}={value!r} must be an absolute path without '..'")
+    return path
+
+
+def required_host_path(value: str, setting: Named) -> PurePosixPath:
+    path = host_abs_path(value, setting)
+    if path is None or path == PurePosixPath("/"):
+        raise ConfigError(f"{setting.env} must be an absolute directory other than /")
+    return check_build_path(setting.env, path)
+
+
+# Paths that reach make (M=, --tmpdir) and shells: make expands `$(...)` and splits on spaces,
+# so only characters with no meaning to make or sh are allowed.
+_BUILD_PATH = re.compile(r"^/[A-Za-z0-9._+@/-]*$", re.ASCII)
+
+
+def check_build_path(what: str, path: PurePosixPath | Path) -> PurePosixPath:
+    """`path` unchanged if it is safe to pass to make and sh; else ConfigError naming `what`."""
+    if not _BUILD_PATH.fullmatch(str(path)):
+        raise ConfigError(
+            f"{what}={str(path)!r} holds characters that make or the shell would interpret "
+            "(spaces, $, quotes, ...)",
+            hint="Use a path of letters, digits and '/', '.', '_', '+', '@', '-' only.",
+        )
+    return PurePosixPath(path)
+
+
+def build_path(value: str, setting: Named) -> PurePosixPath | None:
+    path = host_abs_path(value, setting)
+    return None if path is None else check_build_path(setting.env, path)
+
+
+def root(value: str, setting: Named) -> Path:
+    return Path(str(check_build_path(setting.env, PurePosixPath(value or "/"))))
+
+
+def url(value: str, setting: Named) -> str | None:
+    if not value:
+        return None
+    # Control characters are not printable: a printable URL needs no closer look (and the
+    # defaults, parsed when config is imported, load nothing of delivery).
+    if not value.isprintable():
+        from installer.delivery.urls import control_character
+
+        bad = control_character(value)
+    else:
+        bad = None
+    if bad is not None:
+        raise ConfigError(
+            f"{setting.env}={_redact(value)!r} holds a control character ({bad}): "
+            "a pasted newline or tab is not part of a URL",
+            hint=f"Set {setting.env} to the URL alone, without trailing whitespace.",
+        )
+    if not re.match(r"^(https?|file)://\S+\Z", value):
+        raise ConfigError(f"{setting.env}={_redact(value)!r} must be an http(s):// or file:// URL")
+    return value
+
+
+def mirrors(value: str, setting: Named) -> tuple[str, ...]:
+    items = [v.strip() for v in re.split(r"[,\s]+", value) if v.strip()]
+    return tuple(url(item, setting) or "" for item in items)
+
+
+def redist(value: str, setting: Named) -> tuple[str, ...]:
+    """Base URLs of a redist tree (mirrors first), at least one."""
+    bases = tuple(base.rstrip("/") for base in mirrors(value, setting) if base)
+    if not bases:
+        raise ConfigError(f"{setting.env} must name at least one URL")
+    return bases
+
+
+def module_args(value: str, setting: Named) -> tuple[tuple[str, str], ...]:
+    parsed = []
+    for item in value.split():
+        if not _MODULE_ARG.match(item):
+            raise ConfigError(
+                f"{setting.env}: {item!r} is not module.param=value",
+                hint="Example: NVIDIA_MODULE_ARGS='nvidia.NVreg_EnableGpuFirmware=0'",
+            )
+        module, arg = item.split(".", 1)
+        parsed.append((module, arg))
+    return tuple(parsed)
+
+
+def sha256(value: str, setting: Named) -> str | None:
+    if not value:
+        return None
+    if not _SHA256.match(value):
+        raise ConfigError(f"{setting.env} must be 64 hexadecimal characters")
+    return value.lower()
+
+
+def kernel_release(value: str, setting: Named) -> str | None:
+    if not value:
+        return None
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._+~-]*$", value):
+        raise ConfigError(f"{setting.env}={value!r} is not a kernel release")
+    return value
+
+
+def version(value: str, setting: Named) -> str:
+    # Full validation (exact, branch or alias) happens in versions.parse_request.
+    return value.strip() or "auto"
+
+
+def text(value: str, setting: Named) -> str:
+    return value
+
+
+def optional_text(value: str, setting: Named) -> str | None:
+    return value or None
+
+
+def _redact(url: str) -> str:
+    from installer.delivery.urls import redact_url
+
+    return redact_url(url)
+
+
+def registry(value: str, setting: Named) -> str | None:
+    """`host[:port]/path` as OCI references spell a repository (lower-case path)."""
+    value = value.strip()
+    if not value:
+        return None
+    if not re.match(
+        r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+\Z", value
+    ):
+        raise ConfigError(
+            f"{setting.env}={value!r} is not an OCI repository",
+            hint=f"Example: {setting.env}=registry.example.com/gpu/nvidia-modules "
+            "(no scheme, no tag).",
+        )
+    return value
+
+
+def node_name(value: str, setting: Named) -> str | None:
+    value = value.strip()
+    if value and not re.match(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", value):
+        raise ConfigError(f"{setting.env}={value!r} is not a Kubernetes node name")
+    return value or None
+
+
+def components(value: str, setting: Named) -> tuple[str, ...]:
+    items = tuple(v.strip() for v in value.split(",") if v.strip())
+    for item in items:
+        # The label key nvidia.com/gpu.deploy.<c> has a name part of at most 63 characters.
+        if not re.match(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$", item):
+            raise ConfigError(f"{setting.env}: {item!r} is not a component name "
+                              "(lower-case letters, digits and '-')")
+    return items
+
+
+def branch_path(value: str, setting: Named) -> str:
+    if not re.match(r"^[A-Za-z0-9._-]+$", value):
+        raise ConfigError(f"{setting.env}={value!r} may hold letters, digits, '.', '_', '-' only")
+    return value
+
+
+def container_path(value: str, setting: Named) -> Path:
+    """A directory as this process (the container) sees it: absolute, not /, safe for make."""
+    return Path(str(required_host_path(value, setting)))
+
+
+def url_or_empty(value: str, setting: Named) -> str:
+    return url(value, setting) or ""
+
+
+def local_file(value: str, setting: Named) -> Path | None:
+    """A file in the installer's own file system (in a pod: a mounted Secret or ConfigMap)."""
+    value = value.strip()
+    if not value:
+        return None
+    if not value.startswith("/"):
+        raise ConfigError(f"{setting.env}={value!r} must be an absolute path")
+    return Path(value)
+
+
+def digests(value: str, setting: Named) -> tuple[str, ...]:
+    items = tuple(v.strip().lower() for v in value.split(",") if v.strip())
+    for item in items:
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", item):
+            raise ConfigError(f"{setting.env}: {item!r} is not a sha256:<64 hex> digest",
+                              hint="Copy the digest `installer prebuild --push` printed "
+                              "(<repository>@sha256:...).")
+    return items
+
+
+def realms(value: str, setting: Named) -> tuple[str, ...]:
+    items = tuple(v.strip().rstrip("/") for v in value.split(",") if v.strip())
+    for item in items:
+        if not re.fullmatch(r"https://[A-Za-z0-9.-]+(:[0-9]+)?", item):
+            raise ConfigError(f"{setting.env}: {item!r} is not https://host[:port]",
+                              hint="Credentials go to a token service over HTTPS only.")
+    return items
+
+
+def seconds_or_never(value: str, setting: Named) -> float:
+    """Seconds >= 0, where 0 means never."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0 or number == float("inf"):
+        raise ConfigError(f"{setting.env}={value!r} must be a number of seconds >= 0 "
+                          "(0: never)")
+    return number
+
+
+_TAINT_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_TAINT_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def taint_key(value: str, setting: Named) -> str:
+    """A taint key (a qualified name: [DNS subdomain/]name) the scheduling gate may own."""
+    value = value.strip()
+    prefix, _, name = value.rpartition("/")
+    if not _TAINT_NAME.match(name) or ("/" in value and not _TAINT_PREFIX.match(prefix)):
+        raise ConfigError(f"{setting.env}={value!r} is not a taint key ([prefix/]name, e.g. "
+                          "nvidia.com/gpu.driver-not-ready)")
+    if value == "nvidia.com/gpu":
+        raise ConfigError(
+            f"{setting.env}={value!r} cannot gate anything: Kubernetes' ExtendedResourceToleration"
+            " admission gives every pod that requests nvidia.com/gpu a toleration for that key",
+            hint="Use a key of its own, e.g. nvidia.com/gpu.driver-not-ready.")
+    if prefix == "node.kubernetes.io":
+        raise ConfigError(f"{setting.env}={value!r}: node.kubernetes.io/ taints belong to "
+                          "Kubernetes' node lifecycle controller",
+                          hint="Use a key of its own, e.g. nvidia.com/gpu.driver-not-ready.")
+    return value
+
+
+def check_consistency(config: Config) -> None:
+    """Settings that must agree with each other (ConfigError naming them)."""
+    if (config.signing_key is None) != (config.signing_cert is None):
+        raise ConfigError(
+            "NVIDIA_MODULE_SIGNING_KEY and NVIDIA_MODULE_SIGNING_CERT must be set together",
+        )
+    if not config.root.is_absolute():
+        raise ConfigError(f"ROOT_MOUNT_DIR={config.root} must be an absolute path")
+    check_registry(config)
+    if config.scheduling_gate and not config.node_name:  # issue 21
+        raise ConfigError(
+            "NVIDIA_INSTALLER_SCHEDULING_GATE=true needs NODE_NAME (this node's name)",
+            hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
+        )
+    if config.upgrade_protocol and not config.node_name:  # issue 13
+        raise ConfigError(
+            "NVIDIA_INSTALLER_UPGRADE_PROTOCOL=true needs NODE_NAME (this node's name)",
+            hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
+        )
+
+
+def check_registry(config: Config) -> None:
+    """Asking to publish without a registry or a publisher key is an error, not a silent
+    no-op; one password source only (issue 20)."""
+    if config.module_registry_push and not config.module_registry:
+        raise ConfigError(
+            "NVIDIA_MODULE_REGISTRY_PUSH=true (or --push) needs NVIDIA_MODULE_REGISTRY: there "
+            "is nowhere to publish",
+            hint="Set NVIDIA_MODULE_REGISTRY=<host[:port]/repository>, or drop the push.",
+        )
+    if config.module_registry_push and config.module_publisher_key is None:
+        raise ConfigError(
+            "NVIDIA_MODULE_REGISTRY_PUSH=true (or --push) needs NVIDIA_MODULE_PUBLISHER_KEY: "
+            "nodes use only artifacts signed by a key they trust",
+            hint="Give the builder the private key (a mounted Secret) whose public key the "
+            "nodes have in NVIDIA_MODULE_TRUSTED_KEYS (docs/deploy.md).",
+        )
+    if config.module_require_prebuilt and not (config.module_registry
+                                               and config.module_trusted_keys):
+        raise ConfigError(
+            "NVIDIA_MODULE_REQUIRE_PREBUILT=true needs NVIDIA_MODULE_REGISTRY and "
+            "NVIDIA_MODULE_TRUSTED_KEYS: without both no artifact can ever be used",
+        )
+    if config.module_registry_password and config.module_registry_password_file:
+        raise ConfigError(
+            "NVIDIA_MODULE_REGISTRY_PASSWORD and NVIDIA_MODULE_REGISTRY_PASSWORD_FILE are both "
+            "set: use one",
+        )

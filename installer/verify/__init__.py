@@ -1,0 +1,136 @@
+"""Checks the loaded driver against the plan: nvidia-smi (smi.py) and NVML in a child process
+(nvml.py, child.py: the only pynvml user); report.py holds what they found."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Optional
+
+from installer.runner import Runner
+from installer.verify import nvml, smi
+from installer.verify.child import main, nvml_query
+from installer.verify.report import (
+    GpuInfo,
+    VerifyReport,
+    fabric_problems,
+    normalize_bus_id,
+    require_ok,
+)
+from installer.verify.smi import parse_smi_csv, smi_argv
+
+__all__ = ["GpuInfo", "VerifyReport", "fabric_problems", "main", "normalize_bus_id",
+           "nvml_gpus", "nvml_query", "parse_smi_csv", "require_ok", "smi_argv", "verify"]
+
+nvml_gpus = nvml.gpus  # the GPUs with fabric state and persistence mode (the daemons ask)
+
+
+def verify(
+    *,
+    install_dir: Path,
+    expected_version: str | None,
+    expected_gpus: Sequence[str],
+    runner: Runner,
+    timeout: float = 60,
+    fabric_required: bool = False,
+    switches: Sequence[str] = (),
+) -> VerifyReport:
+    """Asks the installed nvidia-smi and NVML (in a child process) about the loaded driver.
+
+    Reads `<install_dir>/lib64` and runs two read-only commands through `runner`:
+    `<install_dir>/bin/nvidia-smi --query-gpu=...` and `python -m installer.verify`, both with
+    `LD_LIBRARY_PATH=<install_dir>/lib64`. `timeout` bounds the two together. Changes nothing
+    on the host and raises nothing for a driver that answers wrongly: every difference from
+    `expected_version` / `expected_gpus` is a sentence in `problems` (see `require_ok`).
+    With `fabric_required` (an NVSwitch node) every GPU that reports its fabric state must
+    have completed its registration with success (Fabric Manager ran), else CUDA fails.
+    """
+    deadline = time.monotonic() + timeout
+    lib_dir = Path(install_dir) / "lib64"
+    env = {"LD_LIBRARY_PATH": str(lib_dir)}
+    expected = tuple(expected_gpus)
+    problems: list[str] = []
+
+    smi_version, smi_gpus = smi.query(install_dir, env, runner, timeout, expected, problems)
+
+    nvml_version: Optional[str] = None
+    nvml_gpus: tuple[GpuInfo, ...] = ()
+    nvml_library: Optional[str] = None
+    library_problem = nvml.check_library(lib_dir)
+    if library_problem is not None:
+        problems.append(library_problem)
+    else:
+        remaining = max(deadline - time.monotonic(), 1.0)
+        answer = nvml.query(env, runner, remaining, problems)
+        if answer is not None:
+            nvml_version, nvml_gpus, nvml_library = answer
+            nvml.check_library_path(nvml_library, lib_dir, problems)
+
+    nvml_answered = nvml_version is not None
+    smi_answered = smi_version is not None
+    for source, version, answered in (
+        ("NVML", nvml_version, nvml_answered),
+        ("nvidia-smi", smi_version, smi_answered),
+    ):
+        if answered and expected_version is not None and version != expected_version:
+            problems.append(f"{source} reports driver {version}, expected {expected_version}")
+    if expected_version is None and nvml_answered and smi_answered and nvml_version != smi_version:
+        problems.append(f"NVML reports driver {nvml_version} but nvidia-smi reports {smi_version}")
+    if nvml_answered:
+        problems.extend(_compare_gpus("NVML", nvml_gpus, expected))
+    if smi_answered:
+        problems.extend(_compare_gpus("nvidia-smi", smi_gpus, expected))
+    if nvml_answered and smi_answered:
+        problems.extend(_compare_sources(nvml_gpus, smi_gpus))
+    if nvml_answered and fabric_required:
+        problems.extend(fabric_problems(nvml_gpus))
+
+    return VerifyReport(
+        expected_version=expected_version,
+        expected_gpus=expected,
+        nvml_driver_version=nvml_version,
+        smi_driver_version=smi_version,
+        gpus=nvml_gpus if nvml_answered else smi_gpus,
+        problems=tuple(problems),
+        nvml_library=nvml_library,
+        smi_gpus=smi_gpus,
+        fabric_required=fabric_required,
+        switches=tuple(switches),
+    )
+
+
+def _compare_gpus(source: str, gpus: Sequence[GpuInfo], expected: Sequence[str]) -> list[str]:
+    problems = []
+    if len(gpus) != len(expected):
+        problems.append(
+            f"{source} sees {len(gpus)} GPU(s), expected {len(expected)}"
+            f" ({', '.join(expected) or 'none'})"
+        )
+    for gpu in gpus:
+        label = f"{source} GPU {gpu.index} ({gpu.pci_bus_id or 'no bus id'})"
+        if not gpu.name:
+            problems.append(f"{label} has no name")
+        if not gpu.uuid:
+            problems.append(f"{label} has no UUID")
+        if gpu.memory_total_mib is None or gpu.memory_total_mib <= 0:
+            problems.append(f"{label} reports memory {gpu.memory_total_mib}, expected > 0 MiB")
+    seen = {gpu.pci_bus_id for gpu in gpus}
+    wanted = {normalize_bus_id(a) for a in expected}
+    for address in sorted(wanted - seen):
+        problems.append(f"{source} does not see the expected GPU {address}")
+    for address in sorted(seen - wanted):
+        problems.append(f"{source} reports GPU {address}, which is not among the expected GPUs")
+    return problems
+
+
+def _compare_sources(nvml: Sequence[GpuInfo], smi: Sequence[GpuInfo]) -> list[str]:
+    smi_by_bus = {gpu.pci_bus_id: gpu for gpu in smi}
+    problems = []
+    for gpu in nvml:
+        other = smi_by_bus.get(gpu.pci_bus_id)
+        if other is not None and gpu.uuid and other.uuid and gpu.uuid != other.uuid:
+            problems.append(
+                f"GPU {gpu.pci_bus_id} has UUID {gpu.uuid} in NVML but {other.uuid} in nvidia-smi"
+            )
+    return problems

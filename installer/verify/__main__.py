@@ -1,0 +1,7 @@
+"""`python -m installer.verify`: the NVML child."""
+
+import sys
+
+from installer.verify.child import main
+
+sys.exit(main())

@@ -1,0 +1,137 @@
+"""The NVML child, `python -m installer.verify`: asks NVML and prints one JSON line. The only
+module that imports pynvml."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+
+def nvml_query() -> dict[str, Any]:
+    """Asks NVML (libnvidia-ml.so.1 as the dynamic loader finds it) about the driver.
+
+    Runs in the child process only, so a crashing or hanging library cannot take the
+    installer down. NVML errors become `{"error": {"call", "type", "message"}}`.
+    """
+    answer: dict[str, Any] = {"driver_version": None, "gpus": [], "library": None, "error": None}
+    call = "import pynvml"
+    try:
+        import pynvml
+
+        call = "nvmlInit"
+        pynvml.nvmlInit()
+        answer["library"] = _loaded_library_path()
+        try:
+            call = "nvmlSystemGetDriverVersion"
+            answer["driver_version"] = _text(pynvml.nvmlSystemGetDriverVersion())
+            call = "nvmlDeviceGetCount"
+            count = int(pynvml.nvmlDeviceGetCount())
+            answer["gpus"] = [_nvml_device(pynvml, index) for index in range(count)]
+        finally:
+            call = "nvmlShutdown"
+            pynvml.nvmlShutdown()
+    except Exception as exc:  # every NVMLError_* and a missing pynvml, reported by name
+        answer["error"] = _error_json(call, exc)
+    return answer
+
+
+def _nvml_device(pynvml: Any, index: int) -> dict[str, Any]:
+    gpu: dict[str, Any] = {
+        "index": index,
+        "name": None,
+        "uuid": None,
+        "pci_bus_id": None,
+        "memory_total_mib": None,
+        "error": None,
+    }
+    call = "nvmlDeviceGetHandleByIndex"
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        call = "nvmlDeviceGetName"
+        gpu["name"] = _text(pynvml.nvmlDeviceGetName(handle))
+        call = "nvmlDeviceGetUUID"
+        gpu["uuid"] = _text(pynvml.nvmlDeviceGetUUID(handle))
+        call = "nvmlDeviceGetPciInfo"
+        gpu["pci_bus_id"] = _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
+        call = "nvmlDeviceGetMemoryInfo"
+        gpu["memory_total_mib"] = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20)
+    except Exception as exc:
+        gpu["error"] = _error_json(call, exc)
+        return gpu
+    gpu["fabric"] = _nvml_fabric(pynvml, handle)
+    try:
+        mode = pynvml.nvmlDeviceGetPersistenceMode(handle)
+        gpu["persistence_mode"] = "enabled" if mode == pynvml.NVML_FEATURE_ENABLED else "disabled"
+    except Exception:  # not supported on this GPU or platform: left unknown
+        gpu["persistence_mode"] = None
+    return gpu
+
+
+# nvml.h's NVML_GPU_FABRIC_STATE_* values.
+FABRIC_STATES = {0: "not-supported", 1: "not-started", 2: "in-progress", 3: "completed"}
+
+
+def _nvml_fabric(pynvml: Any, handle: Any) -> dict[str, Any]:
+    """nvmlDeviceGetGpuFabricInfoV (v2 struct), else the v1 call of older drivers. A GPU that
+    NVML keeps no fabric state for (before Hopper) answers NOT_SUPPORTED: "unavailable"."""
+    import ctypes
+
+    versioned = getattr(pynvml, "c_nvmlGpuFabricInfoV_t", None)
+    try:
+        try:
+            if versioned is None:
+                raise pynvml.NVMLError_FunctionNotFound(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            info = versioned()
+            pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+        except pynvml.NVMLError_FunctionNotFound:
+            info = pynvml.c_nvmlGpuFabricInfo_t()
+            pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+    except pynvml.NVMLError_NotSupported:
+        return {"state": "unavailable", "status": None}
+    except Exception as exc:
+        return {"state": "unavailable", "status": None, "error": _error_json(
+            "nvmlDeviceGetGpuFabricInfoV", exc)}
+    status = int(info.status)
+    return {
+        "state": FABRIC_STATES.get(int(info.state) & 0xFF, f"unknown-{int(info.state)}"),
+        "status": "success" if status == 0 else _nvml_error_text(pynvml, status),
+    }
+
+
+def _nvml_error_text(pynvml: Any, status: int) -> str:
+    try:
+        return f"{_text(pynvml.nvmlErrorString(status))} ({status})"
+    except Exception:
+        return f"NVML error {status}"
+
+
+def _error_json(call: str, exc: BaseException) -> dict[str, str]:
+    try:
+        message = str(exc)
+    except Exception:  # NVMLError.__str__ may call into a half-loaded library
+        message = repr(exc)
+    return {"call": call, "type": type(exc).__name__, "message": message}
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
+
+
+def _loaded_library_path() -> Optional[str]:
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                path = line.split(None, 5)[-1].strip()
+                if os.path.basename(path).startswith("libnvidia-ml.so"):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def main() -> int:
+    print(json.dumps(nvml_query()), flush=True)
+    return 0

@@ -1,0 +1,233 @@
+"""Issue 20 in tests/cluster: the token reaches only its own node (the stand-in API server runs
+the shipped RBAC and ValidatingAdmissionPolicy), and the protocol fixes: an admin's cordon made
+during an upgrade is never undone (3); DaemonSet, mirror and unschedulable-tolerating GPU pods
+are waited for, not evicted (4); a malformed annotation is a clear error naming it (7); a node
+left mid-upgrade is restored even once the protocol is switched off (8)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("kubernetes", reason="pip install kubernetes")
+pytest.importorskip("celpy", reason="pip install cel-python")
+
+import requests
+
+from cluster.apiserver import Cluster, cluster_role_rules
+from cluster.test_protocol import (
+    FORCE_RBAC,
+    LABELS,
+    NODE,
+    PAUSED,
+    PLUGIN,
+    RBAC,
+    Env,
+    make_room,
+)
+from installer import app
+from installer.cluster import protocol
+from installer.cluster.client import NodeClient
+from installer.errors import (
+    ClusterApiForbidden,
+    ClusterApiUnavailable,
+    EvictionTimeout,
+    UpgradeAnnotationInvalid,
+)
+from installer.plan import Plan
+
+OTHER = "gpu-node-2"
+CONTROL_PLANE = "control-plane-1"
+NO_SCHEDULE = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+
+
+def _raw_patch(env: Env, node: str, patch: dict, manager: str) -> requests.Response:
+    """A merge patch as `kubectl` sends it (its own field manager), with the same token."""
+    return requests.patch(f"{env.server.url}/api/v1/nodes/{node}?fieldManager={manager}",
+                          json=patch, timeout=10,
+                          headers={"Authorization": f"Bearer {env.cluster.token}",
+                                   "Content-Type": "application/merge-patch+json"})
+
+
+# --------------------------------------------------------------------------- finding 2
+
+
+def test_the_token_of_one_node_cannot_touch_another(env: Env) -> None:
+    env.cluster.add_node(OTHER, {"nvidia.com/gpu.deploy.device-plugin": "true"})
+    control = env.cluster.add_node(CONTROL_PLANE, {})
+    control["spec"]["taints"] = [NO_SCHEDULE]
+    env.cluster.add_pod("kube-system", "coredns-1", OTHER)
+    env.cluster.rules = cluster_role_rules(RBAC, FORCE_RBAC)  # even the force variant
+    before = {n: env.cluster.node(n) for n in (OTHER, CONTROL_PLANE)}
+
+    other = NodeClient(OTHER, str(env.kubeconfig))
+    with pytest.raises(ClusterApiForbidden) as cordon:
+        other.patch_node({"spec": {"unschedulable": True}})
+    assert (f"may change only the node its pod runs on ({NODE}), not {OTHER}"
+            in cordon.value.message)
+    with pytest.raises(ClusterApiForbidden):
+        other.patch_node({"spec": {"taints": [{"key": "evil", "effect": "NoExecute"}]}})
+    with pytest.raises(ClusterApiForbidden):
+        NodeClient(CONTROL_PLANE, str(env.kubeconfig)).patch_node({"spec": {"taints": None}})
+    own = NodeClient(NODE, str(env.kubeconfig))
+    with pytest.raises(ClusterApiForbidden, match="may not add, change or remove taints"):
+        own.patch_node({"spec": {"taints": [{"key": "evil", "effect": "NoExecute"}]}})
+    with pytest.raises(ClusterApiForbidden, match="labels"):
+        own.patch_node({"metadata": {"labels": {"kubernetes.io/hostname": "elsewhere"}}})
+    with pytest.raises(ClusterApiForbidden, match="pods on its own node"):
+        own.delete_pod("kube-system", "coredns-1")
+    own.event("uid", "Probe", "about my own node")
+    other.event("uid", "Forged", "about another node")  # best effort: refused, logged
+
+    assert {n: env.cluster.node(n) for n in (OTHER, CONTROL_PLANE)} == before
+    assert ("kube-system", "coredns-1") in env.cluster.pods
+    assert [r for r, _ in env.events()] == ["Probe"]
+    # What the protocol itself writes on its own node passes (the other tests run it all).
+    own.patch_node({"spec": {"unschedulable": True},
+                    "metadata": {"labels": {PLUGIN: PAUSED}}})
+
+
+def test_a_token_without_a_node_claim_changes_no_node(env: Env) -> None:
+    env.cluster.token_node = None  # a long-lived Secret token, or a cluster older than 1.30
+    with pytest.raises(ClusterApiForbidden, match="the token carries no node claim"):
+        make_room(env, env.config())
+    assert env.node()["metadata"]["labels"] == LABELS
+    assert "unschedulable" not in env.node()["spec"]
+
+
+# --------------------------------------------------------------------------- finding 3
+
+
+def test_an_admins_cordon_made_during_the_upgrade_is_never_undone(env: Env) -> None:
+    config = env.config()
+    layout = env.layout(config)
+    make_room(env, config)
+    # During the upgrade an admin takes the node out for maintenance: `kubectl uncordon`,
+    # `kubectl cordon` (each its own field manager, as kubectl sends them).
+    assert _raw_patch(env, NODE, {"spec": {"unschedulable": None}},
+                      "kubectl-uncordon").status_code == 200
+    assert _raw_patch(env, NODE, {"spec": {"unschedulable": True}},
+                      "kubectl-cordon").status_code == 200
+
+    protocol.finish(config, layout)
+
+    after = env.node()
+    assert after["spec"]["unschedulable"] is True
+    assert after["metadata"]["labels"][PLUGIN] == "true"  # the rest is restored
+    assert after["metadata"]["annotations"] == {}
+    assert "left cordoned" in env.events()[-1][1]
+
+
+def test_the_installers_own_cordon_is_undone(env: Env) -> None:
+    config = env.config()
+    make_room(env, config)
+    manager = [e["manager"] for e in env.node()["metadata"]["managedFields"]]
+    assert manager == ["nvidia-driver-installer"]
+    protocol.finish(config, env.layout(config))
+    assert "unschedulable" not in env.node()["spec"]
+
+
+# --------------------------------------------------------------------------- finding 4
+
+
+def test_daemonset_mirror_and_tolerating_pods_are_waited_for_not_evicted(env: Env) -> None:
+    env.cluster.add_pod("kube-system", "dcgm-exporter-x", NODE, gpus=1, owner_kind="DaemonSet")
+    env.cluster.add_pod("kube-system", "static-gpu-probe", NODE, gpus=1,
+                        annotations={"kubernetes.io/config.mirror": "abc123"})
+    env.cluster.add_pod("ml", "train", NODE, gpus=1)
+
+    def controllers_react(cluster: Cluster, node: dict) -> None:
+        # The DaemonSet stops selecting the paused node; the static pod's manifest is removed.
+        if node["metadata"]["labels"].get(PLUGIN) == PAUSED:
+            def leave() -> None:
+                with cluster.lock:
+                    cluster.pods.pop(("kube-system", "dcgm-exporter-x"), None)
+                    cluster.pods.pop(("kube-system", "static-gpu-probe"), None)
+            threading.Timer(0.5, leave).start()
+
+    env.cluster.on_node_change.append(controllers_react)
+    make_room(env, env.config())
+
+    evicted = [r.path for r in env.cluster.requests if r.path.endswith("/eviction")]
+    assert evicted == ["/api/v1/namespaces/ml/pods/train/eviction"]
+    not_evicted = [m for r, m in env.events() if r == "GpuPodNotEvicted"]
+    assert len(not_evicted) == 2
+    assert any("DaemonSet pod" in m for m in not_evicted)
+    assert any("mirror pod" in m for m in not_evicted)
+
+
+def test_a_pod_tolerating_unschedulable_is_named_not_evicted_or_deleted(env: Env) -> None:
+    env.cluster.rules = cluster_role_rules(RBAC, FORCE_RBAC)
+    env.cluster.add_pod("ml", "sticky", NODE, gpus=1,
+                        tolerations=[{"key": "node.kubernetes.io/unschedulable",
+                                      "operator": "Exists", "effect": "NoSchedule"}])
+    config = env.config(NVIDIA_INSTALLER_EVICTION_TIMEOUT="0.5",
+                        NVIDIA_INSTALLER_FORCE_EVICTION="true")
+    with pytest.raises(EvictionTimeout, match=r"ml/sticky \(tolerates node\.kubernetes\.io/"
+                       "unschedulable: it would come back at once\\)"):
+        make_room(env, config)
+    assert not [r for r in env.cluster.requests
+                if r.path.endswith("/eviction") or r.method == "DELETE"]
+    assert "unschedulable" not in env.node()["spec"]  # restored
+
+
+# --------------------------------------------------------------------------- finding 7
+
+
+@pytest.mark.parametrize("annotation", ['{"labels":{}}', "not json", '{"from": 1}',
+                                        '{"from":"a","to":"b","cordoned":true,'
+                                        '"labels":{"kubernetes.io/hostname":"x"}}'])
+def test_a_malformed_upgrade_annotation_is_a_clear_error_naming_it(env: Env,
+                                                                   annotation: str) -> None:
+    env.cluster.nodes[NODE]["metadata"]["annotations"][protocol.ANNOTATION] = annotation
+    env.cluster.nodes[NODE]["spec"]["unschedulable"] = True
+    config = env.config()
+    layout = env.layout(config)
+    before = env.node()
+    for attempt in (lambda: protocol.finish(config, layout), lambda: make_room(env, config)):
+        with pytest.raises(UpgradeAnnotationInvalid) as info:
+            attempt()
+        assert info.value.exit_code == 89
+        assert f"node {NODE}: the annotation {protocol.ANNOTATION} is " in info.value.message
+        assert "kubectl annotate node" in info.value.hint
+    assert env.node() == before  # nothing was changed
+
+
+# --------------------------------------------------------------------------- finding 8
+
+# The install itself is stubbed out; _execute still splits the plan's steps (issue 21).
+NO_STEPS = Plan(None, [], [])  # type: ignore[arg-type]
+
+
+def test_a_node_left_mid_upgrade_is_restored_with_the_protocol_switched_off(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    on = env.config()
+    make_room(env, on)  # then the run is killed, and the operator turns the protocol off
+    off = env.config(NVIDIA_INSTALLER_UPGRADE_PROTOCOL="false")
+    layout = env.layout(off)
+    monkeypatch.setattr(app.pipeline, "execute", lambda plan: [])  # the install itself
+
+    app._execute(off, layout, plan=NO_STEPS)
+
+    after = env.node()
+    assert "unschedulable" not in after["spec"]
+    assert after["metadata"]["labels"][PLUGIN] == "true"
+    assert after["metadata"]["annotations"] == {}
+    assert not protocol.hint_path(layout).exists()
+    writes = len(env.cluster.writes())
+    app._execute(off, layout, plan=NO_STEPS)
+    assert len(env.cluster.writes()) == writes  # and then never again
+
+
+def test_without_node_name_a_node_left_mid_upgrade_is_an_error_not_forgotten(
+    env: Env, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    make_room(env, env.config())
+    off = env.config(NVIDIA_INSTALLER_UPGRADE_PROTOCOL="false", NODE_NAME="")
+    monkeypatch.setattr(app.pipeline, "execute", lambda plan: [])
+    with pytest.raises(ClusterApiUnavailable, match="NODE_NAME is unset: cannot restore it"):
+        app._execute(off, env.layout(off), plan=NO_STEPS)
+    assert env.node()["spec"]["unschedulable"] is True

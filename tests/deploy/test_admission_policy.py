@@ -1,0 +1,177 @@
+"""The shipped ValidatingAdmissionPolicy's CEL (cel-python) against admission requests shaped as
+the API server sends them for the installer's pod-bound ServiceAccount token: every write the
+upgrade protocol makes on its own node is admitted; what issue 20 finding 2 did with a stolen
+token (cordon and taint another node, strip a control-plane node's taints, delete a pod
+elsewhere) is denied, and so are fields the protocol never writes. The policy's `authorizer`
+answers from the protocol's RBAC (its role bound, the scheduling gate's not)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+pytest.importorskip("celpy", reason="pip install cel-python")
+
+from cluster.admission import (
+    Authorizer,
+    Denied,
+    check,
+    load_policies,
+    rbac_authorizer,
+    request,
+    user_info,
+)
+from cluster.apiserver import cluster_role_rules
+
+from deploy.manifests import DAEMONSET_DIR
+from installer.cluster import protocol
+
+POLICY = DAEMONSET_DIR / "components" / "upgrade-protocol" / "admission-policy.yaml"
+POLICIES = load_policies(POLICY)
+PROTOCOL_ROLE = rbac_authorizer(cluster_role_rules(
+    DAEMONSET_DIR / "components" / "upgrade-protocol" / "rbac.yaml"))
+ME, OTHER = "gpu-node-1", "gpu-node-2"
+TOKEN = user_info(node=ME)
+
+
+def node(name: str = ME) -> dict[str, Any]:
+    """A Node as the API server holds it (what `oldObject` is)."""
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "uid": "9c1e", "resourceVersion": "4711",
+                     "labels": {"kubernetes.io/hostname": name,
+                                "cloud.google.com/gke-accelerator": "nvidia-h100-80gb",
+                                "nvidia.com/gpu.deploy.device-plugin": "true"},
+                     "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+        "spec": {"podCIDR": "10.4.1.0/24", "podCIDRs": ["10.4.1.0/24"],
+                 "providerID": f"gce://proj/us-central1-a/{name}",
+                 "taints": [{"key": "nvidia.com/gpu", "value": "present",
+                             "effect": "NoSchedule"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def update(old: dict[str, Any], change: Any, user: dict[str, Any] = TOKEN,
+           authorizer: Authorizer = PROTOCOL_ROLE) -> Denied | None:
+    new = copy.deepcopy(old)
+    change(new)
+    return check(POLICIES, request("UPDATE", "nodes", old["metadata"]["name"], user, obj=new,
+                                   old=old), authorizer)
+
+
+def begin(n: dict[str, Any]) -> None:
+    """What protocol._begin's merge patch makes of the node."""
+    n["spec"]["unschedulable"] = True
+    n["metadata"]["labels"]["nvidia.com/gpu.deploy.device-plugin"] = protocol.PAUSED
+    n["metadata"]["labels"]["nvidia.com/gpu.deploy.gpu-feature-discovery"] = protocol.PAUSED
+    n["metadata"]["labels"][protocol.STATE_LABEL] = "draining"
+    n["metadata"]["annotations"][protocol.ANNOTATION] = json.dumps(
+        {"from": "580.105.08", "to": "580.126.20", "cordoned": True, "labels": {}})
+
+
+def test_every_write_of_the_protocol_on_its_own_node_is_admitted() -> None:
+    old = node()
+    assert update(old, begin) is None
+    during = copy.deepcopy(old)
+    begin(during)
+
+    def restore(n: dict[str, Any]) -> None:
+        n["spec"].pop("unschedulable")
+        n["metadata"]["labels"]["nvidia.com/gpu.deploy.device-plugin"] = "true"
+        del n["metadata"]["labels"]["nvidia.com/gpu.deploy.gpu-feature-discovery"]
+        n["metadata"]["labels"][protocol.STATE_LABEL] = "upgrade-done"
+        del n["metadata"]["annotations"][protocol.ANNOTATION]
+
+    assert update(during, restore) is None
+    assert update(during, lambda n: n["metadata"]["labels"].update(
+        {protocol.STATE_LABEL: "unloading"})) is None
+    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"{ME}.1",
+                                                               "namespace": "default"},
+             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": ME, "uid": "9c1e"},
+             "reason": "DriverUpgradeStarted"}
+    assert check(POLICIES, request("CREATE", "events", f"{ME}.1", TOKEN, namespace="default",
+                                   obj=event), PROTOCOL_ROLE) is None
+    pod = {"metadata": {"name": "train", "namespace": "ml"}, "spec": {"nodeName": ME}}
+    assert check(POLICIES, request("DELETE", "pods", "train", TOKEN, namespace="ml",
+                                   old=pod), PROTOCOL_ROLE) is None
+
+
+@pytest.mark.parametrize(("what", "change"), [
+    ("cordon", lambda n: n["spec"].update(unschedulable=True)),
+    ("NoExecute taint", lambda n: n["spec"]["taints"].append(
+        {"key": "evil", "effect": "NoExecute"})),
+    ("pause its GPU clients", lambda n: n["metadata"]["labels"].update(
+        {"nvidia.com/gpu.deploy.device-plugin": protocol.PAUSED})),
+])
+def test_another_node_is_denied_whatever_the_change(what: str, change: Any) -> None:
+    denied = update(node(OTHER), change)
+    assert denied is not None and denied.code == 403, what
+    assert (f"may change only the node its pod runs on ({ME}), not {OTHER}"
+            in denied.message)
+    assert denied.message.startswith("ValidatingAdmissionPolicy "
+                                     "'nvidia-driver-installer-own-node' with binding "
+                                     "'nvidia-driver-installer-own-node' denied request: ")
+
+
+def test_a_control_plane_nodes_taints_cannot_be_removed() -> None:
+    control = node("control-plane-1")
+    control["spec"]["taints"] = [{"key": "node-role.kubernetes.io/control-plane",
+                                  "effect": "NoSchedule"}]
+    assert update(control, lambda n: n["spec"].pop("taints")) is not None
+
+
+@pytest.mark.parametrize(("what", "change", "message"), [
+    ("taint", lambda n: n["spec"]["taints"].append({"key": "evil", "effect": "NoExecute"}),
+     "may not add, change or remove taints"),
+    ("untaint", lambda n: n["spec"].pop("taints"), "may not add, change or remove taints"),
+    ("other label", lambda n: n["metadata"]["labels"].update({"team": "x"}), "labels"),
+    ("remove label", lambda n: n["metadata"]["labels"].pop("kubernetes.io/hostname"),
+     "labels"),
+    ("other annotation", lambda n: n["metadata"]["annotations"].update({"x": "y"}),
+     "annotation"),
+    ("podCIDR", lambda n: n["spec"].update(podCIDR="10.9.9.0/24"), "spec.unschedulable"),
+    ("providerID", lambda n: n["spec"].pop("providerID"), "spec.unschedulable"),
+    ("finalizer", lambda n: n["metadata"].update(finalizers=["x/hold"]), "finalizers"),
+])
+def test_on_its_own_node_only_the_protocols_fields(what: str, change: Any,
+                                                   message: str) -> None:
+    denied = update(node(), change)
+    assert denied is not None and denied.code == 403, what
+    assert message in denied.message, denied.message
+
+
+def test_a_token_without_a_node_claim_writes_nothing() -> None:
+    denied = update(node(), begin, user=user_info(node=None))
+    assert denied is not None and "the token carries no node claim" in denied.message
+
+
+def test_other_users_are_not_this_policys_business() -> None:
+    admin = user_info("kubernetes-admin", node=None)
+    assert update(node(OTHER), lambda n: n["spec"].update(unschedulable=True),
+                  user=admin) is None
+
+
+def test_pods_and_events_of_other_nodes_are_denied() -> None:
+    pod = {"metadata": {"name": "coredns-1", "namespace": "kube-system"},
+           "spec": {"nodeName": OTHER}}
+    denied = check(POLICIES, request("DELETE", "pods", "coredns-1", TOKEN,
+                                     namespace="kube-system", old=pod))
+    assert denied is not None and f"only pods on its own node ({ME})" in denied.message
+    event = {"involvedObject": {"kind": "Node", "name": OTHER}, "reason": "Forged"}
+    denied = check(POLICIES, request("CREATE", "events", "x", TOKEN, namespace="default",
+                                     obj=event))
+    assert denied is not None and "events only about its own node" in denied.message
+
+
+def test_the_fields_the_installer_writes_are_named_in_one_place() -> None:
+    """The place a new field of a feature (the gate's taint and label, issue 21) goes."""
+    (own_node,) = [p for p, _ in POLICIES
+                   if p["metadata"]["name"] == "nvidia-driver-installer-own-node"]
+    names = [v["name"] for v in own_node["spec"]["variables"]]
+    assert {"writableLabels", "writableLabelPrefixes", "writableAnnotations",
+            "writableTaintKeys", "mayCordon", "gateTaintKey"} <= set(names)
+    text = POLICY.read_text()
+    assert text.count(protocol.STATE_LABEL) == 1 and text.count(protocol.ANNOTATION + "'") == 1

@@ -1,0 +1,239 @@
+"""docs/architecture.md's module map is the code's: every module listed with its job, each row's
+imports exactly what it imports, only rows above it, and DESIGN's boundaries held."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "installer"
+MAP = ROOT / "docs" / "architecture.md"
+
+# Standard-library modules that are boundaries of their own (DESIGN: only runner starts processes).
+RESTRICTED_STDLIB = {"subprocess"}
+# DESIGN's library boundaries: the one row allowed to import each.
+ONLY_IN = {
+    "subprocess": "runner.py",
+    "requests": "delivery/",
+    "tenacity": "delivery/",
+    "cryptography": "delivery/",
+    "pynvml": "verify/",
+    "click": "cli.py",
+    "kubernetes": "cluster/",
+}
+
+
+@dataclass
+class Row:
+    name: str
+    job: str
+    imports: dict[str, bool]  # name -> only inside functions
+    position: int
+
+
+@dataclass
+class Found:
+    """What a row's files import: name -> True when only inside functions."""
+
+    imports: dict[str, bool] = field(default_factory=dict)
+
+    def add(self, name: str, lazy: bool) -> None:
+        self.imports[name] = self.imports.get(name, True) and lazy
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _names(cell: str) -> dict[str, bool]:
+    names = {}
+    for item in cell.replace("\\", "").replace("`", "").split(","):
+        item = item.strip()
+        if item:
+            names[item.rstrip("*")] = item.endswith("*")
+    return names
+
+
+@functools.lru_cache(maxsize=1)
+def map_rows() -> list[Row]:
+    text = MAP.read_text()
+    section = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("|")][2:]
+    rows = []
+    for position, line in enumerate(lines):
+        name, job, imports, libraries = _cells(line)
+        rows.append(Row(name.strip("`"), job, {**_names(imports), **_names(libraries)}, position))
+    return rows
+
+
+def unit_of_file(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return f"{rel.parts[0]}/" if len(rel.parts) > 1 else rel.name
+
+
+def unit_of_module(dotted: str) -> str:
+    parts = dotted.split(".")
+    if len(parts) > 1 and (PACKAGE / parts[1]).is_dir():
+        return f"{parts[1]}/"
+    if len(parts) > 1 and (PACKAGE / f"{parts[1]}.py").is_file():
+        return f"{parts[1]}.py"
+    return "__init__.py"  # `from installer import __version__`
+
+
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports_of(tree: ast.AST) -> list[tuple[str, bool]]:
+    """(dotted module, only inside a function) for every import that runs (not TYPE_CHECKING)."""
+    found: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, lazy: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _type_checking(child.test):
+                for other in child.orelse:
+                    visit_node(other, lazy)
+            else:
+                visit_node(child, lazy)
+
+    def visit_node(node: ast.AST, lazy: bool) -> None:
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, lazy) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if node.module == "installer":
+                found.extend((f"installer.{alias.name}", lazy) for alias in node.names)
+            else:
+                found.append((node.module, lazy))
+        visit(node, lazy or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+    visit(tree, False)
+    return found
+
+
+def source_files() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+@functools.lru_cache(maxsize=1)
+def found_imports() -> dict[str, Found]:
+    units: dict[str, Found] = {}
+    for path in source_files():
+        unit = unit_of_file(path)
+        found = units.setdefault(unit, Found())
+        for dotted, lazy in imports_of(ast.parse(path.read_text())):
+            top = dotted.split(".")[0]
+            if top == "installer":
+                target = unit_of_module(dotted)
+                if target != unit:
+                    found.add(target, lazy)
+            elif top == "__future__" or (top in sys.stdlib_module_names
+                                         and top not in RESTRICTED_STDLIB):
+                continue
+            else:
+                found.add(top, lazy)
+    return units
+
+
+def test_every_module_is_listed_once_and_nothing_else() -> None:
+    listed = [row.name for row in map_rows()]
+    assert len(listed) == len(set(listed)), "a module is listed twice"
+    expected = set()
+    for path in source_files():
+        rel = path.relative_to(PACKAGE).as_posix()
+        expected.add(rel.replace("__init__.py", "") if "/" in rel else rel)
+    assert sorted(set(listed) - expected) == [], "listed but not in installer/"
+    assert sorted(expected - set(listed)) == [], "in installer/ but not in docs/architecture.md"
+
+
+def test_every_row_says_its_job() -> None:
+    for row in map_rows():
+        assert len(row.job) > 10, row.name
+
+
+def test_each_row_imports_exactly_what_it_lists() -> None:
+    rows = {row.name: row for row in map_rows()}
+    found = found_imports()
+    problems = []
+    for unit, imports in sorted(found.items()):
+        listed = rows[unit].imports
+        if imports.imports != listed:
+            problems.append(f"{unit}: lists {_show(listed)} but imports {_show(imports.imports)}")
+    assert problems == []
+
+
+def test_a_packages_files_leave_the_import_columns_to_the_package_row() -> None:
+    for row in map_rows():
+        if "/" in row.name and not row.name.endswith("/"):
+            assert row.imports == {}, row.name
+
+
+def test_no_row_imports_a_row_below_it() -> None:
+    rows = {row.name: row for row in map_rows()}
+    upward = []
+    for unit, found in found_imports().items():
+        for name in found.imports:
+            target = rows.get(name)
+            if target is not None and target.position > rows[unit].position:
+                upward.append(f"{unit} imports {name}, which is below it")
+    assert upward == []
+
+
+@pytest.mark.parametrize(("library", "owner"), sorted(ONLY_IN.items()))
+def test_each_boundary_library_has_one_importer(library: str, owner: str) -> None:
+    importers = sorted(unit for unit, found in found_imports().items()
+                       if library in found.imports)
+    assert importers == [owner], f"{library} is imported by {importers}, only {owner} may"
+
+
+def test_only_hostroot_joins_root_prefixes() -> None:
+    """Outside hostroot.py the root directory (`<HostRoot>.root`) may appear in messages only."""
+    offenders = []
+    for path in source_files():
+        if path.name == "hostroot.py":
+            continue
+        tree = ast.parse(path.read_text())
+        in_messages = {id(n) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr)
+                       for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr == "root"
+                    and _names_a_root(node.value) and id(node) not in in_messages):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []
+
+
+def _names_a_root(node: ast.expr) -> bool:
+    """`root.root`, `ctx.root.root`, `self.root.root`: the HostRoot's directory."""
+    return (isinstance(node, ast.Name) and node.id == "root") or (
+        isinstance(node, ast.Attribute) and node.attr == "root")
+
+
+def test_no_code_outside_distros_compares_with_a_family_name() -> None:
+    from installer import distros
+
+    names = {family.name for family in distros.FAMILIES}
+    offenders = []
+    for path in source_files():
+        if path.is_relative_to(PACKAGE / "distros"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                values = [node.left, *node.comparators]
+                if any(isinstance(v, ast.Constant) and v.value in names for v in values):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []
+
+
+def _show(names: dict[str, bool]) -> str:
+    return ", ".join(f"{n}{'*' if lazy else ''}" for n, lazy in sorted(names.items())) or "nothing"
+
+
+def test_the_map_is_linked_from_the_readme() -> None:
+    assert re.search(r"\(docs/architecture\.md\)", (ROOT / "README.md").read_text())
