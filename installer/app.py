@@ -115,7 +115,7 @@ def describe_plan(plan: Plan) -> list[str]:
 
 def verify_installed(config: Config, runner: Runner | None = None) -> Any:
     """Verify the driver that is loaded now against the record (or the requested version)."""
-    from installer import verify, versions
+    from installer import components, verify, versions
 
     root = HostRoot(config.root)
     layout = Layout.from_config(config, root)
@@ -124,11 +124,14 @@ def verify_installed(config: Config, runner: Runner | None = None) -> Any:
     expected = record.version if record else None
     if record is None and versions.parse_request(config.version).kind == "exact":
         expected = config.version
+    fabric_required, switches = components.fabric_required(root)  # issue 21
     return verify.verify(
         install_dir=layout.install_local,
         expected_version=expected,
         expected_gpus=[g.address for g in gpus],
         runner=runner or SubprocessRunner(),
+        fabric_required=fabric_required,
+        switches=switches,
     )
 
 
@@ -146,13 +149,27 @@ def status(config: Config) -> dict[str, Any]:
         "ready": ready is not None,
         "ready_file": str(READY_FILE),
         "next_kernel": nextkernel.status(config, root, layout, record),  # issue 21
+        "daemons": _daemons(root),  # issue 21
     }
+
+
+def _daemons(root: HostRoot) -> dict[str, Any]:
+    """What `installer fabricmanager` / `installer persistenced` last said (their files)."""
+    from installer.components import NAMES
+    from installer.components.supervisor import ready_file
+
+    found: dict[str, Any] = {}
+    for name in NAMES:
+        text = root.read_text(ready_file(name))
+        found[name] = dict(line.split("=", 1) for line in text.splitlines() if "=" in line) \
+            if text else None
+    return found
 
 
 def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
     """Unload the driver and remove what the installer put on the host. Returns what it
     removed. Raises DriverInUse when the driver is held."""
-    from installer import ldcache, modules
+    from installer import components, gate_steps, ldcache, modules
     from installer.dirs import remove_tree
 
     runner = runner or SubprocessRunner()
@@ -161,13 +178,12 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
     removed: list[str] = []
     with state.HostLock(layout.lock_file, config.lock_timeout):
         record = state.read_record(layout.state_file)
-        holders = [f"pid {h.pid} ({h.command}) holds {h.path}"
-                   for h in host.holders_of(root, "/dev/nvidia")]
-        # Issue 21: when the unload goes ahead, the scheduling gate closes (the label goes).
-        from installer import gate_steps
-
+        holders = components.holders(root, layout, config)
+        # Issue 21: when the unload goes ahead, the scheduling gate closes (the label goes),
+        # then our daemons stop (they run again only for a driver verified anew).
         gate_steps.close_before_unload(config, root, "uninstalling the driver", drop_label=True)
-        modules.unload(root, runner, holders)
+        with components.paused(root, layout, config, when=not holders):
+            modules.unload(root, runner, holders)
         removed += modules.remove_nodes(layout.dev_dir)
         ready = root.local(READY_FILE)
         if ready.exists():

@@ -181,6 +181,28 @@ def uninstall(**options: Any) -> None:
 
 @cli.command()
 @settings_options
+def fabricmanager(**options: Any) -> None:
+    """Keep nv-fabricmanager of the verified driver running on an NVSwitch node (restarted with
+    backoff, non-zero exit when it cannot be kept up); idle where it does not apply."""
+    from installer import components
+
+    config = make_config(options)
+    components.serve("fabricmanager", config)
+
+
+@cli.command()
+@settings_options
+def persistenced(**options: Any) -> None:
+    """Keep nvidia-persistenced of the verified driver running with persistence mode on
+    (stopped with SIGTERM on exit and before the installer unloads a driver)."""
+    from installer import components
+
+    config = make_config(options)
+    components.serve("persistenced", config)
+
+
+@cli.command()
+@settings_options
 def gate(**options: Any) -> None:
     """Keep this node's scheduling gate in step with its readiness (the scheduling-gate
     container): untaint once the driver and what it needs are up, taint again when they stay

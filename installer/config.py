@@ -9,7 +9,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 from installer import setting_parsers as parse
-from installer.errors import ConfigError
 from installer.setting_parsers import check_build_path
 
 __all__ = ["SETTINGS", "Config", "Setting", "build_config", "check_build_path", "from_env",
@@ -283,6 +282,25 @@ class Config:
         "DaemonSet's long-running container) or off.",
     )
 
+    # issue 21: the daemons beside the driver (installer/components)
+    fabricmanager: str = setting(
+        "NVIDIA_FABRICMANAGER", "auto", parse.choice("auto", "false"),
+        "auto: where NVSwitch PCI functions are found (HGX/DGX A100, H100, H200), install "
+        "Fabric Manager of the driver's exact version and run it (`installer fabricmanager`); "
+        "false: never (the host runs its own).",
+    )
+    fabricmanager_redist: tuple[str, ...] = setting(
+        "NVIDIA_FABRICMANAGER_REDIST",
+        "https://developer.download.nvidia.com/compute/nvidia-driver/redist", parse.redist,
+        "Comma-separated base URLs of NVIDIA's driver redist tree, tried in order (mirrors "
+        "first): each holds redistrib_<version>.json and the fabricmanager archive it names.",
+    )
+    daemon_restarts: int = setting(
+        "NVIDIA_INSTALLER_DAEMON_RESTARTS", "5", parse.count,
+        "How often `installer fabricmanager` / `installer persistenced` restart a daemon that "
+        "died (backoff 1 s doubling to 30 s) within 10 minutes before exiting non-zero.",
+    )
+
     # issue 21: the scheduling gate (installer/cluster/gate.py, docs/deploy.md)
     scheduling_gate: bool = setting(
         "NVIDIA_INSTALLER_SCHEDULING_GATE", "false", parse.switch,
@@ -339,59 +357,10 @@ def build_config(env: Mapping[str, str], overrides: Mapping[str, str | bool | No
         raw = override if override is not None else env.get(setting.env, setting.default)
         values[setting.name] = setting.parse(raw, setting)
     config = Config(**values)  # type: ignore[arg-type]
-    _check_consistency(config)
+    parse.check_consistency(config)
     return config
 
 
 def from_env(env: Mapping[str, str]) -> Config:
     """A Config from environment variables alone (what a DaemonSet sets)."""
     return build_config(env, {})
-
-
-def _check_consistency(config: Config) -> None:
-    if (config.signing_key is None) != (config.signing_cert is None):
-        raise ConfigError(
-            "NVIDIA_MODULE_SIGNING_KEY and NVIDIA_MODULE_SIGNING_CERT must be set together",
-        )
-    if not config.root.is_absolute():
-        raise ConfigError(f"ROOT_MOUNT_DIR={config.root} must be an absolute path")
-    _check_registry(config)
-    if config.scheduling_gate and not config.node_name:  # issue 21
-        raise ConfigError(
-            "NVIDIA_INSTALLER_SCHEDULING_GATE=true needs NODE_NAME (this node's name)",
-            hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
-        )
-    if config.upgrade_protocol and not config.node_name:  # issue 13
-        raise ConfigError(
-            "NVIDIA_INSTALLER_UPGRADE_PROTOCOL=true needs NODE_NAME (this node's name)",
-            hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
-        )
-
-
-def _check_registry(config: Config) -> None:
-    """Asking to publish without a registry or a publisher key is an error, not a silent
-    no-op; one password source only (issue 20)."""
-    if config.module_registry_push and not config.module_registry:
-        raise ConfigError(
-            "NVIDIA_MODULE_REGISTRY_PUSH=true (or --push) needs NVIDIA_MODULE_REGISTRY: there "
-            "is nowhere to publish",
-            hint="Set NVIDIA_MODULE_REGISTRY=<host[:port]/repository>, or drop the push.",
-        )
-    if config.module_registry_push and config.module_publisher_key is None:
-        raise ConfigError(
-            "NVIDIA_MODULE_REGISTRY_PUSH=true (or --push) needs NVIDIA_MODULE_PUBLISHER_KEY: "
-            "nodes use only artifacts signed by a key they trust",
-            hint="Give the builder the private key (a mounted Secret) whose public key the "
-            "nodes have in NVIDIA_MODULE_TRUSTED_KEYS (docs/deploy.md).",
-        )
-    if config.module_require_prebuilt and not (config.module_registry
-                                               and config.module_trusted_keys):
-        raise ConfigError(
-            "NVIDIA_MODULE_REQUIRE_PREBUILT=true needs NVIDIA_MODULE_REGISTRY and "
-            "NVIDIA_MODULE_TRUSTED_KEYS: without both no artifact can ever be used",
-        )
-    if config.module_registry_password and config.module_registry_password_file:
-        raise ConfigError(
-            "NVIDIA_MODULE_REGISTRY_PASSWORD and NVIDIA_MODULE_REGISTRY_PASSWORD_FILE are both "
-            "set: use one",
-        )

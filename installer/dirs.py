@@ -1,5 +1,6 @@
-"""Local directories the installer owns: removing a tree, and building one under a staging name
-that replaces the real one in a single rename, with its `.complete` marker."""
+"""Local directories the installer owns: removing a tree, a scratch directory emptied before and
+after use, and building one under a staging name that replaces the real one in a single rename,
+with its `.complete` marker."""
 
 from __future__ import annotations
 
@@ -28,6 +29,18 @@ def mark_complete(directory: Path, text: str, marker: str = COMPLETE_MARKER) -> 
 
 def is_complete(directory: Path, marker: str = COMPLETE_MARKER) -> bool:
     return (directory / marker).is_file()
+
+
+@contextlib.contextmanager
+def scratch(path: Path) -> Iterator[Path]:
+    """`path` emptied before and after the block: what a killed or failed command left there
+    never stays (its caller holds the host lock, so this run is its only user)."""
+    remove_tree(path)
+    path.mkdir(parents=True)
+    try:
+        yield path
+    finally:
+        remove_tree(path)
 
 
 @contextlib.contextmanager

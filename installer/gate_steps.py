@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import logging
 
-from installer import host, modules, readiness
+from installer import components, host, readiness
 from installer.config import Config
 from installer.errors import SchedulingGateUnavailable
 from installer.hostroot import HostRoot
-from installer.layout import READY_FILE
+from installer.layout import READY_FILE, Layout
 from installer.plan import Context, Step
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,9 @@ def close_step(ctx: Context) -> Step:
     done = "scheduling-gate-closed"
 
     def why() -> str | None:
-        waiting = readiness.pending(ctx.root)
+        # The driver's readiness only: the components' containers start after this run (their
+        # files are gone while the pod restarts); `installer gate` watches those.
+        waiting = readiness.driver_pending(ctx.root)
         if waiting:
             return "; ".join(waiting)
         loaded = host.loaded_driver(ctx.root)
@@ -81,18 +83,14 @@ def close_before_unload(config: Config, root: HostRoot, why: str, *,
                         drop_label: bool = False) -> None:
     """Right before a driver is unloaded, with the gate on: the readiness file goes first (so
     nothing opens the gate again), then the taint goes on. Nothing when the unload will not go
-    ahead (a process holds /dev/nvidia*, a module is in use: the unload refuses and the driver
-    keeps working). Raises the gate's errors, and then nothing is unloaded."""
-    if not config.scheduling_gate or _held(root):
+    ahead (a process other than our daemons holds /dev/nvidia*, a module is in use: the unload
+    refuses and the driver keeps working). Our daemons (Fabric Manager, persistenced) are
+    stopped after this, right before the unload. Raises the gate's errors, and then nothing is
+    unloaded."""
+    if not config.scheduling_gate or components.driver_held(
+            root, Layout.from_config(config, root), config):
         return
     from installer.cluster import gate
 
     root.local(READY_FILE).unlink(missing_ok=True)
     gate.close(config, why, drop_label=drop_label)
-
-
-def _held(root: HostRoot) -> bool:
-    """What makes modules.unload refuse: a holder of /dev/nvidia*, a module in use."""
-    present = modules.loaded_modules(root)
-    return bool(host.holders_of(root, "/dev/nvidia")) or any(
-        present.get(name, 0) > 0 for name in modules.UNLOAD_ORDER)

@@ -8,6 +8,7 @@ from pathlib import Path
 from installer import (
     catalog,
     compiler,
+    components,
     distros,
     gate_steps,
     host,
@@ -121,6 +122,7 @@ def make_plan(
         extra = dnf.plan_decisions(ctx)
         topics = {d.topic for d in extra}
         decisions = [d for d in decisions if d.topic not in topics] + extra
+    decisions += components.decisions(ctx)  # issue 21: Fabric Manager on NVSwitch nodes
     return Plan(ctx, decisions, _steps(ctx), blockers)
 
 
@@ -141,6 +143,7 @@ def _steps(ctx: Context) -> list[Step]:
         plan += dnf.dnf_steps(ctx)
     else:
         plan += runfile.runfile_steps(ctx)
+    plan += components.steps(ctx)  # issue 21: beside the user space in versions/<ver>
     # Stage everything on the host first, so the old driver is unloaded and the new one
     # loaded back to back (issue 9).
     if load and not dnf_source:  # dnf checks before its packages change (dnf_steps)

@@ -11,11 +11,11 @@ from installer.hostroot import HostRoot
 from installer.layout import READY_FILE
 
 # The components whose long-running containers must report ready beside the driver's file, as
-# /run/nvidia-driver-installer/<name>-ready naming the verified driver (issue 21 part 1,
-# installer/components; a container with nothing to do on this node writes its file too, with
-# STATE=not-applicable). None until those containers ship: pointing this at installer.components
-# (its NAMES, or a `pending` of its own in `components_pending`) is the one change the gate needs.
-COMPONENTS: tuple[str, ...] = ()
+# /run/nvidia-driver-installer/<name>-ready naming the verified driver (installer/components,
+# whose NAMES these are: `installer fabricmanager`, `installer persistenced`). A container with
+# nothing to do on this node writes its file too, with STATE=not-applicable: Fabric Manager
+# counts only on NVSwitch nodes (and with NVIDIA_FABRICMANAGER=false not at all).
+COMPONENTS: tuple[str, ...] = ("fabricmanager", "persistenced")
 
 
 def component_file(name: str) -> PurePosixPath:
@@ -37,6 +37,14 @@ def verified_version(root: HostRoot) -> str | None:
 
 def pending(root: HostRoot) -> list[str]:
     """What keeps this node from GPU work now, a phrase each; empty when nothing does."""
+    waiting = driver_pending(root)
+    version = verified_version(root)
+    return waiting if waiting or version is None else components_pending(root, version)
+
+
+def driver_pending(root: HostRoot) -> list[str]:
+    """The driver's part of `pending`: verified on this boot and still loaded. (A run starts
+    before the components' containers do, so it closes the gate on this part only.)"""
     text = root.read_text(READY_FILE)
     if text is None:
         return [f"the driver is not verified on this boot ({READY_FILE} is absent)"]
@@ -47,7 +55,7 @@ def pending(root: HostRoot) -> list[str]:
     if loaded is None or loaded.version != version:
         now = loaded.version if loaded is not None and loaded.version else "none"
         return [f"the verified driver {version} is not the one loaded (loaded: {now})"]
-    return components_pending(root, version)
+    return []
 
 
 def components_pending(root: HostRoot, version: str) -> list[str]:

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Protocol
 
@@ -143,3 +143,69 @@ def _collect(
     reader.join(timeout=30)
     lines.extend(keep)
     return lines
+
+
+# --- long-running children (issue 21: the daemons beside the driver) -----------------------
+
+
+class Child:
+    """A started process: its output goes line by line to `on_line` (from a reader thread)."""
+
+    def __init__(self, proc: subprocess.Popen[str], reader: threading.Thread) -> None:
+        self._proc = proc
+        self._reader = reader
+        self.pid = proc.pid
+        self.argv = tuple(str(a) for a in proc.args)  # type: ignore[union-attr]
+
+    def poll(self) -> int | None:
+        """The exit status (negative: killed by that signal) once it exited, else None."""
+        code = self._proc.poll()
+        if code is not None:
+            self._reader.join(timeout=5)
+        return code
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The exit status, or None when it is still running after `timeout` seconds."""
+        try:
+            code = self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        self._reader.join(timeout=5)
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        if self._proc.poll() is None:
+            self._proc.send_signal(signum)
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    on_line: Callable[[str], None] | None = None,
+    base_env: Mapping[str, str] | None = None,
+) -> Child:
+    """Start `argv` without waiting (LC_ALL=C, stdin from /dev/null, stdout and stderr merged
+    and handed to `on_line` without the newline). Raises CommandNotFound."""
+    args = [str(a) for a in argv]
+    full_env = {**(os.environ if base_env is None else base_env), "LC_ALL": "C", **(env or {})}
+    if shutil.which(args[0], path=full_env.get("PATH")) is None and not os.path.isfile(args[0]):
+        raise CommandNotFound(f"command not found: {args[0]}")
+    log.debug("spawn: %s", " ".join(args))
+    try:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=full_env, text=True,
+                                errors="replace")
+    except (FileNotFoundError, PermissionError) as exc:
+        raise CommandNotFound(f"cannot run {args[0]}: {exc.strerror or exc}") from exc
+    handler = on_line or (lambda line: None)
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            handler(line.rstrip("\n"))
+
+    reader = threading.Thread(target=pump, name=f"output of {os.path.basename(args[0])}",
+                              daemon=True)
+    reader.start()
+    return Child(proc, reader)

@@ -9,7 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
-from installer import gate_steps, host, ldcache, load_rollback, modules, state
+from installer import components, gate_steps, host, ldcache, load_rollback, modules, state
 from installer.dirs import remove_tree
 from installer.errors import (
     InstallerError,
@@ -86,10 +86,7 @@ def unload_old_step(ctx: Context) -> Step:
 
     def apply() -> None:
         driver = host.loaded_driver(ctx.root)
-        holders = [
-            f"pid {h.pid} ({h.command}) holds {h.path}"
-            for h in host.holders_of(ctx.root, "/dev/nvidia")
-        ]
+        holders = _holders(ctx)
         log.info("replacing loaded driver %s with %s",
                  driver.version if driver else "unknown", target.version)
         try:
@@ -97,14 +94,17 @@ def unload_old_step(ctx: Context) -> Step:
                 from installer.cluster import protocol
 
                 old = (driver.version if driver else None) or "unknown"
-                protocol.make_room(ctx.config, ctx.root, ctx.layout, old, target.version)
+                components.pause_for(ctx.root, ctx.layout, ctx.config, lambda: protocol.make_room(
+                    ctx.config, ctx.root, ctx.layout, old, target.version))
                 remove_ready_file(ctx)
                 holders = []
-            # Issue 21: when the unload goes ahead, the scheduling gate closes first.
+            # Issue 21: when the unload goes ahead, the scheduling gate closes first, then our
+            # daemons (Fabric Manager, persistenced) stop, then the driver goes.
             gate_steps.close_before_unload(ctx.config, ctx.root, f"unloading driver "
                                            f"{driver.version if driver else 'unknown'} for "
                                            f"{target.version}")
-            modules.unload(ctx.root, ctx.runner, holders)
+            with components.paused(ctx.root, ctx.layout, ctx.config, when=not holders):
+                modules.unload(ctx.root, ctx.runner, holders)
         except InstallerError:
             # The new module files were staged before the unload (issue 9's order).
             if target.source != "dnf":
@@ -367,7 +367,8 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
         driver = host.loaded_driver(ctx.root)
         old = (driver.version if driver else None) or "unknown"
         new = "the dnf stream's newest" if ctx.target.version_pending else ctx.target.version
-        protocol.make_room(ctx.config, ctx.root, ctx.layout, old, new)
+        components.pause_for(ctx.root, ctx.layout, ctx.config, lambda: protocol.make_room(
+            ctx.config, ctx.root, ctx.layout, old, new))
         ctx.memo[done] = True
         remove_ready_file(ctx)
 
@@ -377,14 +378,11 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
 
 
 def _driver_held(ctx: Context) -> bool:
-    busy = [name for name, count in modules.loaded_modules(ctx.root).items()
-            if name in modules.UNLOAD_ORDER and count > 0]
-    return bool(busy or _holders(ctx))
+    return components.driver_held(ctx.root, ctx.layout, ctx.config)
 
 
 def _holders(ctx: Context) -> list[str]:
-    return [f"pid {h.pid} ({h.command}) holds {h.path}"
-            for h in host.holders_of(ctx.root, "/dev/nvidia")]
+    return components.holders(ctx.root, ctx.layout, ctx.config)
 
 
 def ld_cache_step(ctx: Context) -> Step:
@@ -533,7 +531,8 @@ def prune_step(ctx: Context) -> Step:
     def keep(path: Path) -> bool:
         name = path.name
         if path.parent == layout.downloads:
-            return name.startswith(f"NVIDIA-Linux-{ctx.facts.arch}-{target.version}.run")
+            return name.startswith(f"NVIDIA-Linux-{ctx.facts.arch}-{target.version}.run") or (
+                components.keeps_download(name, target.version, ctx.facts.arch))  # issue 21
         return name == target.version and path.parent != layout.cache_local / "extracted"
 
     def leftovers() -> list[Path]:

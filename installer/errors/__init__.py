@@ -1,8 +1,8 @@
 """The error hierarchy: every known failure has a stable reference, a hint and an exit code.
 
 One module per room of the installer (refusals, delivery, build, host, packages, commands,
-cluster); this door exports every class, so callers import from `installer.errors` only. A new
-error: its class in the room's module, its name here."""
+cluster, components); this door exports every class, so callers import from `installer.errors`
+only. A new error: its class in the room's module, its name here."""
 
 from __future__ import annotations
 
@@ -27,6 +27,13 @@ from installer.errors.cluster import (
 from installer.errors.commands import (
     CommandFailed,
     CommandNotFound,
+)
+from installer.errors.components import (
+    FabricManagerFailed,
+    FabricManagerMismatch,
+    FabricManagerMissing,
+    FabricManagerUnavailable,
+    PersistencedFailed,
 )
 from installer.errors.delivery import (
     ArtifactInvalid,
@@ -93,6 +100,10 @@ __all__ = [
     "DriverHoldersTimeout",
     "DriverInUse",
     "EvictionTimeout",
+    "FabricManagerFailed",
+    "FabricManagerMismatch",
+    "FabricManagerMissing",
+    "FabricManagerUnavailable",
     "HeadersFetchFailed",
     "HostLayoutError",
     "IncompatibleGpus",
@@ -109,6 +120,7 @@ __all__ = [
     "NodeNotFound",
     "NouveauActive",
     "PackageManagerFailed",
+    "PersistencedFailed",
     "PrebuiltRequired",
     "RegistryAuthFailed",
     "RegistryRealmRefused",

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import mmap
 import os
 import re
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from installer import delivery, kernel
-from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
+from installer.dirs import is_complete, mark_complete, remove_tree, scratch, staged_dir
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
 from installer.headers import steps as header_steps
 from installer.layout import Layout
@@ -237,18 +235,6 @@ def _runfile_needed(ctx: Context) -> bool:
     return not (_built(ctx) and _userspace_done(ctx))
 
 
-@contextlib.contextmanager
-def scratch(layout: Layout) -> Iterator[Path]:
-    """cache/tmp, emptied before and after a command: what a killed or failed build or
-    extraction left there never stays (the host lock makes this run its only user)."""
-    remove_tree(layout.tmp)
-    layout.tmp.mkdir(parents=True)
-    try:
-        yield layout.tmp
-    finally:
-        remove_tree(layout.tmp)
-
-
 def drop_cached_runfile(layout: Layout, name: str) -> None:
     """Forget a .run that failed extraction or identification: the file, its sidecars, and
     any tree extracted from it, so no later run reuses them."""
@@ -302,7 +288,7 @@ def extract_step(ctx: Context) -> Step:
                                         t.version, ctx.facts.arch)
             if problems:
                 raise refuse(runfile, problems)
-            with scratch(layout) as tmp:
+            with scratch(layout.tmp) as tmp:
                 try:
                     ctx.runner.run(extract_argv(runfile, staging, tmp), timeout=600)
                 except CommandFailed as exc:
@@ -345,7 +331,7 @@ def build_step(ctx: Context) -> Step:
         chosen = header_steps.build_compiler(ctx)
         env, note = chosen.env, chosen.note
         log.info("building %s modules for kernel %s (%s)", t.flavour, t.kernel, note)
-        with staged_dir(final) as staging, scratch(layout) as tmp:
+        with staged_dir(final) as staging, scratch(layout.tmp) as tmp:
             request = BuildRequest(
                 extracted=layout.extracted(t.version),
                 version=t.version,
@@ -419,7 +405,7 @@ def userspace_step(ctx: Context) -> Step:
     def apply() -> None:
         extracted = layout.extracted(t.version)
         with staged_dir(final) as staging:
-            with scratch(layout) as tmp:
+            with scratch(layout.tmp) as tmp:
                 argv = install_userspace_argv(extracted, staging, layout.installer_log, tmp)
                 try:
                     ctx.runner.run(argv, stream=True, timeout=1800)

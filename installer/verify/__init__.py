@@ -14,13 +14,16 @@ from installer.verify.child import main, nvml_query
 from installer.verify.report import (
     GpuInfo,
     VerifyReport,
+    fabric_problems,
     normalize_bus_id,
     require_ok,
 )
 from installer.verify.smi import parse_smi_csv, smi_argv
 
-__all__ = ["GpuInfo", "VerifyReport", "main", "normalize_bus_id", "nvml_query", "parse_smi_csv",
-           "require_ok", "smi_argv", "verify"]
+__all__ = ["GpuInfo", "VerifyReport", "fabric_problems", "main", "normalize_bus_id",
+           "nvml_gpus", "nvml_query", "parse_smi_csv", "require_ok", "smi_argv", "verify"]
+
+nvml_gpus = nvml.gpus  # the GPUs with fabric state and persistence mode (the daemons ask)
 
 
 def verify(
@@ -30,6 +33,8 @@ def verify(
     expected_gpus: Sequence[str],
     runner: Runner,
     timeout: float = 60,
+    fabric_required: bool = False,
+    switches: Sequence[str] = (),
 ) -> VerifyReport:
     """Asks the installed nvidia-smi and NVML (in a child process) about the loaded driver.
 
@@ -38,6 +43,8 @@ def verify(
     `LD_LIBRARY_PATH=<install_dir>/lib64`. `timeout` bounds the two together. Changes nothing
     on the host and raises nothing for a driver that answers wrongly: every difference from
     `expected_version` / `expected_gpus` is a sentence in `problems` (see `require_ok`).
+    With `fabric_required` (an NVSwitch node) every GPU that reports its fabric state must
+    have completed its registration with success (Fabric Manager ran), else CUDA fails.
     """
     deadline = time.monotonic() + timeout
     lib_dir = Path(install_dir) / "lib64"
@@ -76,6 +83,8 @@ def verify(
         problems.extend(_compare_gpus("nvidia-smi", smi_gpus, expected))
     if nvml_answered and smi_answered:
         problems.extend(_compare_sources(nvml_gpus, smi_gpus))
+    if nvml_answered and fabric_required:
+        problems.extend(fabric_problems(nvml_gpus))
 
     return VerifyReport(
         expected_version=expected_version,
@@ -86,6 +95,8 @@ def verify(
         problems=tuple(problems),
         nvml_library=nvml_library,
         smi_gpus=smi_gpus,
+        fabric_required=fabric_required,
+        switches=tuple(switches),
     )
 
 

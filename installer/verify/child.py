@@ -58,7 +58,52 @@ def _nvml_device(pynvml: Any, index: int) -> dict[str, Any]:
         gpu["memory_total_mib"] = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20)
     except Exception as exc:
         gpu["error"] = _error_json(call, exc)
+        return gpu
+    gpu["fabric"] = _nvml_fabric(pynvml, handle)
+    try:
+        mode = pynvml.nvmlDeviceGetPersistenceMode(handle)
+        gpu["persistence_mode"] = "enabled" if mode == pynvml.NVML_FEATURE_ENABLED else "disabled"
+    except Exception:  # not supported on this GPU or platform: left unknown
+        gpu["persistence_mode"] = None
     return gpu
+
+
+# nvml.h's NVML_GPU_FABRIC_STATE_* values.
+FABRIC_STATES = {0: "not-supported", 1: "not-started", 2: "in-progress", 3: "completed"}
+
+
+def _nvml_fabric(pynvml: Any, handle: Any) -> dict[str, Any]:
+    """nvmlDeviceGetGpuFabricInfoV (v2 struct), else the v1 call of older drivers. A GPU that
+    NVML keeps no fabric state for (before Hopper) answers NOT_SUPPORTED: "unavailable"."""
+    import ctypes
+
+    versioned = getattr(pynvml, "c_nvmlGpuFabricInfoV_t", None)
+    try:
+        try:
+            if versioned is None:
+                raise pynvml.NVMLError_FunctionNotFound(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            info = versioned()
+            pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+        except pynvml.NVMLError_FunctionNotFound:
+            info = pynvml.c_nvmlGpuFabricInfo_t()
+            pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+    except pynvml.NVMLError_NotSupported:
+        return {"state": "unavailable", "status": None}
+    except Exception as exc:
+        return {"state": "unavailable", "status": None, "error": _error_json(
+            "nvmlDeviceGetGpuFabricInfoV", exc)}
+    status = int(info.status)
+    return {
+        "state": FABRIC_STATES.get(int(info.state) & 0xFF, f"unknown-{int(info.state)}"),
+        "status": "success" if status == 0 else _nvml_error_text(pynvml, status),
+    }
+
+
+def _nvml_error_text(pynvml: Any, status: int) -> str:
+    try:
+        return f"{_text(pynvml.nvmlErrorString(status))} ({status})"
+    except Exception:
+        return f"NVML error {status}"
 
 
 def _error_json(call: str, exc: BaseException) -> dict[str, str]:

@@ -82,9 +82,26 @@ def query(
                 uuid=str(raw.get("uuid") or ""),
                 pci_bus_id=normalize_bus_id(str(raw.get("pci_bus_id") or "")),
                 memory_total_mib=int_or_none(raw.get("memory_total_mib")),
+                fabric_state=_str_or_none((raw.get("fabric") or {}).get("state")),
+                fabric_status=_str_or_none((raw.get("fabric") or {}).get("status")),
+                persistence_mode=_str_or_none(raw.get("persistence_mode")),
             )
         )
     return str(version), tuple(gpus), library
+
+
+def gpus(install_dir: Path, runner: Runner, timeout: float = 60
+         ) -> tuple[tuple[GpuInfo, ...], list[str]]:
+    """The GPUs as NVML reports them (with fabric state and persistence mode), asked in a
+    child with the install dir's libraries, and what went wrong asking. Read-only."""
+    lib_dir = Path(install_dir) / "lib64"
+    problems: list[str] = []
+    answer = query({"LD_LIBRARY_PATH": str(lib_dir)}, runner, timeout, problems)
+    return (answer[1] if answer else ()), problems
+
+
+def _str_or_none(value: object) -> Optional[str]:
+    return value if isinstance(value, str) else None
 
 
 def check_library_path(library: Optional[str], lib_dir: Path, problems: list[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -21,6 +22,13 @@ class GpuInfo:
     uuid: str
     pci_bus_id: str
     memory_total_mib: Optional[int]
+    # NVML's fabric registration (child.FABRIC_STATES names, or "unavailable": NVML does not
+    # report it for this GPU) with its status ("success" or the NVML error), and whether
+    # persistence mode is "enabled" or "disabled" (None: not asked, or NVML failed). NVML's
+    # answers only: the same GPU from nvidia-smi compares equal without them.
+    fabric_state: Optional[str] = field(default=None, compare=False)
+    fabric_status: Optional[str] = field(default=None, compare=False)
+    persistence_mode: Optional[str] = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -29,7 +37,13 @@ class GpuInfo:
             "uuid": self.uuid,
             "pci_bus_id": self.pci_bus_id,
             "memory_total_mib": self.memory_total_mib,
+            "fabric": {"state": self.fabric_state, "status": self.fabric_status},
+            "persistence_mode": self.persistence_mode,
         }
+
+    @property
+    def fabric_done(self) -> bool:
+        return self.fabric_state == "completed" and self.fabric_status == "success"
 
 
 @dataclass(frozen=True)
@@ -47,10 +61,22 @@ class VerifyReport:
     problems: tuple[str, ...]
     nvml_library: Optional[str] = None
     smi_gpus: tuple[GpuInfo, ...] = field(default=(), repr=False)
+    fabric_required: bool = False  # an NVSwitch node (Fabric Manager must have run)
+    switches: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def fabric(self) -> str:
+        """not-applicable (no NVSwitch), completed, pending, or unknown (no GPU reports it)."""
+        if not self.fabric_required:
+            return "not-applicable"
+        reporting = [g for g in self.gpus if g.fabric_state not in (None, "unavailable")]
+        if not reporting:
+            return "unknown"
+        return "completed" if all(g.fabric_done for g in reporting) else "pending"
 
     def to_json(self) -> dict[str, Any]:
         """The `installer verify --json` document."""
@@ -64,6 +90,8 @@ class VerifyReport:
             },
             "nvml_library": self.nvml_library,
             "gpus": [gpu.to_json() for gpu in self.gpus],
+            "fabric": {"required": self.fabric_required, "state": self.fabric,
+                       "nvswitches": list(self.switches)},
             "problems": list(self.problems),
         }
 
@@ -72,9 +100,16 @@ class VerifyReport:
         lines = []
         for gpu in self.gpus:
             memory = "? MiB" if gpu.memory_total_mib is None else f"{gpu.memory_total_mib} MiB"
+            extra = "".join(
+                f", {label} {value}" for label, value in
+                (("fabric", gpu.fabric_state), ("persistence mode", gpu.persistence_mode))
+                if value is not None)
             lines.append(
                 f"GPU {gpu.index}: {gpu.name or '?'} {gpu.pci_bus_id} {gpu.uuid or '?'} {memory}"
+                + extra
             )
+        if self.fabric_required:
+            lines.append(f"fabric: {self.fabric} ({len(self.switches)} NVSwitch(es))")
         if self.ok:
             version = self.nvml_driver_version or self.smi_driver_version or "?"
             lines.append(
@@ -94,6 +129,23 @@ def require_ok(report: VerifyReport) -> None:
     raise VerificationFailed(
         f"the driver does not answer as planned ({len(report.problems)} problem(s)):\n{listed}"
     )
+
+
+def fabric_problems(gpus: Sequence[GpuInfo]) -> list[str]:
+    """On an NVSwitch node: every GPU whose fabric state NVML reports must be registered."""
+    problems = []
+    for gpu in gpus:
+        if gpu.fabric_state in (None, "unavailable") or gpu.fabric_done:
+            continue
+        label = f"GPU {gpu.index} ({gpu.pci_bus_id})"
+        if gpu.fabric_state == "completed":
+            problems.append(f"{label}: its NVLink fabric registration failed "
+                            f"({gpu.fabric_status}); CUDA fails on it")
+        else:
+            problems.append(f"{label}: NVLink fabric {gpu.fabric_state}, not completed: "
+                            "Fabric Manager has not configured the NVSwitches (CUDA fails with "
+                            "error 802, system not yet initialized)")
+    return problems
 
 
 def normalize_bus_id(bus_id: str) -> str:

@@ -4,8 +4,11 @@ applied (components/scheduling-gate alone, or with components/upgrade-protocol) 
 bound to NODE: a tainted node stays tainted through a run until verify passes; a failing verify
 leaves it tainted; an upgrade puts the taint back before the unload and takes it off after;
 uninstall puts it back and drops the version label; another node is denied; an admin's taints
-and labels are never touched. The run's steps are the installer's own (gate_steps, the unload
-step, verify's step, app.uninstall) on a host root; only NVML's answer is made up here."""
+and labels are never touched. The driver's life cycle is followed with the driver's part of
+readiness alone; tests asking for `shipped_components` follow the components' containers
+(Fabric Manager on NVSwitch nodes, persistenced) as they ship. The run's steps are the
+installer's own (gate_steps, the unload step, verify's step, app.uninstall) on a host root;
+only NVML's answer is made up here."""
 
 from __future__ import annotations
 
@@ -26,17 +29,28 @@ pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("celpy", reason="pip install cel-python")
 
 from fakes import FakeRunner
-from hosttrees import H100, make_host, module_line, write_driver_version, write_proc_modules
+from hosttrees import (
+    CLASS_BRIDGE,
+    H100,
+    add_pci_device,
+    make_host,
+    module_line,
+    write_driver_version,
+    write_proc_modules,
+)
 
 from cluster.admission import load_policies
 from cluster.apiserver import ApiServer, Cluster, cluster_role_rules, write_kubeconfig
 from cluster.test_protocol import POLICY as PROTOCOL_POLICY
 from cluster.test_protocol import RBAC as PROTOCOL_RBAC
-from installer import app, gate_steps, host, pipeline, readiness, state, steps
+from installer import app, components, gate_steps, host, pipeline, readiness, state, steps
 from installer import verify as verify_package
 from installer.cluster import gate, protocol
+from installer.components import supervisor
+from installer.components.fabricmanager import FabricManagerDaemon
 from installer.config import Config, build_config
 from installer.errors import (
+    FabricManagerMissing,
     NodeNotFound,
     SchedulingGateForbidden,
     SchedulingGateUnavailable,
@@ -116,6 +130,12 @@ class Gate:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(state.ready_text(version, "open", "/var/lib/nvidia", KERNEL))
 
+    def component_up(self, name: str, version: str, state: str = "running") -> None:
+        """What the component's container writes once its daemon is up for `version` (or, with
+        nothing to do on this node, `not-applicable`)."""
+        HostRoot(self.root).write_atomic(readiness.component_file(name),
+                                         f"DRIVER_VERSION={version}\nSTATE={state}\n")
+
     def context(self, config: Config, runner: FakeRunner, version: str = NEW,
                 source: str = "runfile") -> Context:
         root = HostRoot(config.root)
@@ -148,6 +168,18 @@ def make_gate(tmp_path: Path, *components: str) -> Iterator[Gate]:
     make_host(root, kernel=KERNEL, gpus=[H100])
     with ApiServer(cluster) as server:
         yield Gate(cluster, server, root, server.kubeconfig(tmp_path))
+
+
+@pytest.fixture
+def shipped_components() -> None:
+    """readiness.COMPONENTS as shipped: the gate waits for the components' containers."""
+
+
+@pytest.fixture(autouse=True)
+def driver_only(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's part of readiness alone, unless the test asks for `shipped_components`."""
+    if "shipped_components" not in request.fixturenames:
+        monkeypatch.setattr(readiness, "COMPONENTS", ())
 
 
 @pytest.fixture
@@ -590,6 +622,8 @@ def test_installer_gate_opens_and_leaves_the_node_open_on_sigterm(env: Gate) -> 
     registered_tainted(env.cluster)
     env.loaded(NEW)
     env.ready(NEW)
+    env.component_up("fabricmanager", NEW, "not-applicable")  # the child reads the shipped list
+    env.component_up("persistenced", NEW)
     command = run_gate_command(env)
     try:
         wait_for(lambda: not env.tainted(), timeout=60)
@@ -608,6 +642,8 @@ def test_installer_gate_refused_by_the_policy_exits_with_its_reference(
         {"key": "example.com/gpu-not-ready", "effect": "NoSchedule"})
     env.loaded(NEW)
     env.ready(NEW)
+    env.component_up("fabricmanager", NEW, "not-applicable")
+    env.component_up("persistenced", NEW)
     log = tmp_path / "termination-log"
     log.write_text("")
     command = run_gate_command(env, NVIDIA_INSTALLER_GATE_TAINT="example.com/gpu-not-ready",
@@ -621,3 +657,117 @@ def test_installer_gate_needs_the_gate_on(env: Gate) -> None:
     command = run_gate_command(env, NVIDIA_INSTALLER_SCHEDULING_GATE="false")
     _, err = command.communicate(timeout=60)
     assert command.returncode == 10 and "needs NVIDIA_INSTALLER_SCHEDULING_GATE=true" in err
+
+
+# --------------------------------------------------------------------------- the components
+
+
+def _supervise(daemon: object, env: Gate) -> tuple[threading.Event, list[BaseException],
+                                                    threading.Thread]:
+    """A component's container: the real supervisor around `daemon`, in a thread."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            supervisor.Supervisor(daemon, HostRoot(env.root), 5, stop,  # type: ignore[arg-type]
+                                  poll=0.02).run()
+        except BaseException as error:  # handed to the test
+            errors.append(error)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return stop, errors, thread
+
+
+def test_on_an_nvswitch_node_the_gate_opens_only_once_fabric_manager_is_up(
+        env: Gate, serving: Callable[..., None], shipped_components: None) -> None:
+    """HGX: the driver verified and persistenced up are not enough; the fabricmanager
+    container that cannot run Fabric Manager (none installed for the driver) keeps the node
+    tainted, and its file for the driver opens the gate."""
+    for address in ("0000:05:00.0", "0000:06:00.0"):
+        add_pci_device(env.root, address, device=0x22A3, klass=CLASS_BRIDGE)
+    registered_tainted(env.cluster)
+    env.loaded(NEW)
+    env.ready(NEW)
+    env.component_up("persistenced", NEW)
+    fm = FabricManagerDaemon(env.config(), HostRoot(env.root))
+    stop, errors, thread = _supervise(fm, env)
+    try:
+        serving()
+        thread.join(5)
+        assert [type(e) for e in errors] == [FabricManagerMissing]
+        time.sleep(0.2)
+        assert env.tainted() and env.label() is None
+        assert "fabricmanager is not up for driver" in "; ".join(
+            readiness.pending(HostRoot(env.root)))
+    finally:
+        stop.set()
+        fm.close()
+    env.component_up("fabricmanager", NEW)  # nv-fabricmanager configured the switches
+    wait_for(lambda: not env.tainted())
+    assert env.label() == NEW and env.taints() == ADMIN_TAINTS
+
+
+def test_elsewhere_the_idle_fabric_manager_container_lets_the_gate_open(
+        env: Gate, serving: Callable[..., None], shipped_components: None) -> None:
+    registered_tainted(env.cluster)
+    env.loaded(NEW)
+    env.ready(NEW)
+    fm = FabricManagerDaemon(env.config(), HostRoot(env.root))
+    stop, errors, thread = _supervise(fm, env)
+    try:
+        serving()
+        wait_for(lambda: "STATE=not-applicable" in (HostRoot(env.root).read_text(
+            readiness.component_file("fabricmanager")) or ""))
+        time.sleep(0.2)
+        assert env.tainted()  # persistenced has not reported
+        env.component_up("persistenced", NEW)
+        wait_for(lambda: not env.tainted())
+        assert env.label() == NEW and not errors
+    finally:
+        stop.set()
+        thread.join(5)
+        fm.close()
+
+
+def test_an_upgrade_closes_the_gate_then_stops_our_daemons_then_unloads(
+        env: Gate, monkeypatch: pytest.MonkeyPatch, shipped_components: None) -> None:
+    """Gate closed, then the daemons paused (their files gone, the pause file written), then
+    the unload; the run ends with the gate closed until the containers report for the new
+    driver."""
+    open_node(env.cluster, version=OLD)
+    env.loaded(OLD)
+    env.ready(OLD)
+    env.component_up("fabricmanager", OLD, "not-applicable")
+    env.component_up("persistenced", OLD)
+    root = HostRoot(env.root)
+    order: list[str] = []
+    pause = components.pause
+
+    def pausing(*args: object) -> None:
+        order.append(f"pause (tainted: {env.tainted()})")
+        pause(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(components, "pause", pausing)
+
+    def rmmod(argv: Sequence[str]) -> None:
+        if not order or not order[-1].startswith("rmmod"):
+            order.append(f"rmmod (paused: {root.local(supervisor.PAUSE_FILE).exists()}, "
+                         f"persistenced-ready: "
+                         f"{root.local(readiness.component_file('persistenced')).exists()})")
+        if argv[-1] == "nvidia":
+            env.loaded(None)
+
+    fake_verify(monkeypatch, env)
+    ctx = env.context(env.config(), FakeRunner().on("rmmod", effect=rmmod))
+    run(ctx, [steps.unload_old_step(ctx), load_step(env, NEW)])
+
+    assert order == ["pause (tainted: True)",
+                     "rmmod (paused: True, persistenced-ready: False)"]
+    assert not root.local(supervisor.PAUSE_FILE).exists()  # resumed after the unload
+    assert env.tainted()  # verified, but the containers have not reported for NEW yet
+    env.component_up("fabricmanager", NEW, "not-applicable")
+    env.component_up("persistenced", NEW)
+    gate_steps.open_step(env.context(env.config(), FakeRunner())).apply()
+    assert env.taints() == ADMIN_TAINTS and env.label() == NEW

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 NATIVE_SOURCES = Path(__file__).with_name("payload") / "native"
+KERNEL_SOURCES = Path(__file__).with_name("kernel")
 
 # cuDriverGetVersion per branch (CUDA version the driver branch first shipped with).
 CUDA_VERSION_BY_BRANCH = {
@@ -37,7 +38,7 @@ LIBRARIES = (
     Library(
         "libnvidia-ml",
         "libnvidia-ml.so.1",
-        ("nvml_system.c", "nvml_device.c", "kstate.c"),
+        ("nvml_system.c", "nvml_device.c", "nvml_fabric.c", "kstate.c"),
         "UTILITY_LIB",
     ),
     Library("libnvidia-cfg", "libnvidia-cfg.so.1", ("soname_stub.c",), "UTILITY_LIB"),
@@ -69,6 +70,7 @@ def compile_library(library: Library, version: str, dest_dir: Path) -> Path:
         f'-DNV_VERSION="{version}"',
         f"-DNV_CUDA_VERSION={cuda_version(version)}",
         f"-Wl,-soname,{library.soname}",
+        f"-I{KERNEL_SOURCES}",  # nvfake-ioctl.h, the kit's calls into its module
         "-o",
         str(output),
         *(str(NATIVE_SOURCES / source) for source in library.sources),

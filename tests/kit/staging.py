@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 PAYLOAD = Path(__file__).with_name("payload")
 DESCRIPTION = "NVIDIA Accelerated Graphics Driver for Linux-x86_64"
 SCRIPTED_TOOLS = ("nvidia-smi", "nvidia-modprobe")
+# Scripts that carry their version (@VERSION@ in the payload file): issue 21.
+VERSIONED_TOOLS = ("nvidia-persistenced",)
 STUB_TOOLS = (
-    "nvidia-persistenced",
     "nvidia-debugdump",
     "nvidia-cuda-mps-control",
     "nvidia-cuda-mps-server",
@@ -72,7 +73,10 @@ def stage(
     for tool in STUB_TOOLS:
         (dest / tool).write_text(STUB_TOOL_SCRIPT.format(name=tool, version=version))
         (dest / tool).chmod(0o755)
-    for tool in (*SCRIPTED_TOOLS, *STUB_TOOLS):
+    for tool in VERSIONED_TOOLS:
+        (dest / tool).write_text((PAYLOAD / tool).read_text().replace("@VERSION@", version))
+        (dest / tool).chmod(0o755)
+    for tool in (*SCRIPTED_TOOLS, *VERSIONED_TOOLS, *STUB_TOOLS):
         mode = "4755" if tool == "nvidia-modprobe" else "0755"
         manifest.append(f"{tool} {mode} UTILITY_BINARY")
     for library in native.LIBRARIES:

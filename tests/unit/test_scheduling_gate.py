@@ -14,8 +14,9 @@ from fakes import FakeRunner
 from hosttrees import make_host, module_line, root_env, write_driver_version, write_proc_modules
 from test_steps import context
 
-from installer import gate_steps, planner, readiness
+from installer import components, gate_steps, planner, readiness
 from installer.cluster import gate
+from installer.components import supervisor
 from installer.config import build_config, from_env
 from installer.errors import ConfigError
 from installer.hostroot import HostRoot
@@ -144,16 +145,16 @@ def test_readiness_is_the_verified_driver_loaded(tmp_path: Path) -> None:
     assert "(loaded: 570.195.03)" in readiness.pending(root)[0]
     assert readiness.verified_version(root) is None
     _loaded(tmp_path, "580.105.08")
-    assert readiness.pending(root) == []
+    assert readiness.driver_pending(root) == []
     assert readiness.verified_version(root) == "580.105.08"
+    # The driver's part is done; the components' containers have not reported yet.
+    assert [w.split()[0] for w in readiness.pending(root)] == ["fabricmanager", "persistenced"]
 
 
-def test_components_that_apply_must_report_ready_for_the_driver(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_components_that_apply_must_report_ready_for_the_driver(tmp_path: Path) -> None:
     root = make_host(tmp_path, gpus=[0x2330])
     _loaded(tmp_path, "580.105.08")
     _ready(root, "580.105.08")
-    monkeypatch.setattr(readiness, "COMPONENTS", ("fabricmanager", "persistenced"))
     waiting = readiness.pending(root)
     assert [w.split()[0] for w in waiting] == ["fabricmanager", "persistenced"]
     assert waiting[0].endswith("fabricmanager-ready is absent)")
@@ -169,8 +170,20 @@ def test_components_that_apply_must_report_ready_for_the_driver(
     assert readiness.pending(root) == []
 
 
-def test_no_component_is_awaited_until_the_components_ship() -> None:
-    assert readiness.COMPONENTS == ()
+def test_the_gate_waits_for_the_files_the_components_containers_write() -> None:
+    assert readiness.COMPONENTS == components.NAMES == ("fabricmanager", "persistenced")
+    for name in components.NAMES:
+        assert supervisor.ready_file(name) == readiness.component_file(name)
+
+
+def test_a_run_closes_the_gate_on_the_driver_alone(tmp_path: Path) -> None:
+    """A pod restart with the driver verified and loaded: the components' containers have not
+    started yet (their files went with the old pod), and that is no reason to taint."""
+    ctx = context(tmp_path, FakeRunner(), **GATE_ON)
+    _loaded(tmp_path, "570.195.03")
+    _ready(ctx.root, "570.195.03")
+    assert readiness.pending(ctx.root) != []
+    assert gate_steps.close_step(ctx).is_satisfied()
 
 
 # --------------------------------------------------------------------------- the patch

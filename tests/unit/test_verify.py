@@ -552,6 +552,8 @@ def test_json_shape(install_dir: Path) -> None:
                 "uuid": UUIDS[0],
                 "pci_bus_id": "0000:3b:00.0",
                 "memory_total_mib": 81920,
+                "fabric": {"state": None, "status": None},
+                "persistence_mode": None,
             },
             {
                 "index": 1,
@@ -559,8 +561,11 @@ def test_json_shape(install_dir: Path) -> None:
                 "uuid": UUIDS[1],
                 "pci_bus_id": "0000:5e:00.0",
                 "memory_total_mib": 81920,
+                "fabric": {"state": None, "status": None},
+                "persistence_mode": None,
             },
         ],
+        "fabric": {"required": False, "state": "not-applicable", "nvswitches": []},
         "problems": [
             "NVML reports driver 550.54.15, expected 550.90.07",
             "nvidia-smi reports driver 550.54.15, expected 550.90.07",
@@ -629,6 +634,14 @@ def test_child_queries_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
     def memory(handle: int) -> Any:
         return pynvml.c_nvmlMemory_t(total=81920 * 1024 * 1024, free=0, used=0)
 
+    def fabric(handle: int, info: Any) -> int:
+        # The versioned call gets nvml.h's v2 struct, passed by reference.
+        assert info._obj.version == pynvml.nvmlGpuFabricInfo_v2
+        info._obj.state = [pynvml.NVML_GPU_FABRIC_STATE_COMPLETED,
+                           pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS][handle]
+        info._obj.status = 0
+        return 0
+
     fakes: dict[str, Callable[..., Any]] = {
         "nvmlInit": lambda: calls.append("init"),
         "nvmlShutdown": lambda: calls.append("shutdown"),
@@ -639,6 +652,9 @@ def test_child_queries_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
         "nvmlDeviceGetUUID": lambda h: UUIDS[h],
         "nvmlDeviceGetPciInfo": pci,
         "nvmlDeviceGetMemoryInfo": memory,
+        "nvmlDeviceGetGpuFabricInfoV": fabric,
+        "nvmlDeviceGetPersistenceMode": lambda h: [pynvml.NVML_FEATURE_ENABLED,
+                                                   pynvml.NVML_FEATURE_DISABLED][h],
     }
     for name, fake in fakes.items():
         monkeypatch.setattr(pynvml, name, fake)
@@ -656,6 +672,8 @@ def test_child_queries_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
             "pci_bus_id": "00000000:3B:00.0",
             "memory_total_mib": 81920,
             "error": None,
+            "fabric": {"state": "completed", "status": "success"},
+            "persistence_mode": "enabled",
         },
         {
             "index": 1,
@@ -664,6 +682,8 @@ def test_child_queries_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
             "pci_bus_id": "00000000:5E:00.0",
             "memory_total_mib": 81920,
             "error": None,
+            "fabric": {"state": "in-progress", "status": "success"},
+            "persistence_mode": "disabled",
         },
     ]
 

@@ -7,10 +7,18 @@ and GKE's Ubuntu shape, each with only the installer's `image:` changed. Two boo
    turns the probe to failing and removes the device nodes with their /dev/char links. Then
    seeds/000's DaemonSet installs `auto` (B) from a cache prefilled with `installer download`,
    as on an air-gapped node.
+   Ours runs its `persistenced` container (the kit's nvidia-persistenced, persistence mode on)
+   and an idle `fabricmanager` one: the uninstall stops that nvidia-persistenced (SIGTERM, in
+   its container's PID namespace) before it unloads.
 2. after a reboot: GKE's shape (no hostPID, no hostNetwork, no /run mount) reloads B; then, with
    /dev/nvidia0 held, ours (upgrade protocol off: no API server in the guest) asks for A: the
    initContainer fails and its termination file names error[driver-in-use], the holder (read
-   from /root/proc, without hostPID) and the hint.
+   from /root/proc, without hostPID) and the hint. Then the board turns into an HGX one (two
+   NVSwitch functions join the simulated PCI tree): B reinstalled by hand fetches Fabric
+   Manager from the redist tree on 127.0.0.1 and `installer verify` fails (fabric not started);
+   ours runs nv-fabricmanager in its `fabricmanager` container and verify passes; a killed
+   nv-fabricmanager is restarted; one of another version cannot be kept up and the container
+   exits with error[fabricmanager-failed]; an uninstall stops nvidia-persistenced first.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import kit
 import pytest
 import yaml
 from deploy.manifests import DAEMONSET_DIR, FIXTURES, render
+from kit.fabricmanager import build_fabricmanager
 from pod.image import TOOLS, Buildah, Built, build_debian_image, pause_image
 from pod.spec import Image
 
@@ -63,6 +72,27 @@ def _with_image(manifest: Path, image: str, dest: Path) -> Path:
                     container["image"] = image
     dest.write_text(yaml.safe_dump_all(docs))
     return dest
+
+
+def _fabric(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ours pinned to B with Fabric Manager from the guest's redist tree, the upgrade protocol
+    off, and a fabricmanager container that gives up after two restarts."""
+    docs = json.loads(json.dumps(_protocol_off(docs)))
+    for doc in docs:
+        if doc.get("kind") == "DaemonSet":
+            doc["metadata"]["name"] = "nvidia-driver-installer-fabric"
+            spec = doc["spec"]["template"]["spec"]
+            for container in spec["initContainers"]:
+                for env in container["env"]:
+                    if env["name"] == "NVIDIA_DRIVER_VERSION":
+                        env["value"] = B
+                container["env"].append({"name": "NVIDIA_FABRICMANAGER_REDIST",
+                                         "value": "http://127.0.0.1:8000/redist"})
+            for container in spec["containers"]:
+                if container["name"] == "fabricmanager":
+                    container["env"].append({"name": "NVIDIA_INSTALLER_DAEMON_RESTARTS",
+                                             "value": "2"})
+    return docs
 
 
 def _protocol_off(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -139,6 +169,56 @@ step held-pod pod run ours-no-protocol
 state held-state
 exec 3<&-
 pod stop ours-no-protocol >/dev/null
+
+# An HGX board (issue 21): two NVSwitch functions; the driver registers them once reloaded.
+for a in 0000:00:08.0 0000:00:09.0; do
+  mkdir -p /run/vm-pci/$a
+  echo 0x10de > /run/vm-pci/$a/vendor; echo 0x22a3 > /run/vm-pci/$a/device
+  echo 0x068000 > /run/vm-pci/$a/class; echo 0x10de > /run/vm-pci/$a/subsystem_vendor
+  echo 0x1796 > /run/vm-pci/$a/subsystem_device
+done
+rmmod nvidia_modeset nvidia_uvm nvidia
+rm -f /run/nvidia-driver-installer/driver-ready
+step fabric-run env NVIDIA_FABRICMANAGER_REDIST=http://127.0.0.1:8000/redist \
+  NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000 {sys.executable} -m installer run --version {B}
+echo "@@ fabric-switches"; ls /proc/driver/nvidia-nvswitch/devices
+step fabric-verify-before installer verify --json
+step fabric-pod pod run ours-fabric
+ready() {{
+  pod probe ours-fabric | python3 -c 'import json, sys
+sys.exit(0 if all(r["exit_code"] == 0 for r in json.load(sys.stdin).values()) else 1)'
+}}
+for _ in $(seq 180); do ready && break; sleep 1; done
+step fabric-probes pod probe ours-fabric
+step fabric-verify-after installer verify --json
+echo "@@ fabric-markers"; cat /run/nvidia-driver-installer/fabricmanager-ready \
+  /run/nvidia-driver-installer/persistenced-ready; ls /run/nvidia-persistenced
+# nv-fabricmanager dies: the driver drops the fabric, the container starts it again.
+kill -9 $(pgrep -f "versions/{B}/bin/nv-fabricmanager")
+sleep 1
+for _ in $(seq 180); do ready && break; sleep 1; done
+step fabric-verify-restarted installer verify --json
+# A Fabric Manager of another version in its place: the container gives up.
+tar -xJf {GUEST_FILES}/www/redist/fabricmanager/linux-x86_64/\
+fabricmanager-linux-x86_64-{A}-archive.tar.xz -C /tmp
+cp /tmp/fabricmanager-linux-x86_64-{A}-archive/bin/nv-fabricmanager \
+  {INSTALL}/versions/{B}/bin/nv-fabricmanager
+kill -9 $(pgrep -f "versions/{B}/bin/nv-fabricmanager")
+for _ in $(seq 180); do
+  runc --root /run/pod/ours-fabric/runtime state fabricmanager | grep -q '"stopped"' && break
+  sleep 1
+done
+echo "@@ fabric-gave-up"
+runc --root /run/pod/ours-fabric/runtime state fabricmanager | grep '"status"'
+cat /run/pod/ours-fabric/fabricmanager/termination-log
+echo "@@ fabric-fm-log"; cat /run/pod/ours-fabric/fabricmanager/log
+# An unload stops our nvidia-persistenced first, in its container.
+step fabric-uninstall installer uninstall
+echo "@@ fabric-after-uninstall"
+grep -E '^nvidia' /proc/modules || echo "no nvidia module"
+ls -A /run/nvidia-persistenced; ls /run/nvidia-driver-installer
+step fabric-probes-after pod probe ours-fabric
+pod stop ours-fabric >/dev/null
 """
 
 
@@ -164,10 +244,12 @@ def prepare_files(built: Built, pause: Image, files: Path) -> Path:
     # No API server runs in the guest: the held upgrade is the protocol-off path (with it on,
     # the run stops at cluster-api-unavailable before staging, tests/unit/test_upgrade_hook.py).
     (files / "ours-no-protocol.yaml").write_text(yaml.safe_dump_all(_protocol_off(ours)))
+    (files / "ours-fabric.yaml").write_text(yaml.safe_dump_all(_fabric(ours)))
     _with_image(FIXTURES / "seed000-jdcloud-daemonset.yaml", built.ref, files / "seed000.yaml")
     _with_image(FIXTURES / "gke-ubuntu-daemonset.yaml", built.ref, files / "gke.yaml")
     for version in (A, B):
         kit.build_runfile(version, files / "www" / version)
+        build_fabricmanager(version, files / "www" / "redist")
     return files
 
 
@@ -186,8 +268,9 @@ def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> I
         state = work / "vmstate"
         first = boot_and_run(FIRST_BOOT, state_dir=state, gpus=GPUS, files={"f": files},
                              timeout=1800)
+        # The HGX part at its end reinstalls B by hand and runs three containers.
         second = boot_and_run(SECOND_BOOT, state_dir=state, gpus=GPUS, files={"f": files},
-                              timeout=1500)
+                              timeout=2100)
         yield Boots(built, first, second)
     finally:
         buildah.remove()
@@ -246,8 +329,8 @@ def test_our_pod_installs_the_driver_then_its_probe_passes_unprivileged(boots: B
     assert init["exit_code"] == 0, init["log"]
     assert "step build-modules: compile open modules" in init["log"]
     # next-kernel: `installer prepare-next-kernel --watch` (issue 21), no readiness probe.
-    assert report["started"] == ["driver-ready", "next-kernel"]
-    assert set(report["probes"]) == {"driver-ready"}
+    assert report["started"] == ["driver-ready", "fabricmanager", "persistenced", "next-kernel"]
+    assert set(report["probes"]) == {"driver-ready", "fabricmanager", "persistenced"}
     probe = report["probes"]["driver-ready"]
     assert probe["exit_code"] == 0, probe
     assert probe["user"] == {"uid": 65534, "gid": 65534} and probe["capabilities"] == []
@@ -256,8 +339,13 @@ def test_our_pod_installs_the_driver_then_its_probe_passes_unprivileged(boots: B
 
 def test_uninstall_fails_the_probe_and_takes_nodes_and_links(boots: Boots) -> None:
     assert re.search(r"^exit=0$", boots.first.section("ours-uninstall"), re.MULTILINE)
+    uninstall = boots.first.section("ours-uninstall")
+    # Ours' persistenced container held /dev/nvidia0: stopped first, not a reason to refuse.
+    assert re.search(r"stopping nvidia-persistenced \(pid \d+\) before the driver is "
+                     "unloaded", uninstall), uninstall
     probes = _report(boots.first.section("ours-probe-after-uninstall"))
     assert probes["driver-ready"]["exit_code"] == 1
+    assert probes["persistenced"]["exit_code"] == 1
     state = boots.first.section("ours-after-uninstall")
     assert "/dev/nvidia" not in state and "link " not in state, state
     assert "not ready" in state
@@ -297,3 +385,72 @@ def test_a_failing_install_leaves_reference_and_hint_in_the_termination_file(
     assert "\nhint: " in message, message
     assert report["started"] == [], "nothing starts after a failed initContainer"
     _assert_installed(boots.second.section("held-state"), B)
+
+
+def _json_of(section: str, exit_code: int) -> dict[str, Any]:
+    assert re.search(rf"^exit={exit_code}$", section, re.MULTILINE), section
+    start = re.search(r"^\{$", section, re.MULTILINE)
+    assert start, section
+    return json.loads(section[start.start(): section.rindex("}") + 1])  # type: ignore[no-any-return]
+
+
+def test_an_nvswitch_node_is_verified_only_once_fabric_manager_runs(boots: Boots) -> None:
+    second = boots.second
+    run = second.section("fabric-run")
+    assert re.search(r"^exit=0$", run, re.MULTILINE), run
+    assert f"fabric-manager = fabricmanager-linux-x86_64-{B}-archive.tar.xz" in run
+    assert "step install-fabricmanager: done" in run
+    assert second.section("fabric-switches").split() == ["0000:00:08.0", "0000:00:09.0"]
+    before = _json_of(second.section("fabric-verify-before"), 40)
+    assert before["fabric"] == {"required": True, "state": "pending",
+                                "nvswitches": ["0000:00:08.0", "0000:00:09.0"]}
+    assert before["gpus"][0]["fabric"] == {"state": "not-started", "status": "success"}
+    assert "Fabric Manager has not configured the NVSwitches" in before["problems"][0]
+
+    report = _report(second.section("fabric-pod"))
+    assert report["init"][0]["exit_code"] == 0, report["init"][0]["log"]
+    assert report["started"] == ["driver-ready", "fabricmanager", "persistenced"]
+    probes = _report(second.section("fabric-probes"))
+    assert {name: p["exit_code"] for name, p in probes.items()} == {
+        "driver-ready": 0, "fabricmanager": 0, "persistenced": 0}
+    after = _json_of(second.section("fabric-verify-after"), 0)
+    assert after["ok"] and after["fabric"]["state"] == "completed"
+    assert [g["fabric"] for g in after["gpus"]] == [{"state": "completed", "status": "success"}]
+    assert [g["persistence_mode"] for g in after["gpus"]] == ["enabled"]
+    markers = second.section("fabric-markers").splitlines()
+    assert f"DRIVER_VERSION={B}" in markers and "FABRIC=completed" in markers
+    assert "PERSISTENCE_MODE=enabled" in markers
+    assert {"nvidia-persistenced.pid", "socket"} <= set(markers)  # on the node's /run
+
+
+def test_fabric_manager_is_restarted_then_given_up_on(boots: Boots) -> None:
+    second = boots.second
+    restarted = _json_of(second.section("fabric-verify-restarted"), 0)
+    assert restarted["fabric"]["state"] == "completed"
+    log = second.section("fabric-fm-log")
+    assert re.search(r"fabricmanager exited with status -9; restarting it in 1 s \(1 of 2\)",
+                     log), log[-3000:]
+    assert log.count("Successfully configured all the available NVSwitches") == 2, log[-3000:]
+    gave_up = second.section("fabric-gave-up")
+    assert '"status": "stopped"' in gave_up, gave_up
+    message = gave_up.split("\n", 1)[1]
+    assert message.startswith("error[fabricmanager-failed]: fabricmanager exited 3 times "
+                              "within 10 minutes"), message
+    assert (f"fabric manager NVIDIA GPU driver interface version {A} don't match with driver "
+            f"version {B}") in message
+    assert "\nhint: nv-fabricmanager kept exiting" in message
+
+
+def test_an_uninstall_stops_nvidia_persistenced_in_its_container_first(boots: Boots) -> None:
+    second = boots.second
+    uninstall = second.section("fabric-uninstall")
+    assert re.search(r"^exit=0$", uninstall, re.MULTILINE), uninstall
+    assert re.search(r"stopping nvidia-persistenced \(pid \d+\)", uninstall), uninstall
+    after = second.section("fabric-after-uninstall").splitlines()
+    assert after[0] == "no nvidia module"
+    # The daemon removed its pid file and socket on SIGTERM; nothing says ready any more.
+    assert "nvidia-persistenced.pid" not in after and "socket" not in after
+    assert not [line for line in after if line.endswith("-ready")]
+    probes = _report(second.section("fabric-probes-after"))
+    assert probes["persistenced"]["exit_code"] == 1
+    assert probes["driver-ready"]["exit_code"] == 1

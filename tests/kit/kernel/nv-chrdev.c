@@ -12,14 +12,22 @@ static int nv_open(struct inode *inode, struct file *file)
 	unsigned int minor = iminor(inode);
 
 	if (minor == NV_MINOR_CONTROL || minor == NV_MINOR_MODESET || minor < nv_gpu_count)
-		return 0;
+		return nv_gpu_file_open(file, minor);
 	return -ENODEV;
+}
+
+static int nv_release(struct inode *inode, struct file *file)
+{
+	nv_gpu_file_release(file);
+	return 0;
 }
 
 /* .owner makes every open file hold a module reference, so rmmod fails with EBUSY. */
 static const struct file_operations nv_fops = {
 	.owner = THIS_MODULE,
 	.open = nv_open,
+	.release = nv_release,
+	.unlocked_ioctl = nv_gpu_ioctl,
 	.llseek = noop_llseek,
 };
 

@@ -117,6 +117,12 @@ static int __init nv_init(void)
 		nv_chrdev_exit();
 		return ret;
 	}
+	ret = nv_nvswitch_init();
+	if (ret) {
+		nv_procfs_exit();
+		nv_chrdev_exit();
+		return ret;
+	}
 	pr_info("NVRM: loading NVIDIA UNIX x86_64 Kernel Module  %s  (%d GPUs)\n",
 		NV_VERSION_STRING, nv_gpu_count);
 	return 0;
@@ -124,6 +130,7 @@ static int __init nv_init(void)
 
 static void __exit nv_exit(void)
 {
+	nv_nvswitch_exit();
 	nv_procfs_exit();
 	nv_chrdev_exit();
 }

@@ -16,6 +16,7 @@
 #define NV_PCI_VENDOR_NVIDIA 0x10de
 #define NV_PCI_CLASS_VGA 0x0300
 #define NV_PCI_CLASS_3D 0x0302
+#define NV_PCI_CLASS_BRIDGE_OTHER 0x0680 /* the driver claims these as NVSwitches */
 
 struct nv_dir_listing {
 	struct dir_context ctx;
@@ -100,7 +101,24 @@ static int nv_compare_address(const void *a, const void *b)
 	return strcmp(((const struct nv_gpu *)a)->address, ((const struct nv_gpu *)b)->address);
 }
 
-/* Fills nv_gpus, sorted by PCI address; minor N is the Nth GPU. */
+static bool nv_is_switch(const char *dir, const char *entry, u32 *device)
+{
+	u32 vendor, klass;
+
+	if (nv_read_hex(dir, entry, "vendor", &vendor) || vendor != NV_PCI_VENDOR_NVIDIA)
+		return false;
+	if (nv_read_hex(dir, entry, "class", &klass) || klass >> 8 != NV_PCI_CLASS_BRIDGE_OTHER)
+		return false;
+	return nv_read_hex(dir, entry, "device", device) == 0;
+}
+
+static int nv_compare_switch(const void *a, const void *b)
+{
+	return strcmp(((const struct nv_switch *)a)->address,
+		      ((const struct nv_switch *)b)->address);
+}
+
+/* Fills nv_gpus and nv_switches, each sorted by PCI address; minor N is the Nth of its kind. */
 int nv_pci_scan(const char *devices_dir)
 {
 	struct nv_dir_listing listing = { .ctx.actor = NV_FILLDIR };
@@ -127,6 +145,20 @@ int nv_pci_scan(const char *devices_dir)
 	sort(nv_gpus, nv_gpu_count, sizeof(nv_gpus[0]), nv_compare_address, NULL);
 	for (i = 0; i < nv_gpu_count; i++)
 		nv_gpus[i].minor = i;
+
+	nv_switch_count = 0;
+	for (i = 0; i < listing.count && nv_switch_count < NV_MAX_SWITCHES; i++) {
+		struct nv_switch *nvswitch = &nv_switches[nv_switch_count];
+
+		if (!nv_is_switch(devices_dir, listing.names[i], &nvswitch->device))
+			continue;
+		strscpy(nvswitch->address, listing.names[i], sizeof(nvswitch->address));
+		nvswitch->configured = false;
+		nv_switch_count++;
+	}
+	sort(nv_switches, nv_switch_count, sizeof(nv_switches[0]), nv_compare_switch, NULL);
+	for (i = 0; i < nv_switch_count; i++)
+		nv_switches[i].minor = i;
 out:
 	kfree(listing.names);
 	return ret;

@@ -39,6 +39,13 @@ static int nv_information_show(struct seq_file *m, void *v)
 	return 0;
 }
 
+/* The kit's simulated RM state, for the kit's libnvidia-ml only (nv-gpu-state.c). */
+static int nv_state_show(struct seq_file *m, void *v)
+{
+	nv_gpu_state_show(m, m->private);
+	return 0;
+}
+
 /* NVIDIA's nv_procfs_read_params(): `Name: %u` per registry key, then the string keys. */
 static int nv_params_show(struct seq_file *m, void *v)
 {
@@ -74,6 +81,9 @@ int nv_procfs_init(void)
 		gpu_dir = proc_mkdir(nv_gpus[i].address, gpus);
 		if (!gpu_dir || !proc_create_single_data("information", 0444, gpu_dir,
 							 nv_information_show, &nv_gpus[i]))
+			goto fail;
+		if (!proc_create_single_data("nvfake-state", 0444, gpu_dir, nv_state_show,
+					     &nv_gpus[i]))
 			goto fail;
 	}
 	return 0;

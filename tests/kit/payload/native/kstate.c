@@ -165,3 +165,31 @@ int kstate_list_gpus(struct kstate_gpu *gpus, int max)
 	free(entries);
 	return count;
 }
+
+int kstate_read_gpu_state(const struct kstate_gpu *gpu, struct kstate_gpu_state *state)
+{
+	char host_path[320], path[1024], line[128];
+	FILE *fp;
+
+	memset(state, 0, sizeof(*state));
+	snprintf(host_path, sizeof(host_path), "/proc/driver/nvidia/gpus/%s/nvfake-state",
+		 gpu->address);
+	kstate_path(path, sizeof(path), host_path);
+	fp = fopen(path, "r");
+	if (!fp)
+		return -1;
+	while (fgets(line, sizeof(line), fp)) {
+		int value;
+
+		if (sscanf(line, "PersistenceMode: %d", &value) == 1)
+			state->persistence = value;
+		else if (sscanf(line, "FabricSupported: %d", &value) == 1)
+			state->fabric_supported = value;
+		else if (sscanf(line, "FabricState: %d", &value) == 1)
+			state->fabric_state = value;
+		else if (sscanf(line, "FabricStatus: %d", &value) == 1)
+			state->fabric_status = value;
+	}
+	fclose(fp);
+	return 0;
+}

@@ -31,4 +31,15 @@ enum kstate_status kstate_probe_driver(char *version, size_t len);
 /* GPUs listed under /proc/driver/nvidia/gpus, sorted by PCI address. */
 int kstate_list_gpus(struct kstate_gpu *gpus, int max);
 
+/* What the kit's module keeps per GPU (gpus/<address>/nvfake-state; the real NVML asks RM). */
+struct kstate_gpu_state {
+	int persistence;       /* 1: persistence mode on */
+	int fabric_supported;  /* 0: NVML keeps no fabric state for this GPU */
+	int fabric_state;      /* NVML_GPU_FABRIC_STATE_* */
+	int fabric_status;     /* an nvmlReturn_t */
+};
+
+/* 0 when the module reported the state, -1 when it did not (absent: nothing is on). */
+int kstate_read_gpu_state(const struct kstate_gpu *gpu, struct kstate_gpu_state *state);
+
 #endif

@@ -1,0 +1,264 @@
+"""Fabric Manager on NVSwitch nodes: the plan's steps (the archive of exactly the driver's
+version into versions/<ver>/), its config, and the daemon `installer fabricmanager` keeps up."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Union
+
+from installer import host, runner
+from installer.components import fm_archive, nvswitch
+from installer.config import Config
+from installer.dirs import scratch
+from installer.errors import ConfigError, FabricManagerFailed, FabricManagerMissing
+from installer.hostroot import HostRoot
+from installer.layout import Layout
+from installer.plan import Context, Decision, Step
+
+if TYPE_CHECKING:  # the supervisor is imported by `installer fabricmanager` only
+    from installer.components.supervisor import Driver, Idle, Running
+
+log = logging.getLogger(__name__)
+
+NAME = "fabricmanager"
+DAEMON = "nv-fabricmanager"
+# NVIDIA's driver container takes fabricmanager.cfg overrides from NVFM_CONFIG_<KEY>=<value>.
+CONFIG_PREFIX = "NVFM_CONFIG_"
+# The supervisor keeps nv-fabricmanager in the foreground (it must see it die) and its log on
+# stderr (an empty LOG_FILE_NAME: kubectl logs shows it).
+FORCED = {"DAEMONIZE": "0", "LOG_FILE_NAME": ""}
+# What nv-fabricmanager logs once every NVSwitch routes GPU NVLink traffic.
+CONFIGURED = "Successfully configured all the available NVSwitches"
+NVML_EVERY = 3.0  # seconds between fabric checks while it is not ready
+_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _fabric(ctx: Context) -> nvswitch.Fabric:
+    return nvswitch.fabric(ctx.root, tuple(g.device_id for g in ctx.facts.gpus))
+
+
+def applies(ctx: Context) -> bool:
+    return ctx.config.fabricmanager != "false" and _fabric(ctx).needed
+
+
+def decision(ctx: Context) -> Decision:
+    fabric = _fabric(ctx)
+    if ctx.config.fabricmanager == "false":
+        return Decision("fabric-manager", "off", "NVIDIA_FABRICMANAGER=false (the host runs its "
+                        f"own Fabric Manager); {fabric.reason}")
+    if not fabric.needed:
+        return Decision("fabric-manager", "not applicable", fabric.reason)
+    t = ctx.target
+    if t.source != "runfile":
+        return Decision("fabric-manager", "not installed by the installer", f"{fabric.reason}; "
+                        f"the {t.source} source does not install it yet: run the host's "
+                        "nvidia-fabricmanager service of the same version")
+    name = fm_archive.archive_name(t.version, ctx.facts.arch)
+    return Decision("fabric-manager", name, f"{fabric.reason}: CUDA needs Fabric Manager of "
+                    f"exactly {t.version}; from redistrib_{t.version}.json at "
+                    f"{', '.join(ctx.config.fabricmanager_redist)} into versions/{t.version}/; "
+                    "it runs in the fabricmanager container (`installer fabricmanager`)")
+
+
+def steps(ctx: Context) -> list[Step]:
+    if not applies(ctx) or ctx.target.source != "runfile":
+        return []
+    return [fetch_step(ctx), install_step(ctx)]
+
+
+def fetch_step(ctx: Context) -> Step:
+    layout, version, arch = ctx.layout, ctx.target.version, ctx.facts.arch
+
+    def satisfied() -> bool:
+        return (fm_archive.installed(layout, version)
+                or fm_archive.cached(layout, version, arch) is not None)
+
+    def apply() -> None:
+        fm_archive.fetch(ctx.config, layout, version, arch)
+
+    return Step("fetch-fabricmanager", f"download {fm_archive.archive_name(version, arch)} "
+                "(the redist tree's JSON names it and its SHA-256; mirrors, retries, cache)",
+                satisfied, apply)
+
+
+def install_step(ctx: Context) -> Step:
+    layout, version, arch = ctx.layout, ctx.target.version, ctx.facts.arch
+
+    def satisfied() -> bool:
+        return fm_archive.installed(layout, version)
+
+    def apply() -> None:
+        archive = fm_archive.cached(layout, version, arch)
+        if archive is None:
+            archive = fm_archive.fetch(ctx.config, layout, version, arch)
+        with scratch(layout.tmp) as tmp:
+            tree = fm_archive.unpack(archive, tmp)
+            said = fm_archive.reported_version(ctx.runner, tree / "bin" / DAEMON)
+            if said != version:
+                raise fm_archive.fail_mismatch(
+                    layout, version, arch, f"{archive.name} holds Fabric Manager "
+                    f"{said or '(no version)'}, not {version}: it would refuse the driver")
+            placed = fm_archive.install(tree, layout.version_dir(version),
+                                        fm_archive.config_dir(layout, version), version)
+        log.info("installed Fabric Manager %s into %s: %s", version,
+                 layout.version_dir(version), ", ".join(placed))
+
+    return Step("install-fabricmanager", "nv-fabricmanager, its library, config and topology "
+                "files into versions/<ver>/ (its --version must be the driver's)",
+                satisfied, apply)
+
+
+def keeps_download(name: str, version: str, arch: str) -> bool:
+    return arch in fm_archive.PLATFORMS and name.startswith(
+        fm_archive.archive_name(version, arch))
+
+
+# --- the config nv-fabricmanager runs with ---------------------------------------------------
+
+
+def overrides(env: Mapping[str, str], topology_dir: Path) -> dict[str, str]:
+    """fabricmanager.cfg keys to set: NVFM_CONFIG_<KEY> from the environment, the topology
+    files of this install, and the keys the supervisor needs. Raises ConfigError for a key or
+    value that is not one line of KEY=value, or for a key the supervisor owns."""
+    values = {"TOPOLOGY_FILE_PATH": str(topology_dir)}
+    for variable, value in sorted(env.items()):
+        if not variable.startswith(CONFIG_PREFIX):
+            continue
+        key = variable[len(CONFIG_PREFIX):]
+        if not _KEY.match(key) or _CONTROL.search(value):
+            raise ConfigError(f"{variable}: fabricmanager.cfg takes KEY=value lines of "
+                              "upper-case keys and one-line values")
+        if key in FORCED:
+            raise ConfigError(f"{variable} cannot be set: `installer fabricmanager` keeps "
+                              "nv-fabricmanager in the foreground with its log on stderr",
+                              hint=f"Remove {variable} from the fabricmanager container.")
+        values[key] = value
+    values.update(FORCED)
+    return values
+
+
+def render(text: str, values: Mapping[str, str]) -> str:
+    """`text` (fabricmanager.cfg) with each key of `values` set: its line replaced in place,
+    or appended when the file has none."""
+    lines = text.splitlines()
+    seen = set()
+    for index, line in enumerate(lines):
+        key = line.split("=", 1)[0].strip()
+        if "=" in line and not line.lstrip().startswith("#") and key in values:
+            lines[index] = f"{key}={values[key]}"
+            seen.add(key)
+    lines += [f"{key}={value}" for key, value in values.items() if key not in seen]
+    return "\n".join(lines) + "\n"
+
+
+def argv(binary: Path, config_file: Path) -> list[str]:
+    return [str(binary), "-c", str(config_file)]
+
+
+# --- `installer fabricmanager` ---------------------------------------------------------------
+
+
+class ChildRunning:
+    def __init__(self, child: runner.Child) -> None:
+        self.child = child
+
+    def poll(self) -> int | None:
+        return self.child.poll()
+
+    def stop(self, timeout: float) -> None:
+        self.child.send_signal(signal.SIGTERM)
+        if self.child.wait(timeout) is None:
+            log.warning("%s ignored SIGTERM for %.0f s: killing it", DAEMON, timeout)
+            self.child.send_signal(signal.SIGKILL)
+            self.child.wait(10)
+
+
+class FabricManagerDaemon:
+    """nv-fabricmanager of the verified driver's version, in the foreground."""
+
+    name = NAME
+
+    def __init__(self, config: Config, root: HostRoot,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.config = config
+        self.root = root
+        self.env = dict(os.environ if env is None else env)
+        self.work = Path(tempfile.mkdtemp(prefix="installer-fabricmanager-"))
+        self.tail: collections.deque[str] = collections.deque(maxlen=30)
+        self.configured = False
+        self.asked = 0.0
+        self.layout = Layout.from_config(config, root)
+
+    def close(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def plan(self, driver: Driver) -> Union[Idle, Callable[[], Running]]:
+        from installer.components.supervisor import Idle
+
+        if self.config.fabricmanager == "false":
+            return Idle("NVIDIA_FABRICMANAGER=false")
+        gpus = host.nvidia_gpus(self.root)
+        fabric = nvswitch.fabric(self.root, tuple(g.device_id for g in gpus))
+        if not fabric.needed:
+            return Idle(fabric.reason)
+        version = driver.version
+        if not fm_archive.installed(self.layout, version):
+            raise FabricManagerMissing(
+                f"{fabric.reason}, but {fm_archive.binary(self.layout, version)} (Fabric "
+                f"Manager {version}, the loaded driver's version) is not installed")
+        source = fm_archive.config_dir(self.layout, version)
+        config_file = self.work / "fabricmanager.cfg"
+        config_file.write_text(render((source / "fabricmanager.cfg").read_text(),
+                                      overrides(self.env, source)))
+        command = argv(fm_archive.binary(self.layout, version), config_file)
+        environment = {"LD_LIBRARY_PATH": str(self.layout.version_dir(version) / "lib64")}
+
+        def start() -> Running:
+            self.configured = False
+            self.tail.clear()
+            log.info("starting %s %s: %s", DAEMON, version, " ".join(command))
+            return ChildRunning(runner.spawn(command, env=environment, on_line=self._line))
+
+        return start
+
+    def _line(self, line: str) -> None:
+        log.info("%s: %s", DAEMON, line)
+        self.tail.append(line)
+        if CONFIGURED in line:
+            self.configured = True
+
+    def ready(self, running: Running) -> str | None:
+        """Once it said the switches are configured and every GPU whose fabric state NVML
+        reports has completed its registration."""
+        if not self.configured or time.monotonic() - self.asked < NVML_EVERY:
+            return None
+        self.asked = time.monotonic()  # NVML is asked in a child process: not every second
+        from installer import verify  # the container's loop only (the warm path never asks)
+
+        gpus, problems = verify.nvml_gpus(self.layout.install_local, runner.SubprocessRunner())
+        if problems or verify.fabric_problems(gpus):
+            return None
+        states = sorted({g.fabric_state or "unknown" for g in gpus})
+        pid = running.child.pid if isinstance(running, ChildRunning) else 0
+        return (f"DRIVER_VERSION={self._version()}\nSTATE=running\nPID={pid}\n"
+                f"FABRIC={','.join(states)}\n")
+
+    def _version(self) -> str:
+        driver = host.loaded_driver(self.root)
+        return (driver.version if driver else None) or "unknown"
+
+    def failed(self, message: str) -> FabricManagerFailed:
+        # The last lines only: the error it exits with is last, and the termination message
+        # keeps 4 KiB (kubectl logs has the rest).
+        tail = "\n".join(list(self.tail)[-12:]) or "(it printed nothing)"
+        return FabricManagerFailed(f"{message}; its last lines:\n{tail}")

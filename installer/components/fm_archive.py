@@ -1,0 +1,249 @@
+"""Fabric Manager from NVIDIA's driver redist tree: the redistrib JSON, the archive (through
+installer/delivery: mirrors, retries, checksum, cache) and its files in versions/<ver>/."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from installer.config import Config
+from installer.dirs import mark_complete
+from installer.errors import (
+    DownloadForbidden,
+    DownloadNotFound,
+    FabricManagerMismatch,
+    FabricManagerUnavailable,
+    InstallerError,
+)
+from installer.layout import Layout
+from installer.runner import Runner
+
+log = logging.getLogger(__name__)
+
+# NVIDIA's redist names for the architectures (aarch64 servers are "sbsa").
+PLATFORMS = {"x86_64": "linux-x86_64", "aarch64": "linux-sbsa"}
+COMPONENT_KEY = "fabricmanager"
+INSTALLED_MARKER = ".fabricmanager-version"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_FM_VERSION = re.compile(r"Fabric Manager version is\s*:\s*(\S+)")
+
+
+def archive_name(version: str, arch: str) -> str:
+    return f"{COMPONENT_KEY}-{PLATFORMS[arch]}-{version}-archive.tar.xz"
+
+
+def manifest_url(base: str, version: str) -> str:
+    return f"{base.rstrip('/')}/redistrib_{version}.json"
+
+
+def config_dir(layout: Layout, version: str) -> Path:
+    """Where the archive's fabricmanager.cfg and topology files go (its share/ layout)."""
+    return layout.version_dir(version) / "share" / "nvidia" / "nvswitch"
+
+
+def binary(layout: Layout, version: str) -> Path:
+    return layout.version_dir(version) / "bin" / "nv-fabricmanager"
+
+
+def installed(layout: Layout, version: str) -> bool:
+    marker = config_dir(layout, version) / INSTALLED_MARKER
+    try:
+        return marker.read_text() == version + "\n" and binary(layout, version).is_file()
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class Listed:
+    """The archive as redistrib_<version>.json lists it."""
+
+    relative_path: str
+    sha256: str
+    size: int
+    manifest: str  # where the JSON came from (redacted)
+
+
+def parse_manifest(data: bytes, version: str, arch: str, where: str) -> Listed:
+    """The fabricmanager entry for `arch` of NVIDIA's redistrib JSON, checked: it names this
+    version and an archive of the expected name under the tree. Raises FabricManagerUnavailable
+    (no entry) or FabricManagerMismatch (an entry that is not this version's archive)."""
+    try:
+        document: Any = json.loads(data)
+    except ValueError as exc:
+        raise FabricManagerMismatch(f"{where} is not JSON: {exc}") from None
+    entry = document.get(COMPONENT_KEY) if isinstance(document, dict) else None
+    platform = PLATFORMS[arch]
+    if not isinstance(entry, dict) or not isinstance(entry.get(platform), dict):
+        raise FabricManagerUnavailable(
+            f"{where} lists no {COMPONENT_KEY} archive for {platform}")
+    if entry.get("version") != version:
+        raise FabricManagerMismatch(
+            f"{where} lists {COMPONENT_KEY} {entry.get('version')!r}, not {version}")
+    item = entry[platform]
+    relative = str(item.get("relative_path", ""))
+    path = PurePosixPath(relative)
+    if path.is_absolute() or ".." in path.parts or path.name != archive_name(version, arch):
+        raise FabricManagerMismatch(
+            f"{where}: {platform} names {relative!r}, not {archive_name(version, arch)} in the "
+            "tree")
+    sha256 = str(item.get("sha256", "")).lower()
+    size = str(item.get("size", ""))
+    if not _SHA256.match(sha256) or not size.isdigit():
+        raise FabricManagerMismatch(f"{where}: {platform} has no valid sha256 and size")
+    return Listed(relative, sha256, int(size), where)
+
+
+def download_settings(config: Config) -> Any:
+    from installer import delivery
+
+    return delivery.DownloadSettings(retries=config.retries,
+                                     connect_timeout=config.connect_timeout,
+                                     read_timeout=config.read_timeout)
+
+
+def locate(config: Config, version: str, arch: str) -> tuple[Listed, list[str]]:
+    """The listing from the first base of NVIDIA_FABRICMANAGER_REDIST that has one, and the
+    archive's URL under every base (mirrors hold NVIDIA's layout). Raises
+    FabricManagerUnavailable when no base lists it, or the download errors of a base that fails
+    otherwise."""
+    from installer import delivery
+
+    settings = download_settings(config)
+    tried = []
+    for base in config.fabricmanager_redist:
+        url = manifest_url(base, version)
+        try:
+            data = delivery.fetch_bytes(url, settings, max_bytes=4 << 20)
+        except (DownloadNotFound, DownloadForbidden) as exc:
+            tried.append(f"{delivery.redact_url(url)} ({exc.message.rsplit(': ', 1)[-1]})")
+            continue
+        listed = parse_manifest(data, version, arch, delivery.redact_url(url))
+        urls = [f"{b.rstrip('/')}/{listed.relative_path}" for b in config.fabricmanager_redist]
+        return listed, urls
+    raise FabricManagerUnavailable(
+        f"no redistrib_{version}.json in the redist tree: tried {'; '.join(tried)}")
+
+
+def fetch(config: Config, layout: Layout, version: str, arch: str) -> Path:
+    """The archive in the download cache, verified against the listed SHA-256 (a cached copy
+    with its record is used without a download)."""
+    from installer import delivery
+
+    listed, urls = locate(config, version, arch)
+    fetched = delivery.fetch_file(urls, layout.downloads, archive_name(version, arch),
+                                  sha256=listed.sha256, settings=download_settings(config))
+    log.info("Fabric Manager %s: %s (sha256 %s listed in %s)", version, fetched.path.name,
+             fetched.sha256, listed.manifest)
+    return Path(fetched.path)
+
+
+def cached(layout: Layout, version: str, arch: str) -> Path | None:
+    """A verified archive in the cache (its record says a listed checksum vouched for it)."""
+    from installer import delivery
+
+    found = delivery.find_cached(layout.downloads, archive_name(version, arch))
+    return Path(found.path) if found is not None and found.verified_by == "pin" else None
+
+
+def drop_cached(layout: Layout, version: str, arch: str) -> None:
+    name = archive_name(version, arch)
+    for path in layout.downloads.glob(name + "*") if layout.downloads.is_dir() else []:
+        path.unlink()
+    log.info("dropped %s from the cache", name)
+
+
+def unpack(archive: Path, dest: Path) -> Path:
+    """Extract `archive` into `dest` (members must stay inside its one top directory; only
+    directories, regular files and relative links inside it). Returns the top directory."""
+    import tarfile  # only when unpacking: the warm path never does
+
+    top = archive.name[: -len(".tar.xz")]
+    with tarfile.open(archive, "r:xz") as tar:
+        for member in tar.getmembers():
+            path = PurePosixPath(member.name)
+            if path.is_absolute() or ".." in path.parts or path.parts[:1] != (top,):
+                raise FabricManagerMismatch(f"{archive.name}: member {member.name!r} lies "
+                                            f"outside {top}/")
+            target = dest.joinpath(*path.parts)
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+            elif member.isfile():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                source = tar.extractfile(member)
+                assert source is not None
+                with source, open(target, "wb") as out:
+                    shutil.copyfileobj(source, out)
+                os.chmod(target, member.mode & 0o755)
+            elif member.issym():
+                link = PurePosixPath(member.linkname)
+                inside = PurePosixPath(*path.parts[:-1]) / link
+                if link.is_absolute() or _escapes(inside, top):
+                    raise FabricManagerMismatch(f"{archive.name}: link {member.name!r} points "
+                                                f"outside {top}/")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(member.linkname, target)
+    tree = dest / top
+    if not (tree / "bin" / "nv-fabricmanager").is_file():
+        raise FabricManagerMismatch(f"{archive.name} has no bin/nv-fabricmanager")
+    return tree
+
+
+def _escapes(path: PurePosixPath, top: str) -> bool:
+    depth = 0
+    for part in path.parts:
+        depth += -1 if part == ".." else 0 if part == "." else 1
+        if depth < 1:
+            return True
+    return path.parts[:1] != (top,)
+
+
+def reported_version(runner: Runner, nv_fabricmanager: Path) -> str | None:
+    """What `nv-fabricmanager --version` prints: `Fabric Manager version is : <v>`."""
+    result = runner.run([str(nv_fabricmanager), "--version"], check=False, timeout=60)
+    found = _FM_VERSION.search(result.output)
+    return found.group(1) if found else None
+
+
+def install(tree: Path, final_root: Path, config_dest: Path, version: str) -> list[str]:
+    """The unpacked archive's daemon, tools, library, config and topology files into the
+    version dir (bin/, lib64/, share/nvidia/nvswitch/), each by rename; the marker last.
+    Returns the installed names."""
+    placed = []
+    moves: list[tuple[Path, Path]] = []
+    for item in sorted((tree / "bin").iterdir()):
+        if item.is_file() and not item.name.endswith(".sh"):
+            moves.append((item, final_root / "bin" / item.name))
+    for item in sorted((tree / "lib").glob("*.so*")) if (tree / "lib").is_dir() else []:
+        moves.append((item, final_root / "lib64" / item.name))
+    if (tree / "etc" / "fabricmanager.cfg").is_file():
+        moves.append((tree / "etc" / "fabricmanager.cfg", config_dest / "fabricmanager.cfg"))
+    shared = tree / "share" / "nvidia" / "nvswitch"
+    for item in sorted(shared.iterdir()) if shared.is_dir() else []:
+        if item.is_file():
+            moves.append((item, config_dest / item.name))
+    if not any(dest.name == "fabricmanager.cfg" for _, dest in moves):
+        raise FabricManagerMismatch(f"the {version} archive has no fabricmanager.cfg")
+    for source, dest in moves:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        temporary = dest.with_name(f".{dest.name}.new")
+        if source.is_symlink():
+            if temporary.is_symlink() or temporary.exists():
+                temporary.unlink()
+            os.symlink(os.readlink(source), temporary)
+        else:
+            shutil.copy2(source, temporary)
+        os.replace(temporary, dest)
+        placed.append(str(dest.relative_to(final_root)))
+    mark_complete(config_dest, version + "\n", INSTALLED_MARKER)
+    return placed
+
+
+def fail_mismatch(layout: Layout, version: str, arch: str, message: str) -> InstallerError:
+    drop_cached(layout, version, arch)
+    return FabricManagerMismatch(message)

@@ -1,0 +1,205 @@
+"""Keeps one daemon running beside the driver the installer verified: started once the
+readiness file names a loaded driver, stopped when the file goes (the installer replaces the
+driver), restarted with backoff when it dies, given up on (an error) when it keeps dying."""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Protocol, Union
+
+from installer import host, readiness
+from installer.errors import InstallerError
+from installer.hostroot import HostRoot
+from installer.layout import READY_FILE
+
+log = logging.getLogger(__name__)
+
+WINDOW_SECONDS = 600.0
+BACKOFF_MAX = 30.0
+# Written by an installer that is about to unload the driver (or free it for the upgrade
+# protocol), for as long as it holds the host lock.
+PAUSE_FILE = READY_FILE.parent / "daemons-paused"
+
+
+@dataclass(frozen=True)
+class Driver:
+    """The driver the installer verified (the readiness file) and that is still loaded."""
+
+    version: str
+    install_dir: PurePosixPath
+
+
+def verified_driver(root: HostRoot) -> Driver | None:
+    text = root.read_text(READY_FILE)
+    if not text:
+        return None
+    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    version = values.get("DRIVER_VERSION", "")
+    loaded = host.loaded_driver(root)
+    if not version or loaded is None or loaded.version != version:
+        return None
+    return Driver(version, PurePosixPath(values.get("INSTALL_DIR", "/")))
+
+
+def paused(root: HostRoot, lock_file: Path | None) -> bool:
+    """An installer asked the daemons to stay stopped and still holds the host lock (a pause
+    file left by an installer that died is removed)."""
+    marker = root.local(PAUSE_FILE)
+    if not marker.exists():
+        return False
+    if lock_file is None or not lock_file.exists():
+        return True
+    with open(lock_file, "rb") as handle:  # the install dir may be mounted read-only
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    log.info("%s is left from an installer that is gone: resuming", PAUSE_FILE)
+    marker.unlink(missing_ok=True)
+    return False
+
+
+def ready_file(name: str) -> PurePosixPath:
+    """Where `name`'s container says it is up (beside the driver's readiness file; the
+    scheduling gate waits for it: installer/readiness.py)."""
+    return readiness.component_file(name)
+
+
+class Running(Protocol):
+    """A started daemon."""
+
+    def poll(self) -> int | None: ...
+
+    def stop(self, timeout: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class Idle:
+    """Nothing to run for this driver on this node, and why."""
+
+    reason: str
+
+
+class Daemon(Protocol):
+    """What the supervisor needs of one daemon."""
+
+    name: str
+
+    def plan(self, driver: Driver) -> Union[Idle, Callable[[], Running]]:
+        """Idle, or how to start it (raising an InstallerError when it cannot be started at all)."""
+
+    def ready(self, running: Running) -> str | None:
+        """The readiness file's content once it does its job, else None."""
+
+    def failed(self, message: str) -> InstallerError:
+        """The error the container exits with when the daemon cannot be kept up."""
+
+
+@dataclass
+class Supervisor:
+    daemon: Daemon
+    root: HostRoot
+    restarts: int
+    stop: threading.Event = field(default_factory=threading.Event)
+    poll: float = 1.0
+    backoff: float = 1.0
+    clock: Callable[[], float] = time.monotonic
+    lock_file: Path | None = None
+
+    def run(self) -> None:
+        """Until `stop` is set (then the daemon is stopped and this returns). Raises the
+        daemon's error when it died more than `restarts` times within ten minutes, and the
+        errors of a daemon that cannot be started at all."""
+        name = self.daemon.name
+        marker = ready_file(name)
+        failures: collections.deque[float] = collections.deque()
+        running: Running | None = None
+        running_for: Driver | None = None
+        said = ""
+        ready = False
+        try:
+            while not self.stop.is_set():
+                driver = verified_driver(self.root)
+                if paused(self.root, self.lock_file):
+                    driver = None
+                if running is not None and driver != running_for:
+                    log.info("%s: the driver %s is no longer the verified one, or an installer "
+                             "is replacing it: stopping %s", name,
+                             running_for.version if running_for else "?", name)
+                    running.stop(15.0)
+                    running, ready = None, False
+                    self._clear(marker)
+                if driver is None:
+                    self._clear(marker)
+                    said = self._say(said, f"{name}: waiting for the installer to verify a "
+                                     f"driver ({READY_FILE})")
+                    self.stop.wait(self.poll)
+                    continue
+                if running is None:
+                    while failures and self.clock() - failures[0] > WINDOW_SECONDS:
+                        failures.popleft()
+                    if failures and self.clock() - failures[-1] < self._delay(len(failures)):
+                        # The readiness file is read again after every wait: a driver being
+                        # replaced is never started on.
+                        self.stop.wait(min(self.poll, self._delay(len(failures))))
+                        continue
+                    plan = self.daemon.plan(driver)
+                    if isinstance(plan, Idle):
+                        said = self._say(said, f"{name}: not needed on this node ({plan.reason})"
+                                         "; idle")
+                        self._write(marker, f"DRIVER_VERSION={driver.version}\n"
+                                    f"STATE=not-applicable\nREASON={plan.reason}\n")
+                        self.stop.wait(self.poll * 10)
+                        continue
+                    running, running_for, said = plan(), driver, ""
+                    continue
+                code = running.poll()
+                if code is not None:
+                    running, ready = None, False
+                    self._clear(marker)
+                    failures.append(self.clock())
+                    if len(failures) > self.restarts:
+                        raise self.daemon.failed(
+                            f"{name} exited {len(failures)} times within "
+                            f"{WINDOW_SECONDS / 60:.0f} minutes (last exit status {code}); "
+                            f"not restarting it again")
+                    log.warning("%s exited with status %s; restarting it in %.0f s (%d of %d)",
+                                name, code, self._delay(len(failures)), len(failures),
+                                self.restarts)
+                    continue
+                if not ready:
+                    content = self.daemon.ready(running)
+                    if content is not None:
+                        self._write(marker, content)
+                        ready = True
+                        log.info("%s: ready (%s)", name, marker)
+                self.stop.wait(self.poll)
+        finally:
+            if running is not None:
+                running.stop(15.0)
+            self._clear(marker)
+
+    def _delay(self, failures: int) -> float:
+        return float(min(BACKOFF_MAX, self.backoff * 2.0 ** (failures - 1)))
+
+    def _say(self, said: str, message: str) -> str:
+        if message != said:
+            log.info("%s", message)
+        return message
+
+    def _write(self, marker: PurePosixPath, content: str) -> None:
+        if self.root.read_text(marker) != content:
+            self.root.write_atomic(marker, content)
+
+    def _clear(self, marker: PurePosixPath) -> None:
+        path = self.root.local(marker)
+        if path.exists():
+            path.unlink()

@@ -1,0 +1,58 @@
+"""The daemons beside the driver (installer/components): Fabric Manager of the driver's
+version on NVSwitch nodes, and nvidia-persistenced."""
+
+from __future__ import annotations
+
+from installer.errors.base import InstallerError
+
+
+class FabricManagerUnavailable(InstallerError):
+    reference = "fabricmanager-unavailable"
+    exit_code = 95
+    default_hint = (
+        "Fabric Manager must be exactly the driver's version: check that NVIDIA publishes "
+        "redistrib_<version>.json with a fabricmanager archive for this architecture at "
+        "NVIDIA_FABRICMANAGER_REDIST (or copy both into your mirror), or set "
+        "NVIDIA_FABRICMANAGER=false when the host runs its own Fabric Manager."
+    )
+
+
+class FabricManagerMismatch(InstallerError):
+    reference = "fabricmanager-mismatch"
+    exit_code = 96
+    default_hint = (
+        "The redist tree serves a Fabric Manager archive of another version or layout: fix the "
+        "mirror's copy of the archive and of redistrib_<version>.json. The archive was removed "
+        "from the cache; no Fabric Manager file was installed and the loaded driver was left "
+        "as it was."
+    )
+
+
+class FabricManagerMissing(InstallerError):
+    reference = "fabricmanager-missing"
+    exit_code = 97
+    default_hint = (
+        "The install dir has no Fabric Manager of the loaded driver's version: let the "
+        "installer initContainer (`installer run`) finish on this NVSwitch node first, and keep "
+        "NVIDIA_FABRICMANAGER=auto on both containers."
+    )
+
+
+class FabricManagerFailed(InstallerError):
+    reference = "fabricmanager-failed"
+    exit_code = 98
+    default_hint = (
+        "nv-fabricmanager kept exiting (its last lines are above); CUDA fails with error 802 on "
+        "this node until it runs. Check the NVSwitch errors it names, NVFM_CONFIG_* overrides, "
+        "and that no other Fabric Manager (a host service) holds the switches."
+    )
+
+
+class PersistencedFailed(InstallerError):
+    reference = "persistenced-failed"
+    exit_code = 99
+    default_hint = (
+        "nvidia-persistenced kept exiting or did not start (it logs to syslog only): check "
+        "that /dev/nvidia* exist in the container, /var/run/nvidia-persistenced is writable, "
+        "and that no other nvidia-persistenced (a host service) runs on the node."
+    )
