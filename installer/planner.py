@@ -81,6 +81,8 @@ def make_plan(
         headers=arrival.headers,
         load=load,
         gpu_addresses=tuple(g.address for g in facts.gpus),
+        stages_module_files=source.stages_module_files,
+        replaces_user_space_before_unload=source.replaces_user_space_before_unload,
     )
     ctx = Context(config, root, layout, runner, facts, target, fetch_runfile)
     decisions = source.decisions(ctx, decisions)
