@@ -1,6 +1,6 @@
 """The dnf source's answers to the source protocol (issue 4): chosen under auto where NVIDIA's
-repo is configured; its plan and steps live in `sources/dnf.py`, imported only when it is the
-source (the warm path never loads dnf)."""
+repo is configured. Its plan (`sources/dnf_plan.py`) and steps (`sources/dnf.py`) are imported
+only when it is the source (the warm path never loads dnf)."""
 
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ class DnfSource(Source):
             )
 
     def evidence(self, root: HostRoot, config: Config) -> str | None:
-        from installer.sources import dnf
+        from installer.sources import dnf_plan
 
-        return dnf.repo_evidence(root, config)
+        return dnf_plan.repo_evidence(root, config)
 
     def passed_over(self) -> str:
         return "no NVIDIA dnf repo in /etc/yum.repos.d and NVIDIA_DNF_REPO_URL unset"
@@ -65,10 +65,10 @@ class DnfSource(Source):
                                  "installed through dnf for exactly the target kernel")])
 
     def decisions(self, ctx: Context, decided: list[Decision]) -> list[Decision]:
-        from installer.sources import dnf
+        from installer.sources import dnf_plan
 
         # Issue 10: the stream and version dnf will install replace the catalog's version.
-        extra = dnf.plan_decisions(ctx)
+        extra = dnf_plan.plan_decisions(ctx)
         topics = {d.topic for d in extra}
         return [d for d in decided if d.topic not in topics] + extra
 
