@@ -10,6 +10,7 @@ import logging
 from installer.errors import CommandFailed, DownloadFailed, RepoUnavailable
 from installer.plan import Context, Step
 from installer.sources import dnf_commands as cmd
+from installer.sources import dnf_repos as repos
 from installer.sources.dnf_commands import DnfTarget
 from installer.sources.dnf_errors import kernel_error, transaction_failed
 from installer.sources.dnf_plan import base_argv, repo_url, target_of
@@ -46,12 +47,12 @@ def dnf_steps(ctx: Context) -> list[Step]:
 def repo_step(ctx: Context) -> Step:
     distro = ctx.facts.distro
     url = repo_url(ctx.config, distro, ctx.facts.arch)
-    dest = cmd.REPOS_DIR / cmd.repo_file_name(url, distro.major)
+    dest = repos.REPOS_DIR / repos.repo_file_name(url, distro.major)
 
     def satisfied() -> bool:
         if ctx.root.local(dest).is_file():
             return True
-        return not ctx.config.dnf_repo_url and cmd.nvidia_repo(ctx.root) is not None
+        return not ctx.config.dnf_repo_url and repos.nvidia_repo(ctx.root) is not None
 
     def apply() -> None:
         from installer import delivery
@@ -69,10 +70,10 @@ def repo_step(ctx: Context) -> Step:
             raise RepoUnavailable(f"cannot fetch the dnf repo file {shown}: {exc.message}") from exc
         text = data.decode("utf-8", errors="replace")
         try:
-            ids = cmd.check_repo_file(text)
+            ids = repos.check_repo_file(text)
         except ValueError as exc:
             raise RepoUnavailable(f"{shown} is not a usable dnf repo file: {exc}") from exc
-        ctx.root.local(cmd.REPOS_DIR).mkdir(parents=True, exist_ok=True)
+        ctx.root.local(repos.REPOS_DIR).mkdir(parents=True, exist_ok=True)
         ctx.root.write_atomic(dest, text)
         log.info("added %s (%s) from %s", dest, ", ".join(ids), shown)
 
@@ -106,7 +107,7 @@ def epel_step(ctx: Context) -> Step:
     """NVIDIA_DNF_ENABLE_EPEL: epel-release from the host's repos (Rocky: extras), for dkms."""
 
     def satisfied() -> bool:
-        entries = cmd.repo_entries(ctx.root)
+        entries = repos.repo_entries(ctx.root)
         enabled = any(e.enabled and e.repo_id.startswith("epel") for e in entries)
         return enabled or cmd.all_installed(ctx.root, ctx.runner, ["dkms"])
 
@@ -116,7 +117,8 @@ def epel_step(ctx: Context) -> Step:
         except CommandFailed as exc:
             raise RepoUnavailable(
                 "NVIDIA_DNF_ENABLE_EPEL is set but epel-release could not be installed from the "
-                f"host's repos ({cmd.repos_tried(ctx.root)}); dnf said:\n{exc.output_tail.strip()}",
+                f"host's repos ({repos.repos_tried(ctx.root)}); dnf said:\n"
+                f"{exc.output_tail.strip()}",
                 hint="Enable the repo that has epel-release (Rocky: extras) or add EPEL yourself.",
             ) from exc
 

@@ -15,6 +15,7 @@ from installer.errors import (
 )
 from installer.plan import Context
 from installer.sources import dnf_commands as cmd
+from installer.sources import dnf_repos as repos
 from installer.sources.dnf_commands import Choice
 
 REPO_DOWN = (
@@ -37,7 +38,7 @@ def kernel_error(ctx: Context, kernel: str, exc: CommandFailed) -> Exception:
         )
         return KernelHeadersMissing(
             f"{' and '.join(missing)} for kernel {kernel} is in none of the host's repos "
-            f"(tried: {cmd.repos_tried(ctx.root)})",
+            f"(tried: {repos.repos_tried(ctx.root)})",
             hint=f"DKMS needs kernel-devel for exactly the running kernel {kernel}: enable the "
             "repo that has it (for an older minor release, the vault or the matching "
             "--releasever), or boot a kernel whose kernel-devel is available.",
@@ -49,7 +50,7 @@ def repo_down(ctx: Context, output: str) -> RepoUnavailable:
     line = next((ln for ln in output.splitlines() if any(m in ln for m in REPO_DOWN)), "")
     return RepoUnavailable(
         f"dnf cannot reach a repo: {line.strip() or 'metadata download failed'} "
-        f"(repos: {cmd.repos_tried(ctx.root)})",
+        f"(repos: {repos.repos_tried(ctx.root)})",
     )
 
 
@@ -63,14 +64,14 @@ def install_error(ctx: Context, choice: Choice, output: str) -> InstallerError:
     if _NO_DKMS.search(output):
         return DkmsUnavailable(
             f"{choice.kmod} requires dkms, which none of the host's repos provides "
-            f"({cmd.repos_tried(ctx.root)}); dkms comes from EPEL"
+            f"({repos.repos_tried(ctx.root)}); dkms comes from EPEL"
         )
     kernel = ctx.target.kernel
     missing = [p for p in cmd.kernel_packages(kernel) if f"{NO_MATCH}: {p}" in output]
     if missing:
         return KernelHeadersMissing(
             f"{' and '.join(missing)} for kernel {kernel} is in none of the host's repos "
-            f"(tried: {cmd.repos_tried(ctx.root)})",
+            f"(tried: {repos.repos_tried(ctx.root)})",
             hint=f"DKMS needs kernel-devel for exactly the kernel {kernel}: enable the repo that "
             "has it (for an older minor release, the vault or the matching --releasever), boot "
             "a kernel whose kernel-devel is available, or use a precompiled stream; the host's "

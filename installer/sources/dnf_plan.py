@@ -14,6 +14,7 @@ from installer.hostroot import HostRoot
 from installer.plan import Context, Decision
 from installer.sources import dnf_commands as cmd
 from installer.sources import dnf_metadata
+from installer.sources import dnf_repos as repos
 from installer.sources.dnf_commands import Choice, DnfTarget
 
 
@@ -22,14 +23,14 @@ def repo_evidence(root: HostRoot, config: Config) -> str | None:
     (no network: `plan` and the warm path stay offline)."""
     if config.dnf_repo_url:
         return "NVIDIA_DNF_REPO_URL is set"
-    found = cmd.nvidia_repo(root)
+    found = repos.nvidia_repo(root)
     if found is not None:
-        return f"{cmd.REPOS_DIR}/{found.file} provides NVIDIA's repo ({found.repo_id})"
+        return f"{repos.REPOS_DIR}/{found.file} provides NVIDIA's repo ({found.repo_id})"
     return None
 
 
 def repo_url(config: Config, distro: Distro, arch: str) -> str:
-    return config.dnf_repo_url or cmd.NVIDIA_REPO_URL.format(major=distro.major, arch=arch)
+    return config.dnf_repo_url or repos.NVIDIA_REPO_URL.format(major=distro.major, arch=arch)
 
 
 def target_of(ctx: Context) -> DnfTarget:

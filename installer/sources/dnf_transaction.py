@@ -17,6 +17,7 @@ from installer.errors import (
 from installer.plan import Context, Step
 from installer.sources import dnf_commands as cmd
 from installer.sources import dnf_metadata
+from installer.sources import dnf_repos as repos
 from installer.sources.dnf_commands import Choice, DnfTarget
 from installer.sources.dnf_errors import (
     NO_MATCH,
@@ -73,7 +74,7 @@ def transaction_step(ctx: Context, dt: DnfTarget) -> Step:
             if NO_MATCH in output and dt.pinned:
                 raise PackageManagerFailed(
                     f"version {dt.pinned} is not in {where} of the host's repos "
-                    f"({cmd.repos_tried(ctx.root)}); dnf said:\n{output.strip()}",
+                    f"({repos.repos_tried(ctx.root)}); dnf said:\n{output.strip()}",
                     hint="Pick a version the repo has (`dnf module info nvidia-driver:"
                     f"{dt.stream}`), or a branch; the host's packages were left as they were.",
                 ) from exc
@@ -147,7 +148,7 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
         streams = dnf_metadata.read_cached(cache_dir(ctx))
         if streams is None:
             raise ModuleMetadataMissing(
-                f"no module metadata (modules.yaml) in the host's repos ({cmd.repos_tried(root)})"
+                f"no module metadata (modules.yaml) in the host's repos ({repos.repos_tried(root)})"
             )
         choice = choose(dt, kernel, streams)
         ctx.target.version = choice.version
