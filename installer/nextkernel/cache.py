@@ -42,7 +42,7 @@ def modules_ready(layout: Layout, version: str, kernel: str, flavour: str) -> bo
 
 
 def origin(layout: Layout, version: str, kernel: str, flavour: str) -> str:
-    from installer.sources.prebuilt import ARTIFACT_MARKER
+    from installer.sources.prebuilt_key import ARTIFACT_MARKER
 
     marker = layout.module_build(version, kernel, flavour) / ARTIFACT_MARKER
     return f"pulled {marker.read_text().strip()}" if marker.is_file() else "compiled"
