@@ -204,10 +204,11 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
         if root.local(LD_DROP_IN).exists():
             ldcache.remove(root, runner)
             removed.append(str(LD_DROP_IN))
-        if record and record.source == "dnf":
-            log.warning("the driver packages installed through dnf stay on the host (dnf owns "
-                        "them): remove them with `dnf module remove --all nvidia-driver` and "
-                        "`dnf module reset nvidia-driver` on the host")
+        from installer import sources
+
+        left = sources.recorded(record.source).left_on_host() if record else None
+        if left:
+            log.warning("%s", left)
         for name in ("bin", "lib64", "drivers", "current", "versions", "cache", "state.json",
                      ".cache", "nvidia-installer.log", "nvidia-installer-build.log"):
             path = layout.install_local / name
@@ -264,10 +265,11 @@ def prebuild(config: Config, runner: Runner | None = None) -> str:
     registry's (registry-unavailable, registry-auth-failed) when pushing."""
     from dataclasses import replace
 
+    from installer import sources
     from installer.sources import prebuilt
 
     # Never pull what we are asked to build; the lookup below only reports.
-    config = replace(config, allow_no_gpu=True, source="runfile")
+    config = replace(config, allow_no_gpu=True, source=sources.module_builder().name)
     runner = runner or SubprocessRunner()
     root = HostRoot(config.root)
     layout = Layout.from_config(config, root)

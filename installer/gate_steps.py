@@ -31,10 +31,11 @@ def close_step(ctx: Context) -> Step:
         if waiting:
             return "; ".join(waiting)
         loaded = host.loaded_driver(ctx.root)
-        if ctx.target.source == "dnf" and loaded is not None and (
-                loaded.version, loaded.flavour) != (ctx.target.version, ctx.target.flavour):
-            return (f"dnf replaces the user space of the loaded driver {loaded.version} with "
-                    f"{ctx.target.version}")
+        t = ctx.target
+        if t.replaces_user_space_before_unload and loaded is not None and (
+                loaded.version, loaded.flavour) != (t.version, t.flavour):
+            return (f"{t.source} replaces the user space of the loaded driver {loaded.version} "
+                    f"with {t.version}")
         return None
 
     def satisfied() -> bool:

@@ -48,6 +48,13 @@ class Target:
     # Issue 19: dnf without cached module metadata installs the stream's newest, known only
     # when run; `version` is then a placeholder that plan and step summaries must not name.
     version_pending: bool = False
+    # What the shared steps need of the source (sources.Source), set by the planner so that no
+    # step tests the source's name: False when its package manager places the module files;
+    # True when its install replaces the loaded driver's user space before the unload.
+    stages_module_files: bool = True
+    replaces_user_space_before_unload: bool = False
+    # True when the distro's packages own the user space (and so Fabric Manager's files too).
+    packages_own_user_space: bool = False
 
 
 @dataclass

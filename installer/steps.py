@@ -107,7 +107,7 @@ def unload_old_step(ctx: Context) -> Step:
                 modules.unload(ctx.root, ctx.runner, holders)
         except InstallerError:
             # The new module files were staged before the unload (issue 9's order).
-            if target.source != "dnf":
+            if target.stages_module_files:
                 restore_module_files(ctx, driver)
             raise
         remove_ready_file(ctx)

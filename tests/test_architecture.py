@@ -231,6 +231,22 @@ def test_no_code_outside_distros_compares_with_a_family_name() -> None:
     assert offenders == []
 
 
+def test_no_code_outside_sources_compares_with_a_source_name() -> None:
+    from installer import sources
+
+    names = set(sources.names())
+    offenders = []
+    for path in source_files():
+        if path.is_relative_to(PACKAGE / "sources"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                values = [node.left, *node.comparators]
+                if any(isinstance(v, ast.Constant) and v.value in names for v in values):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []
+
+
 def _show(names: dict[str, bool]) -> str:
     return ", ".join(f"{n}{'*' if lazy else ''}" for n, lazy in sorted(names.items())) or "nothing"
 

@@ -59,7 +59,7 @@ def decision(ctx: Context) -> Decision:
     if not fabric.needed:
         return Decision("fabric-manager", "not applicable", fabric.reason)
     t = ctx.target
-    if t.source != "runfile":
+    if t.packages_own_user_space:
         return Decision("fabric-manager", "not installed by the installer", f"{fabric.reason}; "
                         f"the {t.source} source does not install it yet: run the host's "
                         "nvidia-fabricmanager service of the same version")
@@ -71,7 +71,7 @@ def decision(ctx: Context) -> Decision:
 
 
 def steps(ctx: Context) -> list[Step]:
-    if not applies(ctx) or ctx.target.source != "runfile":
+    if not applies(ctx) or ctx.target.packages_own_user_space:
         return []
     return [fetch_step(ctx), install_step(ctx)]
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from installer import state
 from installer.config import Config
 from installer.errors import InstallerError
-from installer.hostroot import HostRoot, write_atomic
+from installer.hostroot import write_atomic
 from installer.layout import Layout
 from installer.plan import Plan
 from installer.runner import Runner
@@ -34,7 +34,7 @@ PREPARE_STEPS = ("use-prebuilt-modules", "kernel-headers", "check-compiler", "fe
 def modules_ready(layout: Layout, version: str, kernel: str, flavour: str) -> bool:
     """The cache holds a complete build of `version` for `kernel` (what build-modules checks)."""
     from installer.dirs import COMPLETE_MARKER
-    from installer.sources.runfile import module_version_matches
+    from installer.sources.runfile_identity import module_version_matches
 
     build = layout.module_build(version, kernel, flavour)
     return (build / COMPLETE_MARKER).is_file() and module_version_matches(build / "nvidia.ko",
@@ -42,25 +42,10 @@ def modules_ready(layout: Layout, version: str, kernel: str, flavour: str) -> bo
 
 
 def origin(layout: Layout, version: str, kernel: str, flavour: str) -> str:
-    from installer.sources.prebuilt import ARTIFACT_MARKER
+    from installer.sources.prebuilt_key import ARTIFACT_MARKER
 
     marker = layout.module_build(version, kernel, flavour) / ARTIFACT_MARKER
     return f"pulled {marker.read_text().strip()}" if marker.is_file() else "compiled"
-
-
-def dnf_modules_present(root: HostRoot, kernel: str) -> bool:
-    from installer.sources import dnf_commands
-
-    return "nvidia" in dnf_commands.module_files(root, kernel)
-
-
-DNF_REASON = (
-    "the installer does not prepare it on dnf hosts: with a DKMS stream the host's DKMS builds "
-    "for a newly installed kernel itself (its kernel install hook, dkms autoinstall) when "
-    "kernel-devel of that kernel is installed; a precompiled stream needs NVIDIA's "
-    "kmod-nvidia-<version>-<kernel> package, which only a dnf transaction on the host puts "
-    "there, and the installer runs none outside an install"
-)
 
 
 # --- the record ------------------------------------------------------------------------------
@@ -103,8 +88,11 @@ def prepare(config: Config, runner: Runner, kernel: str, version: str, flavour: 
     (fetched into the cache when the host has none), as `installer prebuild --kernel` does;
     published when pushing is on. Installs and loads nothing. The caller holds the host lock.
     Returns where the modules came from; raises the build's errors."""
+    from installer import sources
+
     pinned = replace(config, kernel_release=kernel, version=version, module_type=flavour,
-                     source="runfile", allow_no_gpu=True, next_kernel="off")
+                     source=sources.module_builder().name, allow_no_gpu=True,
+                     next_kernel="off")
     plan = build(pinned, runner, PREPARE_STEPS)
     return origin(plan.context.layout, version, kernel, flavour)
 

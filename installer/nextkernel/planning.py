@@ -8,9 +8,7 @@ from pathlib import PurePosixPath
 from installer import host
 from installer.layout import Layout
 from installer.nextkernel.cache import (
-    DNF_REASON,
     BuildModules,
-    dnf_modules_present,
     modules_ready,
     origin,
     prepare_guarded,
@@ -39,11 +37,14 @@ def decision(ctx: Context) -> Decision:
         return Decision("next-kernel", "none",
                         f"no kernel newer than {t.kernel} is installed (both "
                         "/lib/modules/<k>/modules.dep and /boot/vmlinuz-<k>)")
-    if t.source == "dnf":
-        there = ("an nvidia module is there" if dnf_modules_present(ctx.root, pending)
+    from installer import sources
+
+    elsewhere = sources.named(t.source).next_kernel_elsewhere(ctx.root, pending)
+    if elsewhere is not None:
+        there = ("an nvidia module is there" if elsewhere.present
                  else "none is there yet: its first boot builds or installs it")
         return Decision("next-kernel", f"{pending}: not prepared",
-                        f"{DNF_REASON}; /lib/modules/{pending}/extra: {there}")
+                        f"{elsewhere.why}; {elsewhere.where}: {there}")
     if modules_ready(ctx.layout, t.version, pending, t.flavour):
         return Decision("next-kernel", f"{pending}: modules ready",
                         f"{origin(ctx.layout, t.version, pending, t.flavour)} into "
@@ -98,7 +99,10 @@ def steps(ctx: Context, build: BuildModules) -> list[Step]:
     newer kernel is installed and NVIDIA_INSTALLER_NEXT_KERNEL=run; a failure only warns."""
     t = ctx.target
     pending = _pending(ctx)
-    if pending is None or ctx.config.next_kernel != "run" or t.source != "runfile":
+    from installer import sources
+
+    if (pending is None or ctx.config.next_kernel != "run"
+            or not sources.named(t.source).builds_modules):
         return []
     tried = [False]
 

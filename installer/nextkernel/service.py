@@ -13,9 +13,7 @@ from installer.errors import InstallerError
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.nextkernel.cache import (
-    DNF_REASON,
     BuildModules,
-    dnf_modules_present,
     modules_ready,
     origin,
     prepare_recorded,
@@ -38,9 +36,12 @@ def status(config: Config, root: HostRoot, layout: Layout,
         return report
     if record is None:
         return {**report, "modules_ready": False, "why": "no driver installed yet"}
-    if record.source == "dnf":
-        return {**report, "modules_ready": dnf_modules_present(root, pending),
-                "modules": f"/lib/modules/{pending}/extra", "why": DNF_REASON}
+    from installer import sources
+
+    elsewhere = sources.recorded(record.source).next_kernel_elsewhere(root, pending)
+    if elsewhere is not None:
+        return {**report, "modules_ready": elsewhere.present, "modules": elsewhere.where,
+                "why": elsewhere.why}
     ready = modules_ready(layout, record.version, pending, record.flavour)
     report.update(modules_ready=ready,
                   modules=str(host_build(layout, record.version, pending, record.flavour)))
@@ -67,8 +68,11 @@ def prepare_installed(config: Config, runner: Runner, build: BuildModules) -> st
     pending = pending_kernel(root, current, host.kernel_release(root))
     if pending is None:
         return f"no kernel newer than {current} is installed"
-    if record.source == "dnf":
-        return f"next kernel {pending}: not prepared: {DNF_REASON}"
+    from installer import sources
+
+    elsewhere = sources.recorded(record.source).next_kernel_elsewhere(root, pending)
+    if elsewhere is not None:
+        return f"next kernel {pending}: not prepared: {elsewhere.why}"
     with state.HostLock(layout.lock_file, config.lock_timeout):
         if modules_ready(layout, record.version, pending, record.flavour):
             return f"next kernel {pending}: modules ready"

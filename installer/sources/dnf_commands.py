@@ -1,5 +1,6 @@
-"""What the dnf source asks of dnf and rpm: the stream and packages for a target, the argv we
-run against the host's rpm database, and reading the host's module and package state."""
+"""What the dnf source asks of dnf, rpm and dkms: the stream and packages for a target, the argv
+we run against the host's rpm database, and reading the host's module and package state (its
+repo files: `dnf_repos.py`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path, PurePosixPath
 from installer.host import Distro
 from installer.hostroot import HostRoot
 from installer.runner import Runner
+from installer.sources.dnf_repos import REPOS_DIR
 
 MODULE = "nvidia-driver"
 PROFILE = "default"
@@ -31,18 +33,12 @@ USERSPACE_ALL = (
 VERSIONLOCK_PLUGIN = "python3-dnf-plugin-versionlock"
 VERSIONLOCK_CONF = PurePosixPath("/etc/dnf/plugins/versionlock.conf")
 VERSIONLOCK_LIST = PurePosixPath("/etc/dnf/plugins/versionlock.list")
-REPOS_DIR = PurePosixPath("/etc/yum.repos.d")
 MODULE_STATE = PurePosixPath(f"/etc/dnf/modules.d/{MODULE}.module")
 DNF_HISTORY = PurePosixPath("/var/lib/dnf/history.sqlite")
 DKMS_TREE = PurePosixPath("/var/lib/dkms")
 # Module files DKMS and the precompiled kmods put in /lib/modules/<k>/extra.
 KO_SUFFIXES = (".ko", ".ko.xz", ".ko.zst")
 NVIDIA_MODULES = ("nvidia", "nvidia-modeset", "nvidia-uvm", "nvidia-drm", "nvidia-peermem")
-NVIDIA_REPO_URL = (
-    "https://developer.download.nvidia.com/compute/cuda/repos/rhel{major}/{arch}/"
-    "cuda-rhel{major}.repo"
-)
-_NVIDIA_BASEURL = "/compute/cuda/repos/"
 
 
 @dataclass(frozen=True)
@@ -350,76 +346,3 @@ def module_state(root: HostRoot) -> ModuleState:
         return ModuleState(None, None)
     section = parser[MODULE]
     return ModuleState(section.get("stream") or None, section.get("state") or None)
-
-
-@dataclass(frozen=True)
-class RepoEntry:
-    file: str
-    repo_id: str
-    url: str
-    enabled: bool
-
-
-def repo_entries(root: HostRoot) -> list[RepoEntry]:
-    """Every repo section in the host's /etc/yum.repos.d (unreadable files are skipped)."""
-    directory = root.local(REPOS_DIR)
-    entries: list[RepoEntry] = []
-    try:
-        files = sorted(p for p in directory.iterdir() if p.name.endswith(".repo"))
-    except OSError:
-        return entries
-    for path in files:
-        parser = configparser.ConfigParser(interpolation=None, strict=False)
-        try:
-            parser.read_string(path.read_text(errors="replace"))
-        except (OSError, configparser.Error):
-            continue
-        for section in parser.sections():
-            values = parser[section]
-            url = values.get("baseurl") or values.get("metalink") or values.get("mirrorlist") or ""
-            enabled = values.get("enabled", "1").strip().lower() not in ("0", "false", "no")
-            entries.append(RepoEntry(path.name, section, url.split()[0] if url else "", enabled))
-    return entries
-
-
-def nvidia_repo(root: HostRoot) -> RepoEntry | None:
-    """An enabled repo that looks like NVIDIA's CUDA repo (its file or its URL)."""
-    for entry in repo_entries(root):
-        if entry.enabled and (entry.file.startswith("cuda-rhel") or _NVIDIA_BASEURL in entry.url):
-            return entry
-    return None
-
-
-def repos_tried(root: HostRoot) -> str:
-    enabled = [e for e in repo_entries(root) if e.enabled]
-    if not enabled:
-        return f"no enabled repos in {REPOS_DIR}"
-    return ", ".join(f"{e.repo_id} ({_redact(e.url) or e.file})" for e in enabled)
-
-
-def _redact(url: str) -> str:
-    return re.sub(r"//[^/@]*@", "//***@", url)
-
-
-def repo_file_name(url: str, major: int) -> str:
-    name = url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
-    if re.fullmatch(r"[A-Za-z0-9._-]+\.repo", name):
-        return name
-    return f"cuda-rhel{major}.repo"
-
-
-def check_repo_file(text: str) -> list[str]:
-    """The repo ids a fetched .repo file defines; raises ValueError when it is not one."""
-    parser = configparser.ConfigParser(interpolation=None, strict=False)
-    try:
-        parser.read_string(text)
-    except configparser.Error as exc:
-        raise ValueError(f"not a dnf .repo file ({exc.__class__.__name__})") from None
-    ids = [
-        s
-        for s in parser.sections()
-        if any(parser[s].get(k) for k in ("baseurl", "metalink", "mirrorlist"))
-    ]
-    if not ids:
-        raise ValueError("no [repo] section with a baseurl, metalink or mirrorlist")
-    return ids

@@ -20,89 +20,25 @@ from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
 from installer.errors import (
     ArtifactInvalid,
     PrebuiltRequired,
-    RegistryAuthFailed,
     RegistryUnavailable,
 )
 from installer.plan import Context, Decision, Step
+from installer.sources.prebuilt_cache import cached_problem
+from installer.sources.prebuilt_key import (
+    ARTIFACT_MARKER,
+    EVIDENCE_FILE,
+    PUBLISHED_MARKER,
+    STAT_FILE,
+    artifact_key,
+    policy,
+    registry_settings,
+    vermagic,
+)
 
 if TYPE_CHECKING:
-    from installer.config import Config
-    from installer.delivery.artifact import Artifact, ArtifactKey, Policy
-    from installer.delivery.oci import RegistrySettings
+    from installer.delivery.artifact import Artifact
 
 log = logging.getLogger(__name__)
-
-ARTIFACT_MARKER = ".artifact"  # in a build dir: the modules came from this reference
-EVIDENCE_FILE = ".artifact.json"  # in a build dir: the signed bytes that vouched for them
-STAT_FILE = ".artifact.stat"  # size and mtime of each module when last hashed
-PUBLISHED_MARKER = ".published"  # in a build dir: these modules were pushed as this reference
-
-
-def registry_settings(config: Config) -> RegistrySettings | None:
-    """The registry to talk to, or None. Raises RegistryAuthFailed when the password file
-    cannot be read."""
-    if not config.module_registry:
-        return None
-    from installer.delivery.oci import RegistrySettings
-
-    password = config.module_registry_password
-    if config.module_registry_password_file is not None:
-        try:
-            password = config.module_registry_password_file.read_text().rstrip("\r\n")
-        except OSError as exc:
-            raise RegistryAuthFailed(
-                f"NVIDIA_MODULE_REGISTRY_PASSWORD_FILE={config.module_registry_password_file}: "
-                f"{exc.strerror or exc}") from None
-    return RegistrySettings(
-        repository=config.module_registry,
-        plain_http=config.module_registry_plain_http,
-        username=config.module_registry_username,
-        password=password,
-        connect_timeout=min(config.connect_timeout, 5.0),
-        read_timeout=config.read_timeout,
-        token_realms=config.module_registry_token_realms,
-    )
-
-
-def policy(ctx: Context) -> Policy | None:
-    """The operator's trust root (read once per run), or None when none is configured.
-    Raises TrustRootInvalid for an unreadable or empty key file."""
-    if ctx.config.module_trusted_keys is None:
-        return None
-    found = ctx.memo.get("prebuilt-policy")
-    if found is None:
-        from installer.delivery.artifact import Policy
-        from installer.delivery.trust import load_trust_root
-
-        found = ctx.memo["prebuilt-policy"] = Policy(
-            load_trust_root(ctx.config.module_trusted_keys), ctx.config.module_digests)
-    return found  # type: ignore[no-any-return]
-
-
-def artifact_key(ctx: Context) -> ArtifactKey:
-    """The key of the modules this plan builds; the Secure Boot certificate names the key."""
-    from installer.delivery.artifact import ArtifactKey, signing_identity
-
-    cert = None
-    if ctx.config.signing_cert is not None:
-        try:
-            cert = ctx.root.local(ctx.config.signing_cert).read_bytes()
-        except OSError:
-            cert = b"unreadable:" + str(ctx.config.signing_cert).encode()
-    t = ctx.target
-    return ArtifactKey(t.version, t.kernel, t.flavour, ctx.facts.arch, signing_identity(cert))
-
-
-def vermagic(path: Path) -> str | None:
-    """The `vermagic=` string of a kernel module (its .modinfo section), or None."""
-    data = path.read_bytes()
-    start = data.find(b"\0vermagic=")
-    if start < 0:
-        return None
-    start += len(b"\0vermagic=")
-    end = data.find(b"\0", start)
-    return data[start:end].decode("ascii", "replace")
-
 
 def _build_dir(ctx: Context) -> Path:
     t = ctx.target
@@ -116,75 +52,6 @@ def _built(ctx: Context) -> Path | None:
 
 def _pulled(build: Path) -> bool:
     return (build / ARTIFACT_MARKER).is_file() or (build / EVIDENCE_FILE).is_file()
-
-
-# --------------------------------------------------------------------------- cached builds
-
-
-def cached_problem(ctx: Context, build: Path) -> str | None:
-    """Why a pulled build in the cache may no longer be used (None: it verifies). Reads only;
-    the answer is kept for the run."""
-    memo = ctx.memo.get("prebuilt-cached")
-    if isinstance(memo, tuple) and memo[0] == build:
-        return memo[1]  # type: ignore[no-any-return]
-    problem = _check_cached(ctx, build)
-    ctx.memo["prebuilt-cached"] = (build, problem)
-    return problem
-
-
-def _check_cached(ctx: Context, build: Path) -> str | None:
-    from installer.delivery import artifact
-    from installer.errors import InstallerError
-
-    try:
-        trusted = policy(ctx)
-        if trusted is None:
-            return "no NVIDIA_MODULE_TRUSTED_KEYS: pulled modules are not used"
-        if not (build / EVIDENCE_FILE).is_file():
-            return "no signed record beside them (pulled before signatures were checked)"
-        verified = artifact.verify(artifact.Evidence.from_json(
-            (build / EVIDENCE_FILE).read_text()), trusted)
-        if verified.key != artifact_key(ctx).fields():
-            return f"built for {verified.key}, not for this node's key"
-        return _files_problem(build, verified)
-    except (InstallerError, OSError) as exc:
-        return getattr(exc, "message", None) or str(exc)
-
-
-def _files_problem(build: Path, verified: Artifact) -> str | None:
-    present = sorted(p.name for p in build.glob("*.ko"))
-    listed = sorted(f.name for f in verified.files)
-    if present != listed:
-        return f"the cache holds {present}, the signed artifact {listed}"
-    stats = _read_stats(build)
-    for item in verified.files:
-        path = build / item.name
-        info = path.stat()
-        if info.st_size != item.size:
-            return f"{item.name} is {info.st_size} bytes, signed as {item.size}"
-        if stats.get(item.name) == [info.st_size, info.st_mtime_ns]:
-            continue  # hashed when written and unchanged since
-        if _sha256(path) != item.sha256:
-            return f"{item.name} no longer hashes to its signed digest"
-    return None
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    hashed = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            hashed.update(block)
-    return hashed.hexdigest()
-
-
-def _read_stats(build: Path) -> dict[str, list[int]]:
-    try:
-        data = json.loads((build / STAT_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 # --------------------------------------------------------------------------- the lookup

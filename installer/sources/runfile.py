@@ -1,13 +1,13 @@
-"""NVIDIA's `.run`: where to get it, extracting it once, and the nvidia-installer argv we run."""
+"""NVIDIA's `.run` as steps: fetch it, extract it once, build the modules, install the user
+space and its firmware (its argv in `runfile_argv.py`, its identity checks in
+`runfile_identity.py`)."""
 
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from installer import delivery, kernel
@@ -17,194 +17,23 @@ from installer.headers import steps as header_steps
 from installer.layout import Layout
 from installer.plan import Context, Step
 from installer.prefetch import runfile_name
+from installer.sources.runfile_argv import (
+    BuildRequest,
+    build_modules_argv,
+    extract_argv,
+    install_userspace_argv,
+    version_string_argv,
+)
+from installer.sources.runfile_identity import (
+    EXTRACTED_MARKER,
+    archive_problems,
+    header_identity,
+    is_extracted,
+    module_version_matches,
+    tree_problems,
+)
 
 log = logging.getLogger(__name__)
-
-def extract_argv(runfile: Path, target: Path, tmpdir: Path) -> list[str]:
-    return ["sh", str(runfile), "--extract-only", "--target", str(target), "--tmpdir", str(tmpdir)]
-
-
-EXTRACTED_MARKER = ".extracted"
-
-
-def is_extracted(directory: Path, version: str) -> bool:
-    """A whole tree of `version`: its marker names the version and so do its own files."""
-    marker = directory / EXTRACTED_MARKER
-    return (
-        (directory / "nvidia-installer").is_file()
-        and marker.is_file()
-        and marker.read_text() == version + "\n"
-        and (directory / f"libnvidia-ml.so.{version}").is_file()
-    )
-
-
-# --- what a .run says it is (reference/nvidia-runfile.md) ----------------------------------
-
-HEADER_BYTES = 64 << 10
-_LABEL_LINE = re.compile(rb'^label="[^"\n]*Linux-(?P<arch>[A-Za-z0-9_]+) (?P<version>[^"\s]+)"$',
-                         re.MULTILINE)
-_VERSION_LINE = re.compile(rb'^version="?(?P<version>[^"\s]*)"?$', re.MULTILINE)
-_INSTALLER_VERSION = re.compile(r"nvidia-installer:\s+version\s+(\S+)")
-
-
-@dataclass(frozen=True)
-class HeaderIdentity:
-    """What the .run's shell header names: its label's arch and version, its version line."""
-
-    label_arch: str | None
-    label_version: str | None
-    version_line: str | None
-
-
-def header_identity(runfile: Path) -> HeaderIdentity:
-    with runfile.open("rb") as handle:
-        head = handle.read(HEADER_BYTES)
-    label = _LABEL_LINE.search(head)
-    version = _VERSION_LINE.search(head)
-    return HeaderIdentity(
-        label.group("arch").decode("ascii", "replace") if label else None,
-        label.group("version").decode("ascii", "replace") if label else None,
-        version.group("version").decode("ascii", "replace") if version else None,
-    )
-
-
-def version_string_argv(runfile: Path) -> list[str]:
-    return ["sh", str(runfile), "--version-string"]
-
-
-def archive_problems(header: HeaderIdentity, version_string: str, version: str,
-                     arch: str) -> list[str]:
-    """How the archive's own words differ from the planned version and arch (empty: none)."""
-    problems = []
-    if version_string != version:
-        problems.append(f"--version-string prints {version_string or 'nothing'!r}")
-    if header.label_version is None:
-        problems.append("its header has no NVIDIA driver label")
-    else:
-        if header.label_version != version:
-            problems.append(f"its label names version {header.label_version}")
-        if header.label_arch != arch:
-            problems.append(f"its label names architecture {header.label_arch}")
-    if header.version_line is not None and header.version_line != version:
-        problems.append(f"its header's version line says {header.version_line}")
-    return problems
-
-
-def tree_problems(directory: Path, installer_says: str, version: str) -> list[str]:
-    """How an extracted tree differs from `version` (empty: none)."""
-    problems = []
-    found = _INSTALLER_VERSION.search(installer_says)
-    if found is None or found.group(1) != version:
-        said = found.group(1) if found else "no version"
-        problems.append(f"its nvidia-installer --version says {said}")
-    if not (directory / f"libnvidia-ml.so.{version}").is_file():
-        problems.append(f"it has no libnvidia-ml.so.{version}")
-    return problems
-
-
-def module_version_matches(ko: Path, version: str) -> bool:
-    """The module's .modinfo names `version` (MODULE_VERSION), read without running modinfo."""
-    try:
-        with ko.open("rb") as handle, mmap.mmap(handle.fileno(), 0,
-                                                access=mmap.ACCESS_READ) as data:
-            return data.find(b"\0version=" + version.encode() + b"\0") >= 0
-    except (OSError, ValueError):
-        return False
-
-
-def module_type_args(version: str, flavour: str) -> list[str]:
-    """`-M` exists from R560 on; older installers spell it `-m=kernel-open|kernel`."""
-    if int(version.split(".")[0]) >= 560:
-        return [f"--kernel-module-type={flavour}"]
-    return ["-m=kernel-open" if flavour == "open" else "-m=kernel"]
-
-
-@dataclass(frozen=True)
-class BuildRequest:
-    extracted: Path
-    version: str
-    kernel: str
-    flavour: str
-    kernel_source: str
-    kernel_output: str
-    install_path: Path
-    log_file: Path
-    tmpdir: Path
-    signing_key: Path | None = None
-    signing_cert: Path | None = None
-    jobs: int = 0
-
-
-def build_modules_argv(req: BuildRequest) -> list[str]:
-    """Build and install only the kernel modules into `install_path` (no load, no depmod)."""
-    jobs = req.jobs or min(os.cpu_count() or 1, 32)
-    argv = [
-        str(req.extracted / "nvidia-installer"),
-        "--silent",
-        "--accept-license",
-        "--kernel-modules-only",
-        f"--kernel-name={req.kernel}",
-        # Both paths, always: nvidia-installer takes a given source path as the output path
-        # too, which is wrong for Debian's split headers (-common and -amd64).
-        f"--kernel-source-path={req.kernel_source}",
-        f"--kernel-output-path={req.kernel_output}",
-        f"--kernel-install-path={req.install_path}",
-        *module_type_args(req.version, req.flavour),
-        "--no-drm",
-        "--skip-module-load",
-        "--skip-depmod",
-        "--no-nouveau-check",
-        "--no-rebuild-initramfs",
-        # Whether this pass writes the GSP firmware is undocumented: never into the image's
-        # own /lib/firmware (the firmware reaches the host from the extracted tree).
-        f"--override-file-type-destination=FIRMWARE:{req.tmpdir}/firmware-of-module-pass",
-        f"--concurrency-level={jobs}",
-        f"--log-file-name={req.log_file}",
-        f"--tmpdir={req.tmpdir}",
-    ]
-    if req.signing_key and req.signing_cert:
-        argv += [
-            f"--module-signing-secret-key={req.signing_key}",
-            f"--module-signing-public-key={req.signing_cert}",
-        ]
-    return argv
-
-
-def install_userspace_argv(
-    extracted: Path, prefix: Path, log_file: Path, tmpdir: Path
-) -> list[str]:
-    """Install the user-space files under `prefix` only: every destination flag is given."""
-    return [
-        str(extracted / "nvidia-installer"),
-        "--silent",
-        "--accept-license",
-        "--no-kernel-modules",
-        f"--utility-prefix={prefix}",
-        "--utility-libdir=lib64",
-        f"--opengl-prefix={prefix}",
-        "--opengl-libdir=lib64",
-        f"--x-prefix={prefix}",
-        f"--x-module-path={prefix}/lib64/xorg/modules",
-        f"--x-library-path={prefix}/lib64",
-        f"--documentation-prefix={prefix}",
-        f"--override-file-type-destination=FIRMWARE:{prefix}/firmware",
-        "--no-install-compat32-libs",
-        "--no-install-libglvnd",
-        "--no-rpms",
-        "--no-backup",
-        "--no-check-for-alternate-installs",
-        "--no-distro-scripts",
-        "--no-systemd",
-        "--no-rebuild-initramfs",
-        "--no-nouveau-check",
-        f"--log-file-name={log_file}",
-        f"--tmpdir={tmpdir}",
-    ]
-
-
-
-
-# --- steps -----------------------------------------------------------------------------------
 
 
 def runfile_steps(ctx: Context) -> list[Step]:

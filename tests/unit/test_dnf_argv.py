@@ -10,6 +10,7 @@ from hosttrees import make_host
 from installer.host import Distro
 from installer.hostroot import HostRoot
 from installer.sources import dnf_commands as cmd
+from installer.sources import dnf_repos
 
 EL9 = Distro("rocky", "9.4", 9, "rhel", "Rocky Linux 9.4 (Blue Onyx)")
 EL8 = Distro("rocky", "8.9", 8, "rhel", "Rocky Linux 8.9 (Green Obsidian)")
@@ -198,33 +199,33 @@ def test_nvidia_repo_is_recognised_by_file_or_url(tmp_path: Path) -> None:
     repos = tmp_path / "etc/yum.repos.d"
     repos.mkdir(parents=True)
     (repos / "rocky.repo").write_text("[baseos]\nmirrorlist=https://mirrors.rockylinux.org/x\n")
-    assert cmd.nvidia_repo(root) is None
+    assert dnf_repos.nvidia_repo(root) is None
     (repos / "mirror.repo").write_text(
         "[cuda]\nbaseurl=https://mirror.example/compute/cuda/repos/rhel9/x86_64\nenabled=0\n"
     )
-    assert cmd.nvidia_repo(root) is None  # disabled
+    assert dnf_repos.nvidia_repo(root) is None  # disabled
     (repos / "mirror.repo").write_text(
         "[cuda]\nbaseurl=https://user:pw@mirror.example/compute/cuda/repos/rhel9/x86_64\n"
     )
-    found = cmd.nvidia_repo(root)
+    found = dnf_repos.nvidia_repo(root)
     assert found is not None and found.repo_id == "cuda"
-    assert "pw" not in cmd.repos_tried(root)
-    assert "cuda (https://***@mirror.example" in cmd.repos_tried(root)
+    assert "pw" not in dnf_repos.repos_tried(root)
+    assert "cuda (https://***@mirror.example" in dnf_repos.repos_tried(root)
 
 
 def test_repo_file_name_and_check() -> None:
     url = "https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64/cuda-rhel9.repo"
-    assert cmd.repo_file_name(url, 9) == "cuda-rhel9.repo"
-    assert cmd.repo_file_name("http://127.0.0.1:8080/get?repo=x", 8) == "cuda-rhel8.repo"
-    assert cmd.check_repo_file("[a]\nbaseurl=file:///r\n[b]\nname=b\n") == ["a"]
+    assert dnf_repos.repo_file_name(url, 9) == "cuda-rhel9.repo"
+    assert dnf_repos.repo_file_name("http://127.0.0.1:8080/get?repo=x", 8) == "cuda-rhel8.repo"
+    assert dnf_repos.check_repo_file("[a]\nbaseurl=file:///r\n[b]\nname=b\n") == ["a"]
     with pytest.raises(ValueError):
-        cmd.check_repo_file("<html>404</html>")
+        dnf_repos.check_repo_file("<html>404</html>")
     with pytest.raises(ValueError):
-        cmd.check_repo_file("[a]\nname=no url\n")
+        dnf_repos.check_repo_file("[a]\nname=no url\n")
 
 
 def test_nvidia_repo_url_is_per_major() -> None:
-    assert cmd.NVIDIA_REPO_URL.format(major=8, arch="x86_64") == (
+    assert dnf_repos.NVIDIA_REPO_URL.format(major=8, arch="x86_64") == (
         "https://developer.download.nvidia.com/compute/cuda/repos/rhel8/x86_64/cuda-rhel8.repo"
     )
 

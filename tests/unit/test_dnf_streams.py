@@ -16,7 +16,7 @@ from installer import pipeline
 from installer.errors import ModuleBuildFailed, ModuleMetadataMissing, RepoUnavailable
 from installer.host import Distro
 from installer.runner import Result
-from installer.sources import dnf, dnf_metadata
+from installer.sources import dnf_metadata, dnf_plan
 from installer.sources.dnf_commands import dnf_target
 
 ROCKY9 = Distro("rocky", "9.4", 9, "rhel", "Rocky Linux 9.4")
@@ -32,7 +32,7 @@ def test_metadata_lists_versions_and_packages_per_stream() -> None:
 
 def test_precompiled_is_preferred_for_a_kernel_nvidia_built_for() -> None:
     dt = dnf_target(ROCKY9, "branch", "580", V580B, 580, "proprietary")
-    choice = dnf.choose(dt, KERNEL, STREAMS)
+    choice = dnf_plan.choose(dt, KERNEL, STREAMS)
     assert (choice.stream, choice.version, choice.precompiled) == ("580", V580B, True)
     assert choice.kmod == "kmod-nvidia-580.126.20-6.1.0-56"
 
@@ -50,7 +50,7 @@ def test_dkms_otherwise(
     kind: str, value: str, flavour: str, kernel: str, stream: str, version: str
 ) -> None:
     dt = dnf_target(ROCKY9, kind, value, value if kind == "exact" else "610.43.02", 580, flavour)
-    choice = dnf.choose(dt, kernel, STREAMS)
+    choice = dnf_plan.choose(dt, kernel, STREAMS)
     assert (choice.stream, choice.version, choice.precompiled) == (stream, version, False)
     assert choice.reason.startswith(f"DKMS stream {stream}: ")
 
@@ -58,7 +58,7 @@ def test_dkms_otherwise(
 def test_a_pin_the_repo_lacks_is_module_metadata_missing() -> None:
     dt = dnf_target(ROCKY9, "exact", "580.1.2", "580.1.2", 580, "proprietary")
     with pytest.raises(ModuleMetadataMissing) as info:
-        dnf.choose(dt, KERNEL, STREAMS)
+        dnf_plan.choose(dt, KERNEL, STREAMS)
     assert "580.1.2" in info.value.message and info.value.exit_code == 53
 
 

@@ -4,7 +4,7 @@ from pathlib import Path, PurePosixPath
 
 from installer.config import from_env
 from installer.prefetch import download_urls
-from installer.sources.runfile import (
+from installer.sources.runfile_argv import (
     BuildRequest,
     build_modules_argv,
     extract_argv,

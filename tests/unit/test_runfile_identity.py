@@ -9,9 +9,9 @@ from hosttrees import make_host, root_env
 
 from installer import planner
 from installer.config import from_env
-from installer.sources.runfile import (
+from installer.sources.runfile import copy_firmware
+from installer.sources.runfile_identity import (
     archive_problems,
-    copy_firmware,
     header_identity,
     module_version_matches,
     tree_problems,

@@ -14,7 +14,7 @@ from fakes import FakeRunner
 from hosttrees import make_host, module_line, root_env, write_driver_version, write_proc_modules
 from test_steps import context
 
-from installer import components, gate_steps, planner, readiness
+from installer import components, gate_steps, planner, readiness, sources
 from installer.cluster import gate
 from installer.components import supervisor
 from installer.config import build_config, from_env
@@ -102,7 +102,9 @@ def test_dnf_closes_the_gate_before_its_packages_replace_a_working_driver(
     _loaded(tmp_path, "570.195.03")
     _ready(ctx.root, "570.195.03")
     assert gate_steps.close_step(ctx).is_satisfied()  # runfile: staged first, closed at unload
-    ctx.target.source = "dnf"
+    dnf = sources.named("dnf")  # the planner copies the source's traits into the target
+    ctx.target.source = dnf.name
+    ctx.target.replaces_user_space_before_unload = dnf.replaces_user_space_before_unload
     assert not gate_steps.close_step(ctx).is_satisfied()
     _loaded(tmp_path, "580.105.08")
     _ready(ctx.root, "580.105.08")

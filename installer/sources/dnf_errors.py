@@ -1,0 +1,82 @@
+"""What a failed dnf command means: the repo down, a package or version no repo has, dkms
+missing; each as the installer's error with what to do."""
+
+from __future__ import annotations
+
+import re
+
+from installer.errors import (
+    CommandFailed,
+    DkmsUnavailable,
+    InstallerError,
+    KernelHeadersMissing,
+    PackageManagerFailed,
+    RepoUnavailable,
+)
+from installer.plan import Context
+from installer.sources import dnf_commands as cmd
+from installer.sources import dnf_repos as repos
+from installer.sources.dnf_commands import Choice
+
+REPO_DOWN = (
+    "Failed to download metadata for repo",
+    "Cannot download repomd.xml",
+    "Cannot prepare internal mirrorlist",
+    "Curl error",
+)
+NO_MATCH = "No match for argument"
+_NO_DKMS = re.compile(r"nothing provides (?:\S+ )?dkms\b|No match for argument: dkms\b")
+
+
+def kernel_error(ctx: Context, kernel: str, exc: CommandFailed) -> Exception:
+    output = exc.output_tail
+    if any(marker in output for marker in REPO_DOWN):
+        return repo_down(ctx, output)
+    if NO_MATCH in output:
+        missing = [p for p in cmd.kernel_packages(kernel) if p in output] or cmd.kernel_packages(
+            kernel
+        )
+        return KernelHeadersMissing(
+            f"{' and '.join(missing)} for kernel {kernel} is in none of the host's repos "
+            f"(tried: {repos.repos_tried(ctx.root)})",
+            hint=f"DKMS needs kernel-devel for exactly the running kernel {kernel}: enable the "
+            "repo that has it (for an older minor release, the vault or the matching "
+            "--releasever), or boot a kernel whose kernel-devel is available.",
+        )
+    return transaction_failed(f"installing {', '.join(cmd.kernel_packages(kernel))}", output)
+
+
+def repo_down(ctx: Context, output: str) -> RepoUnavailable:
+    line = next((ln for ln in output.splitlines() if any(m in ln for m in REPO_DOWN)), "")
+    return RepoUnavailable(
+        f"dnf cannot reach a repo: {line.strip() or 'metadata download failed'} "
+        f"(repos: {repos.repos_tried(ctx.root)})",
+    )
+
+
+def transaction_failed(what: str, output: str) -> PackageManagerFailed:
+    return PackageManagerFailed(f"{what} failed; dnf said:\n{output.strip()}")
+
+
+def install_error(ctx: Context, choice: Choice, output: str) -> InstallerError:
+    if any(marker in output for marker in REPO_DOWN):
+        return repo_down(ctx, output)
+    if _NO_DKMS.search(output):
+        return DkmsUnavailable(
+            f"{choice.kmod} requires dkms, which none of the host's repos provides "
+            f"({repos.repos_tried(ctx.root)}); dkms comes from EPEL"
+        )
+    kernel = ctx.target.kernel
+    missing = [p for p in cmd.kernel_packages(kernel) if f"{NO_MATCH}: {p}" in output]
+    if missing:
+        return KernelHeadersMissing(
+            f"{' and '.join(missing)} for kernel {kernel} is in none of the host's repos "
+            f"(tried: {repos.repos_tried(ctx.root)})",
+            hint=f"DKMS needs kernel-devel for exactly the kernel {kernel}: enable the repo that "
+            "has it (for an older minor release, the vault or the matching --releasever), boot "
+            "a kernel whose kernel-devel is available, or use a precompiled stream; the host's "
+            "packages were left as they were.",
+        )
+    return transaction_failed(
+        f"the dnf transaction for {choice.version} of stream {cmd.MODULE}:{choice.stream}", output
+    )

@@ -1,0 +1,91 @@
+"""What a .run, its extracted tree and a built module say they are
+(reference/nvidia-runfile.md): the header's label and version line, nvidia-installer's version,
+the tree's marker, a module's MODULE_VERSION."""
+
+from __future__ import annotations
+
+import mmap
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+EXTRACTED_MARKER = ".extracted"
+
+
+def is_extracted(directory: Path, version: str) -> bool:
+    """A whole tree of `version`: its marker names the version and so do its own files."""
+    marker = directory / EXTRACTED_MARKER
+    return (
+        (directory / "nvidia-installer").is_file()
+        and marker.is_file()
+        and marker.read_text() == version + "\n"
+        and (directory / f"libnvidia-ml.so.{version}").is_file()
+    )
+
+
+HEADER_BYTES = 64 << 10
+_LABEL_LINE = re.compile(rb'^label="[^"\n]*Linux-(?P<arch>[A-Za-z0-9_]+) (?P<version>[^"\s]+)"$',
+                         re.MULTILINE)
+_VERSION_LINE = re.compile(rb'^version="?(?P<version>[^"\s]*)"?$', re.MULTILINE)
+_INSTALLER_VERSION = re.compile(r"nvidia-installer:\s+version\s+(\S+)")
+
+
+@dataclass(frozen=True)
+class HeaderIdentity:
+    """What the .run's shell header names: its label's arch and version, its version line."""
+
+    label_arch: str | None
+    label_version: str | None
+    version_line: str | None
+
+
+def header_identity(runfile: Path) -> HeaderIdentity:
+    with runfile.open("rb") as handle:
+        head = handle.read(HEADER_BYTES)
+    label = _LABEL_LINE.search(head)
+    version = _VERSION_LINE.search(head)
+    return HeaderIdentity(
+        label.group("arch").decode("ascii", "replace") if label else None,
+        label.group("version").decode("ascii", "replace") if label else None,
+        version.group("version").decode("ascii", "replace") if version else None,
+    )
+
+
+def archive_problems(header: HeaderIdentity, version_string: str, version: str,
+                     arch: str) -> list[str]:
+    """How the archive's own words differ from the planned version and arch (empty: none)."""
+    problems = []
+    if version_string != version:
+        problems.append(f"--version-string prints {version_string or 'nothing'!r}")
+    if header.label_version is None:
+        problems.append("its header has no NVIDIA driver label")
+    else:
+        if header.label_version != version:
+            problems.append(f"its label names version {header.label_version}")
+        if header.label_arch != arch:
+            problems.append(f"its label names architecture {header.label_arch}")
+    if header.version_line is not None and header.version_line != version:
+        problems.append(f"its header's version line says {header.version_line}")
+    return problems
+
+
+def tree_problems(directory: Path, installer_says: str, version: str) -> list[str]:
+    """How an extracted tree differs from `version` (empty: none)."""
+    problems = []
+    found = _INSTALLER_VERSION.search(installer_says)
+    if found is None or found.group(1) != version:
+        said = found.group(1) if found else "no version"
+        problems.append(f"its nvidia-installer --version says {said}")
+    if not (directory / f"libnvidia-ml.so.{version}").is_file():
+        problems.append(f"it has no libnvidia-ml.so.{version}")
+    return problems
+
+
+def module_version_matches(ko: Path, version: str) -> bool:
+    """The module's .modinfo names `version` (MODULE_VERSION), read without running modinfo."""
+    try:
+        with ko.open("rb") as handle, mmap.mmap(handle.fileno(), 0,
+                                                access=mmap.ACCESS_READ) as data:
+            return data.find(b"\0version=" + version.encode() + b"\0") >= 0
+    except (OSError, ValueError):
+        return False
