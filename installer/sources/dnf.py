@@ -67,10 +67,13 @@ def repo_url(config: Config, distro: Distro, arch: str) -> str:
 
 
 def target_of(ctx: Context) -> DnfTarget:
+    from installer.components import fabricmanager  # issue 21: NVSwitch nodes
+
     request = versions.parse_request(ctx.config.version)
     t = ctx.target
     return cmd.dnf_target(
-        ctx.facts.distro, request.kind, request.value, t.version, t.branch, t.flavour
+        ctx.facts.distro, request.kind, request.value, t.version, t.branch, t.flavour,
+        fabric=fabricmanager.applies(ctx),
     )
 
 
@@ -80,7 +83,8 @@ def target_of(ctx: Context) -> DnfTarget:
 def dnf_steps(ctx: Context) -> list[Step]:
     """add-dnf-repo, [enable-epel], install-driver-packages (EL8/9: one transaction with
     kernel-devel, then DKMS for the target kernel), or on EL10 install-kernel-devel,
-    install-driver-packages, lock-driver-version; then populate-install-dir. When the driver
+    install-driver-packages, lock-driver-version; then populate-install-dir (and on NVSwitch
+    nodes install-fabricmanager from the fm profile's package). When the driver
     is to be loaded, check-driver-free comes right before the packages change."""
     dt = target_of(ctx)
     plan = [repo_step(ctx)]
@@ -95,6 +99,10 @@ def dnf_steps(ctx: Context) -> list[Step]:
     if dt.stream is None:
         plan.append(versionlock_step(ctx, dt))
     plan.append(populate_step(ctx, dt))
+    if dt.fabric:  # issue 21: Fabric Manager came with the fm profile
+        from installer.sources import dnf_fabricmanager
+
+        plan.append(dnf_fabricmanager.install_step(ctx))
     return plan
 
 
@@ -386,7 +394,9 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
             return None
         if state.stream not in (dt.stream, dt.precompiled_stream):
             return None
-        found = cmd.installed_versions(root, runner, [*dt.userspace, dt.kmod, dt.other_kmod])
+        fm = list(cmd.FM_PACKAGES) if dt.fabric else []
+        found = cmd.installed_versions(
+            root, runner, [*dt.userspace, dt.kmod, dt.other_kmod, *fm])
         if dt.other_kmod in found or not set(dt.userspace) <= set(found):
             return None
         versions_found = {found[n] for n in dt.userspace}
@@ -394,6 +404,8 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
             return None
         version = versions_found.pop()
         if dt.pinned and version != dt.pinned:
+            return None
+        if any(found.get(name) != version for name in dt.fabricmanager(version)):
             return None
         if state.stream == dt.precompiled_stream:
             kmod = cmd.precompiled_kmod(version, kernel)
@@ -456,13 +468,14 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
             if done > first:
                 _undo(ctx, dt.dkms_name, done, before.get(dt.kmod), old_stream)
             raise
-        log.info("dnf: the host has %s %s (%s)", ", ".join(dt.userspace), choice.version,
-                 choice.kmod)
+        log.info("dnf: the host has %s %s (%s)", ", ".join(
+            [*dt.userspace, *dt.fabricmanager(choice.version)]), choice.version, choice.kmod)
 
     return Step(
         "install-driver-packages",
         f"one dnf transaction from stream {cmd.MODULE}:{streams_named}"
         + (f" pinned to {dt.pinned}" if dt.pinned else "")
+        + (f", profile {dt.profile} (Fabric Manager of the same version)" if dt.fabric else "")
         + "; DKMS streams with kernel-devel, then DKMS for the target kernel",
         satisfied,
         apply,
