@@ -295,6 +295,12 @@ class Config:
         "Comma-separated base URLs of NVIDIA's driver redist tree, tried in order (mirrors "
         "first): each holds redistrib_<version>.json and the fabricmanager archive it names.",
     )
+    persistenced: bool = setting(
+        "NVIDIA_INSTALLER_PERSISTENCED", "true", parse.switch,
+        "true: run the installed nvidia-persistenced with persistence mode on (`installer "
+        "persistenced`); false: the host manages persistence (its own nvidia-persistenced): the "
+        "container idles as not-applicable and the scheduling gate does not wait for it.",
+    )
     daemon_restarts: int = setting(
         "NVIDIA_INSTALLER_DAEMON_RESTARTS", "5", parse.count,
         "How often `installer fabricmanager` / `installer persistenced` restart a daemon that "

@@ -33,7 +33,15 @@ DAEMONS = ("nv-fabricmanager", "nvidia-persistenced")
 def decisions(ctx: Context) -> list[Decision]:
     from installer.components import fabricmanager
 
-    return [fabricmanager.decision(ctx)]
+    return [fabricmanager.decision(ctx), persistence_decision(ctx.config)]
+
+
+def persistence_decision(config: Config) -> Decision:
+    if not config.persistenced:
+        return Decision("persistenced", "off", "NVIDIA_INSTALLER_PERSISTENCED=false: the host "
+                        "manages persistence; the persistenced container idles (not-applicable)")
+    return Decision("persistenced", "on", "the persistenced container runs this version's "
+                    "nvidia-persistenced --persistence-mode (`installer persistenced`)")
 
 
 def steps(ctx: Context) -> list[Step]:

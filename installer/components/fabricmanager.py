@@ -59,10 +59,19 @@ def decision(ctx: Context) -> Decision:
     if not fabric.needed:
         return Decision("fabric-manager", "not applicable", fabric.reason)
     t = ctx.target
+    if t.packages_own_user_space and ctx.facts.distro.major < 10:
+        return Decision("fabric-manager", "the stream's fm profile", f"{fabric.reason}: CUDA "
+                        "needs Fabric Manager of exactly the driver's version; the driver's dnf "
+                        "transaction installs profile nvidia-driver:<stream>/fm with NVIDIA's "
+                        "Fabric Manager package of the same version pinned, its files go into "
+                        "versions/<ver>/; it runs in the fabricmanager container "
+                        "(`installer fabricmanager`)")
     if t.packages_own_user_space:
         return Decision("fabric-manager", "not installed by the installer", f"{fabric.reason}; "
-                        f"the {t.source} source does not install it yet: run the host's "
-                        "nvidia-fabricmanager service of the same version")
+                        f"the {t.source} source on {ctx.facts.distro.id} "
+                        f"{ctx.facts.distro.version_id} does not install it (no module "
+                        "profiles): run the host's nvidia-fabricmanager service of the same "
+                        "version")
     name = fm_archive.archive_name(t.version, ctx.facts.arch)
     return Decision("fabric-manager", name, f"{fabric.reason}: CUDA needs Fabric Manager of "
                     f"exactly {t.version}; from redistrib_{t.version}.json at "
@@ -71,6 +80,7 @@ def decision(ctx: Context) -> Decision:
 
 
 def steps(ctx: Context) -> list[Step]:
+    """The runfile source's; the dnf source's come with its packages (sources/dnf.py)."""
     if not applies(ctx) or ctx.target.packages_own_user_space:
         return []
     return [fetch_step(ctx), install_step(ctx)]

@@ -35,6 +35,7 @@ DAEMON = "nvidia-persistenced"
 # there so the socket is the node's.
 RUN_DIR = Path("/var/run/nvidia-persistenced")
 PR_SET_CHILD_SUBREAPER = 36
+OFF = "NVIDIA_INSTALLER_PERSISTENCED=false (the host manages persistence)"
 
 
 def argv(binary: Path) -> list[str]:
@@ -111,6 +112,8 @@ class PersistencedDaemon:
         self.output: collections.deque[str] = collections.deque(maxlen=20)
 
     def plan(self, driver: Driver) -> Union[Idle, Callable[[], Running]]:
+        if not self.config.persistenced:
+            return Idle(OFF)
         if not host.nvidia_gpus(self.root):
             return Idle("no NVIDIA GPU in /sys/bus/pci/devices")
         binary = self.layout.version_dir(driver.version) / "bin" / DAEMON

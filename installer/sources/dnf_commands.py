@@ -17,6 +17,13 @@ from installer.sources.dnf_repos import REPOS_DIR
 
 MODULE = "nvidia-driver"
 PROFILE = "default"
+# The profile that adds Fabric Manager (NVIDIA's yum-packaging-fabric-manager: "The NvSwitch
+# modularity profile (fm) installs all of the NVIDIA driver packages, as well as Fabric Manager").
+FM_PROFILE = "fm"
+# NVIDIA's Fabric Manager package: Version is the driver's (no epoch, release 1); named
+# nvidia-fabric-manager up to the 575 branch and nvidia-fabricmanager from 580 on.
+FM_PACKAGES = ("nvidia-fabric-manager", "nvidia-fabricmanager")
+FM_RENAMED_BRANCH = 580
 KMOD = {"proprietary": "kmod-nvidia-latest-dkms", "open": "kmod-nvidia-open-dkms"}
 # The module name each -dkms kmod registers with DKMS (NVIDIA's dkms-nvidia.spec and
 # dkms-open-nvidia.spec): /usr/src/<name>-<v>/, `dkms ... -m <name>`, /var/lib/dkms/<name>/.
@@ -53,6 +60,16 @@ class DnfTarget:
     packages: tuple[str, ...]
     # NVIDIA's precompiled stream for the same request (`latest`, `<branch>`); proprietary only.
     precompiled_stream: str | None = None
+    # An NVSwitch node: the stream's `fm` profile, Fabric Manager of the driver's version too.
+    fabric: bool = False
+
+    @property
+    def profile(self) -> str:
+        return FM_PROFILE if self.fabric else PROFILE
+
+    def fabricmanager(self, version: str) -> list[str]:
+        """The Fabric Manager package of `version` when the target includes it."""
+        return [fabricmanager_package(version)] if self.fabric else []
 
     @property
     def userspace(self) -> tuple[str, ...]:
@@ -80,6 +97,11 @@ class DnfTarget:
         return list(self.packages)
 
 
+def fabricmanager_package(version: str) -> str:
+    branch = int(version.split(".", 1)[0])
+    return FM_PACKAGES[1] if branch >= FM_RENAMED_BRANCH else FM_PACKAGES[0]
+
+
 def stream_name(request_kind: str, request_value: str, branch: int, flavour: str) -> str:
     """`latest` asks for the newest driver: latest-dkms / open-dkms. A branch, an exact version
     or a GPU-aware alias (auto, lts, production: they chose a branch) use that branch's stream,
@@ -90,8 +112,11 @@ def stream_name(request_kind: str, request_value: str, branch: int, flavour: str
 
 
 def dnf_target(
-    distro: Distro, request_kind: str, request_value: str, version: str, branch: int, flavour: str
+    distro: Distro, request_kind: str, request_value: str, version: str, branch: int, flavour: str,
+    *, fabric: bool = False,
 ) -> DnfTarget:
+    """`fabric`: an NVSwitch node whose Fabric Manager the installer runs (EL8/9 only: EL10
+    has no module profiles)."""
     names: tuple[str, ...] = (*USERSPACE, KMOD[flavour])
     if distro.major >= 10:
         if flavour == "open":
@@ -110,7 +135,7 @@ def dnf_target(
         latest = request_kind == "alias" and request_value == "latest"
         precompiled = "latest" if latest else str(branch)
     pinned = version if request_kind == "exact" else None
-    return DnfTarget(stream, flavour, branch, pinned, names, precompiled)
+    return DnfTarget(stream, flavour, branch, pinned, names, precompiled, fabric)
 
 
 def precompiled_kmod(version: str, kernel: str) -> str:
@@ -187,7 +212,7 @@ def transaction_argv(
     if target.stream is None:
         extra = [VERSIONLOCK_PLUGIN] if with_versionlock else []
         return [*base, "install", "--allowerasing", *target.specs(), *extra]
-    spec = f"{MODULE}:{target.stream}/{PROFILE}"
+    spec = f"{MODULE}:{target.stream}/{target.profile}"
     if target.pinned is None:
         return [*base, "module", "switch-to", "--allowerasing", spec]
     return [
@@ -197,14 +222,16 @@ def transaction_argv(
         "--setopt=module_stream_switch=True",
         f"@{spec}",
         *target.specs(),
+        *(f"{name}-{target.pinned}" for name in target.fabricmanager(target.pinned)),
     ]
 
 
 def install_argv(
     base: list[str], target: DnfTarget, choice: Choice, kernel: str
 ) -> list[str]:
-    """One transaction: the stream's profile with the chosen version pinned, the kmod, and for
-    DKMS kernel-devel/kernel-headers of the target kernel, so either all of it lands or none.
+    """One transaction: the stream's profile (`fm` on NVSwitch nodes, with Fabric Manager of
+    the chosen version pinned too) with the chosen version pinned, the kmod, and for DKMS
+    kernel-devel/kernel-headers of the target kernel, so either all of it lands or none.
     `module_stream_switch` and `--allowerasing` let it replace another stream's packages."""
     extra = [] if choice.precompiled else kernel_packages(kernel)
     return [
@@ -212,8 +239,9 @@ def install_argv(
         "install",
         "--allowerasing",
         "--setopt=module_stream_switch=True",
-        f"@{MODULE}:{choice.stream}/{PROFILE}",
+        f"@{MODULE}:{choice.stream}/{target.profile}",
         *choice.specs(target.userspace),
+        *(f"{name}-{choice.version}" for name in target.fabricmanager(choice.version)),
         *extra,
     ]
 

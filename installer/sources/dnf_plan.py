@@ -34,10 +34,13 @@ def repo_url(config: Config, distro: Distro, arch: str) -> str:
 
 
 def target_of(ctx: Context) -> DnfTarget:
+    from installer.components import fabricmanager  # issue 21: NVSwitch nodes
+
     request = versions.parse_request(ctx.config.version)
     t = ctx.target
     return cmd.dnf_target(
-        ctx.facts.distro, request.kind, request.value, t.version, t.branch, t.flavour
+        ctx.facts.distro, request.kind, request.value, t.version, t.branch, t.flavour,
+        fabric=fabricmanager.applies(ctx),
     )
 
 

@@ -107,7 +107,9 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
             return None
         if state.stream not in (dt.stream, dt.precompiled_stream):
             return None
-        found = cmd.installed_versions(root, runner, [*dt.userspace, dt.kmod, dt.other_kmod])
+        fm = list(cmd.FM_PACKAGES) if dt.fabric else []
+        found = cmd.installed_versions(
+            root, runner, [*dt.userspace, dt.kmod, dt.other_kmod, *fm])
         if dt.other_kmod in found or not set(dt.userspace) <= set(found):
             return None
         versions_found = {found[n] for n in dt.userspace}
@@ -115,6 +117,8 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
             return None
         version = versions_found.pop()
         if dt.pinned and version != dt.pinned:
+            return None
+        if any(found.get(name) != version for name in dt.fabricmanager(version)):
             return None
         if state.stream == dt.precompiled_stream:
             kmod = cmd.precompiled_kmod(version, kernel)
@@ -177,13 +181,15 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
             if done > first:
                 _undo(ctx, dt.dkms_name, done, before.get(dt.kmod), old_stream)
             raise
-        log.info("dnf: the host has %s %s (%s)", ", ".join(dt.userspace), choice.version,
+        log.info("dnf: the host has %s %s (%s)", ", ".join(
+            [*dt.userspace, *dt.fabricmanager(choice.version)]), choice.version,
                  choice.kmod)
 
     return Step(
         "install-driver-packages",
         f"one dnf transaction from stream {cmd.MODULE}:{streams_named}"
         + (f" pinned to {dt.pinned}" if dt.pinned else "")
+        + (f", profile {dt.profile} (Fabric Manager of the same version)" if dt.fabric else "")
         + "; DKMS streams with kernel-devel, then DKMS for the target kernel",
         satisfied,
         apply,

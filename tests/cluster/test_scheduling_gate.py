@@ -48,6 +48,7 @@ from installer import verify as verify_package
 from installer.cluster import gate, protocol
 from installer.components import supervisor
 from installer.components.fabricmanager import FabricManagerDaemon
+from installer.components.persistenced import PersistencedDaemon
 from installer.config import Config, build_config
 from installer.errors import (
     FabricManagerMissing,
@@ -729,6 +730,30 @@ def test_elsewhere_the_idle_fabric_manager_container_lets_the_gate_open(
         stop.set()
         thread.join(5)
         fm.close()
+
+
+def test_with_persistence_left_to_the_host_the_gate_opens_without_our_daemon(
+        env: Gate, serving: Callable[..., None], shipped_components: None) -> None:
+    """NVIDIA_INSTALLER_PERSISTENCED=false (the host runs its own nvidia-persistenced): the
+    persistenced container idles as not-applicable and the gate opens without it."""
+    registered_tainted(env.cluster)
+    env.loaded(NEW)
+    env.ready(NEW)
+    env.component_up("fabricmanager", NEW, "not-applicable")
+    daemon = PersistencedDaemon(env.config(NVIDIA_INSTALLER_PERSISTENCED="false"),
+                                HostRoot(env.root))
+    serving()
+    time.sleep(0.2)
+    assert env.tainted()  # the persistenced container has not said anything yet
+    stop, errors, thread = _supervise(daemon, env)
+    try:
+        wait_for(lambda: "STATE=not-applicable\nREASON=NVIDIA_INSTALLER_PERSISTENCED=false" in (
+            HostRoot(env.root).read_text(readiness.component_file("persistenced")) or ""))
+        wait_for(lambda: not env.tainted())
+        assert env.label() == NEW and not errors
+    finally:
+        stop.set()
+        thread.join(5)
 
 
 def test_an_upgrade_closes_the_gate_then_stops_our_daemons_then_unloads(

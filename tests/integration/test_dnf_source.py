@@ -17,13 +17,13 @@ import socket
 import stat
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 import testinfra
 from hostkit import GCC_LINE, INSTALL_DIR_HOST, RUNNING_KERNEL, installer_env, run_installer
-from hosttrees import make_host
+from hosttrees import CLASS_BRIDGE, add_pci_device, make_host
 from httpfaults import serve_directory
 from kit.rpm import (
     KERNEL,
@@ -38,6 +38,11 @@ from kit.rpm import (
     precompiled_kmod,
     write_repo_file,
 )
+
+from installer.components.fabricmanager import FabricManagerDaemon
+from installer.components.supervisor import Driver
+from installer.config import build_config
+from installer.hostroot import HostRoot
 
 TOOLS = ("dnf", "rpm", "rpmbuild", "createrepo_c", "modifyrepo_c", "makeself", "busybox")
 pytestmark = [
@@ -460,3 +465,66 @@ def test_a_held_driver_is_refused_before_the_packages_change(
     assert "driver packages were left as they were" in result.stderr
     assert stream(root) == "580-dkms"
     assert os.readlink(inst(root) / "current") == f"versions/{V580A}"
+
+
+def test_an_nvswitch_node_gets_fabric_manager_from_the_streams_fm_profile(
+    root: Path, repo_files: dict[str, str]
+) -> None:
+    """HGX H100 on Rocky 9: the driver's one transaction takes profile fm with NVIDIA's Fabric
+    Manager package of the same version; its files land in versions/<ver>/, where `installer
+    fabricmanager` runs them; `dnf module remove --all nvidia-driver` takes it away again."""
+    for address in ("0000:05:00.0", "0000:06:00.0"):  # HGX H100's NVSwitches
+        add_pci_device(root, address, device=0x22A3, klass=CLASS_BRIDGE)
+    env = env_for(root, repo_files["file"], V580A)
+    plan = ok(run_installer(env, "plan"))
+    assert re.search(r"fabric-manager\s*:?\s+the stream's fm profile", plan.stdout), plan.stdout
+    result = ok(run_installer(env, "run"))
+    fm = "nvidia-fabricmanager"  # NVIDIA's name from the 580 branch on
+    assert rpms(root) == sorted([*driver_rpms(V580A), f"{fm}-{V580A}"])
+    assert "profiles=fm" in (root / "etc/dnf/modules.d/nvidia-driver.module").read_text()
+    assert "install-fabricmanager" in result.stderr
+    query = ["rpm", "--root", str(root)]
+    assert subprocess.run([*query, "-q", "--qf", "%{EPOCH}:%{VERSION}-%{RELEASE}", fm],
+                          capture_output=True, text=True, check=True).stdout == (
+        f"(none):{V580A}-1")
+    owned = subprocess.run([*query, "-ql", fm], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert owned == ["/usr/bin/nv-fabricmanager", "/usr/bin/nvswitch-audit",
+                     "/usr/lib/systemd/system/nvidia-fabricmanager.service",
+                     "/usr/share/nvidia/nvswitch/dgx2_hgx2_topology",
+                     "/usr/share/nvidia/nvswitch/dgxa100_hgxa100_topology",
+                     "/usr/share/nvidia/nvswitch/dgxh100_hgxh100_topology",
+                     "/usr/share/nvidia/nvswitch/dgxh800_hgxh800_topology",
+                     "/usr/share/nvidia/nvswitch/fabricmanager.cfg"]
+    version_dir = inst(root) / "versions" / V580A
+    daemon = version_dir / "bin/nv-fabricmanager"
+    assert daemon.read_bytes() == (root / "usr/bin/nv-fabricmanager").read_bytes()
+    said = subprocess.run([str(daemon), "--version"], capture_output=True, text=True).stdout
+    assert f"Fabric Manager version is : {V580A}" in said
+    nvswitch = version_dir / "share/nvidia/nvswitch"
+    assert (nvswitch / ".fabricmanager-version").read_text() == f"{V580A}\n"
+    assert (nvswitch / "fabricmanager.cfg").read_bytes() == (
+        root / "usr/share/nvidia/nvswitch/fabricmanager.cfg").read_bytes()
+    # The fabricmanager container's plan for this driver: the copy in the install dir.
+    config = build_config(env, {})
+    supervised = FabricManagerDaemon(config, HostRoot(root), env={})
+    try:
+        start = supervised.plan(Driver(V580A, PurePosixPath(INSTALL_DIR_HOST)))
+        assert callable(start)
+        rendered = (supervised.work / "fabricmanager.cfg").read_text()
+        assert f"TOPOLOGY_FILE_PATH={nvswitch}" in rendered and "DAEMONIZE=0" in rendered
+    finally:
+        supervised.close()
+    # A second run finds everything in place: no transaction, no copy.
+    again = ok(run_installer(env, "run"))
+    assert "every step was already satisfied" in again.stderr
+    assert "step install-fabricmanager: already satisfied" in again.stderr
+    assert not re.search(r"INFO\s+dnf: ", again.stderr)
+    # What `installer uninstall` tells the operator to run removes it with the driver.
+    subprocess.run(["dnf", f"--installroot={root}", "--releasever=9.4",
+                    f"--setopt=reposdir={root}/etc/yum.repos.d",
+                    f"--setopt=cachedir={inst(root)}/cache/dnf",
+                    "--setopt=module_platform_id=platform:el9", "--disableplugin=local", "-y",
+                    "module", "remove", "--all", "nvidia-driver"],
+                   capture_output=True, text=True, check=True)
+    assert not [name for name in rpms(root) if "fabric" in name or "nvidia-driver" in name]

@@ -28,9 +28,21 @@ from hosttrees import (
 
 from installer import components, planner, steps
 from installer.components import fabricmanager, fm_archive, nvswitch, persistenced, processes
-from installer.components.supervisor import PAUSE_FILE, paused, ready_file, verified_driver
+from installer.components.supervisor import (
+    PAUSE_FILE,
+    Driver,
+    Idle,
+    paused,
+    ready_file,
+    verified_driver,
+)
 from installer.config import from_env
-from installer.errors import ConfigError, FabricManagerMismatch, FabricManagerUnavailable
+from installer.errors import (
+    ConfigError,
+    FabricManagerMismatch,
+    FabricManagerUnavailable,
+    PersistencedFailed,
+)
 from installer.hostroot import HostRoot
 from installer.layout import READY_FILE, Layout
 
@@ -298,3 +310,25 @@ def test_a_pause_lasts_while_its_installer_holds_the_host_lock(tmp_path: Path) -
     # The installer is gone (its lock released): the pause file is stale and removed.
     assert not paused(root, lock)
     assert not root.local(PAUSE_FILE).exists()
+
+
+def test_persistenced_can_be_left_to_the_host(tmp_path: Path) -> None:
+    """NVIDIA_INSTALLER_PERSISTENCED=false: the plan says so, the container idles as
+    not-applicable (so the gate does not wait for it), and the host's own daemon is a holder."""
+    hgx(tmp_path)
+    (on,) = [d for d in plan_for(tmp_path).decisions if d.topic == "persistenced"]
+    assert on.value == "on"
+    plan = plan_for(tmp_path, NVIDIA_INSTALLER_PERSISTENCED="false")
+    (off,) = [d for d in plan.decisions if d.topic == "persistenced"]
+    assert off.value == "off" and "host manages persistence" in off.reason
+    config = from_env(root_env(tmp_path, NVIDIA_INSTALLER_PERSISTENCED="false"))
+    assert config.persistenced is False
+    daemon = persistenced.PersistencedDaemon(config, HostRoot(tmp_path))
+    idle = daemon.plan(Driver(V, PurePosixPath("/var/lib/nvidia")))
+    assert idle == Idle("NVIDIA_INSTALLER_PERSISTENCED=false (the host manages persistence)")
+    # On (the default) with no install of V, it cannot start: what an operator sees today.
+    with pytest.raises(PersistencedFailed, match="has no nvidia-persistenced"):
+        persistenced.PersistencedDaemon(from_env(root_env(tmp_path)), HostRoot(tmp_path)).plan(
+            Driver(V, PurePosixPath("/var/lib/nvidia")))
+    with pytest.raises(ConfigError, match="NVIDIA_INSTALLER_PERSISTENCED='maybe' must be true"):
+        from_env(root_env(tmp_path, NVIDIA_INSTALLER_PERSISTENCED="maybe"))

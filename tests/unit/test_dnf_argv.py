@@ -242,3 +242,36 @@ def test_installed_versions_parses_rpm_and_skips_missing(tmp_path: Path) -> None
     assert cmd.installed_versions(root, runner, ["nvidia-driver", "kmod-nvidia-open-dkms"]) == {
         "nvidia-driver": "580.105.08"
     }
+
+
+def test_an_nvswitch_node_installs_the_streams_fm_profile_with_fabric_manager_pinned() -> None:
+    """NVIDIA's Fabric Manager package: nvidia-fabric-manager up to 575, nvidia-fabricmanager
+    from 580 on; pinned to the driver's version beside the fm profile."""
+    assert cmd.fabricmanager_package("575.57.08") == "nvidia-fabric-manager"
+    assert cmd.fabricmanager_package("580.105.08") == "nvidia-fabricmanager"
+    target = cmd.dnf_target(EL9, "branch", "570", "570.172.08", 570, "proprietary", fabric=True)
+    assert (target.profile, target.fabricmanager("570.172.08")) == (
+        "fm", ["nvidia-fabric-manager"])
+    choice = cmd.Choice("570-dkms", "570.172.08", "kmod-nvidia-latest-dkms", False, "")
+    assert cmd.install_argv(BASE, target, choice, "5.14.0-427.el9.x86_64") == [
+        "dnf", "-y", "install", "--allowerasing", "--setopt=module_stream_switch=True",
+        "@nvidia-driver:570-dkms/fm",
+        "nvidia-driver-570.172.08", "nvidia-driver-cuda-570.172.08",
+        "nvidia-modprobe-570.172.08", "kmod-nvidia-latest-dkms-570.172.08",
+        "nvidia-fabric-manager-570.172.08",
+        "kernel-devel-5.14.0-427.el9.x86_64", "kernel-headers-5.14.0-427.el9.x86_64",
+    ]
+    pinned = cmd.dnf_target(EL9, "exact", "580.105.08", "580.105.08", 580, "open", fabric=True)
+    assert cmd.transaction_argv(BASE, pinned)[5:] == [
+        "@nvidia-driver:580-open/fm", "nvidia-driver-580.105.08",
+        "nvidia-driver-cuda-580.105.08", "nvidia-modprobe-580.105.08",
+        "kmod-nvidia-open-dkms-580.105.08", "nvidia-fabricmanager-580.105.08"]
+    assert cmd.transaction_argv(BASE, cmd.dnf_target(
+        EL9, "branch", "580", "580.126.20", 580, "proprietary", fabric=True))[-1] == (
+        "nvidia-driver:580-dkms/fm")
+    # EL10 has no module profiles: the dnf source leaves Fabric Manager to the host there.
+    el10 = cmd.dnf_target(EL10, "branch", "580", "580.126.20", 580, "open", fabric=True)
+    assert (el10.fabric, el10.fabricmanager("580.126.20")) == (False, [])
+    # Elsewhere, the default profile as before.
+    plain = cmd.dnf_target(EL9, "branch", "580", "580.126.20", 580, "open")
+    assert (plain.profile, plain.fabricmanager("580.126.20")) == ("default", [])

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 from fakes import FakeRunner
-from hosttrees import make_host, root_env
+from hosttrees import CLASS_BRIDGE, add_pci_device, make_host, root_env
 from kit.rpm import DEFAULT_SPEC, RepoSpec, modules_yaml
 
 from installer import pipeline, planner
 from installer.config import from_env
 from installer.errors import (
     ConfigError,
+    FabricManagerMismatch,
     KernelHeadersMissing,
     PackageManagerFailed,
     RepoUnavailable,
@@ -434,3 +435,112 @@ def test_a_stream_the_cached_metadata_lacks_names_no_version(tmp_path: Path) -> 
     assert decision(plan, "dnf-stream")[0] == "unavailable"
     assert decision(plan, "version")[0] == "none"
     assert CATALOG_550 not in "\n".join(s.summary for s in plan.steps)
+
+
+def test_an_nvswitch_node_gets_the_fm_profile_in_the_drivers_one_transaction(
+    tmp_path: Path,
+) -> None:
+    add_repo_file(tmp_path)
+    runner = rpm_answer({})
+    runner.on("dnf", returncode=1, output="Error: stop after the argv\n")
+    makecache_ok(runner)
+    make_host(tmp_path, distro="rocky-9", kernel=KERNEL, gpus=[0x2330, 0x2330])
+    for address in ("0000:05:00.0", "0000:06:00.0"):  # HGX H100's NVSwitches
+        add_pci_device(tmp_path, address, device=0x22A3, klass=CLASS_BRIDGE)
+    config = from_env(root_env(tmp_path, NVIDIA_DRIVER_VERSION="580.105.08",
+                               NVIDIA_KERNEL_MODULE_TYPE="open"))
+    plan = planner.make_plan(config, runner, fetch_bytes=lambda url: b"",
+                             fetch_runfile=lambda *a: tmp_path)
+    value, reason = decision(plan, "fabric-manager")
+    assert value == "the stream's fm profile"
+    assert "nvidia-driver:<stream>/fm" in reason and "2 NVSwitch function(s)" in reason
+    names = [s.name for s in plan.steps]
+    assert names[names.index("install-driver-packages"):names.index("unload-old-driver")] == [
+        "install-driver-packages", "populate-install-dir", "install-fabricmanager"]
+    assert "fetch-fabricmanager" not in names
+    assert "profile fm" in step(plan, "install-driver-packages").summary
+    cache_metadata(tmp_path)
+    with pytest.raises(PackageManagerFailed):
+        pipeline.run_step(step(plan, "install-driver-packages"))
+    install = [a for a in runner.argvs() if a[0] == "dnf" and "install" in a]
+    assert install[0][install[0].index("install"):] == [
+        "install", "--allowerasing", "--setopt=module_stream_switch=True",
+        "@nvidia-driver:580-open/fm",
+        "nvidia-driver-580.105.08", "nvidia-driver-cuda-580.105.08",
+        "nvidia-modprobe-580.105.08", "kmod-nvidia-open-dkms-580.105.08",
+        "nvidia-fabricmanager-580.105.08",
+        f"kernel-devel-{KERNEL}", f"kernel-headers-{KERNEL}"]
+    # NVIDIA_FABRICMANAGER=false: the default profile, nothing of Fabric Manager.
+    config = from_env(root_env(tmp_path, NVIDIA_DRIVER_VERSION="580.105.08",
+                               NVIDIA_FABRICMANAGER="false"))
+    plan = planner.make_plan(config, rpm_answer({}), fetch_bytes=lambda url: b"",
+                             fetch_runfile=lambda *a: tmp_path)
+    assert decision(plan, "fabric-manager")[0] == "off"
+    assert "install-fabricmanager" not in [s.name for s in plan.steps]
+    assert "profile fm" not in step(plan, "install-driver-packages").summary
+
+
+FM_FILES = {  # NVIDIA's Fabric Manager package (yum-packaging-fabric-manager's %files)
+    "/usr/bin/nv-fabricmanager": "#!/bin/sh\n",
+    "/usr/bin/nvswitch-audit": "#!/bin/sh\n",
+    "/usr/lib/systemd/system/nvidia-fabricmanager.service": "[Unit]\n",
+    "/usr/share/nvidia/nvswitch/fabricmanager.cfg": "LOG_LEVEL=4\nDAEMONIZE=1\n",
+    "/usr/share/nvidia/nvswitch/dgxh100_hgxh100_topology": "topology\n",
+    "/usr/share/doc/nvidia-fabricmanager/LICENSE": "license\n",
+}
+
+
+def fm_package_runner(root: Path, installed: dict[str, str], says: str) -> FakeRunner:
+    """rpm -q answers from `installed`, rpm -ql lists FM_FILES, nv-fabricmanager --version
+    says `says`."""
+    runner = rpm_answer(installed)
+    staged = root / "var/lib/nvidia/cache/tmp/fabricmanager/bin/nv-fabricmanager"
+    runner.answers.append(((str(staged),), lambda argv: Result(
+        tuple(argv), 0, f"Fabric Manager version is : {says}\n")))
+    base = rpm_answer({}).answers[0][0]
+    plain = runner.answers[0][1]
+
+    def rpm(argv: Sequence[str]) -> Result:
+        if "-ql" in argv:
+            return Result(tuple(argv), 0, "\n".join(FM_FILES) + "\n")
+        return plain(argv)
+
+    runner.answers.append((base, rpm))
+    return runner
+
+
+def test_fabric_manager_from_the_package_goes_into_the_version_dir(tmp_path: Path) -> None:
+    version = "580.105.08"
+    add_repo_file(tmp_path)
+    make_host(tmp_path, distro="rocky-9", kernel=KERNEL, gpus=[0x2330])
+    add_pci_device(tmp_path, "0000:05:00.0", device=0x22A3, klass=CLASS_BRIDGE)
+    for path, text in FM_FILES.items():
+        (tmp_path / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path.lstrip("/")).write_text(text)
+
+    def install_step(installed: dict[str, str], says: str = version) -> Step:
+        config = from_env(root_env(tmp_path, NVIDIA_DRIVER_VERSION=version))
+        plan = planner.make_plan(config, fm_package_runner(tmp_path, installed, says),
+                                 fetch_bytes=lambda url: b"", fetch_runfile=lambda *a: tmp_path)
+        return step(plan, "install-fabricmanager")
+
+    with pytest.raises(FabricManagerMismatch, match="nvidia-fabricmanager is not installed"):
+        pipeline.run_step(install_step({}))
+    with pytest.raises(FabricManagerMismatch,
+                       match=r"is 580\.126\.20, not the driver's 580\.105\.08"):
+        pipeline.run_step(install_step({"nvidia-fabricmanager": "580.126.20"}))
+    with pytest.raises(FabricManagerMismatch, match=r"says it is 575\.57\.08: it would refuse"):
+        pipeline.run_step(install_step({"nvidia-fabricmanager": version}, says="575.57.08"))
+    versions = tmp_path / "var/lib/nvidia/versions" / version
+    assert not (versions / "bin/nv-fabricmanager").exists()
+    done = install_step({"nvidia-fabricmanager": version})
+    assert not done.is_satisfied()
+    pipeline.run_step(done)
+    assert done.is_satisfied()
+    assert sorted(str(p.relative_to(versions)) for p in versions.rglob("*") if p.is_file()) == [
+        "bin/nv-fabricmanager", "bin/nvswitch-audit",
+        "share/nvidia/nvswitch/.fabricmanager-version",
+        "share/nvidia/nvswitch/dgxh100_hgxh100_topology",
+        "share/nvidia/nvswitch/fabricmanager.cfg"]
+    assert (versions / "share/nvidia/nvswitch/fabricmanager.cfg").read_text() == (
+        FM_FILES["/usr/share/nvidia/nvswitch/fabricmanager.cfg"])

@@ -15,6 +15,12 @@ machine's Debian headers. The packages have the shapes of `shared/reference/dnf-
   ship the modules under /usr/lib64/nvidia/kmod/<k>/, list `/lib/modules/<k>/extra/drivers/
   video/nvidia/*.ko` as %ghost, link them there in %post and run depmod.
 - `kernel-devel` is a marker tree per kernel (its `.config` compresses modules on EL9).
+- NVIDIA's Fabric Manager package of each version (`nvidia-fabric-manager` up to 575,
+  `nvidia-fabricmanager` from 580; Version the driver's, no epoch, release 1), shaped like
+  NVIDIA's yum-packaging-fabric-manager: /usr/bin/nv-fabricmanager (the kit's stand-in) and
+  nvswitch-audit, /usr/lib/systemd/system/nvidia-fabricmanager.service,
+  /usr/share/nvidia/nvswitch/fabricmanager.cfg and the topology files; no scriptlets. Every
+  stream's `fm` profile lists it beside the `default` profile's packages.
 
 dnf runs scriptlets chrooted into `--installroot`: the test roots get a shell from extras.py's
 `kit-base` package first, and `dkms` from the stand-in EPEL repo (extras.py).
@@ -32,6 +38,8 @@ from pathlib import Path
 
 from .. import cache
 from ..builder import KIT_DIR, build_runfile
+from ..fabricmanager import PAYLOAD as FM_PAYLOAD
+from ..fabricmanager import TOPOLOGIES
 
 RPM_DIR = Path(__file__).parent
 # A RHEL-shaped kernel release (kernel-devel-<k> must be a valid NEVRA); never loaded here.
@@ -49,6 +57,12 @@ DKMS_NAME = {"proprietary": "nvidia", "open": "nvidia-open"}
 HEADERS_TREES = sorted(Path("/usr/src").glob("linux-headers-*-amd64"))
 MODULES = ("nvidia", "nvidia-modeset", "nvidia-uvm")
 PRECOMPILED_DIR = "/usr/lib64/nvidia/kmod"
+FM_RELEASE = "1"  # NVIDIA's Fabric Manager packages: no epoch, no dist tag
+
+
+def fabricmanager_package(version: str) -> str:
+    """NVIDIA renamed the package with the 580 branch."""
+    return "nvidia-fabricmanager" if int(version.split(".")[0]) >= 580 else "nvidia-fabric-manager"
 
 
 @dataclass(frozen=True)
@@ -158,6 +172,8 @@ def _build(spec: RepoSpec, out: Path) -> None:
             _rpmbuild("nvidia-driver", _driver_spec(release, spec.kernels, stage), stage, work, out)
             if release.conflict:
                 _rpmbuild("nvidia-modprobe", _conflict_spec(release), stage, work, out)
+            fm = fabricmanager_package(release.version)
+            _rpmbuild(fm, _fabricmanager_spec(release.version, stage), stage, work, out)
         for kernel in spec.kernels:
             stage = work / f"stage-kernel-{kernel}"
             _stage_kernel(kernel, stage)
@@ -249,11 +265,40 @@ def _stage_release(release: Release, stage: Path, kos: dict[str, Path]) -> None:
             if release.broken and name == "nvidia-uvm":
                 continue
             shutil.copy2(build / f"{name}.ko", sources / f"{name}.o_binary")
+    _stage_fabricmanager(version, stage / fabricmanager_package(version))
     for kernel in release.precompiled:
         objects = stage / precompiled_kmod(version, kernel) / PRECOMPILED_DIR.lstrip("/") / kernel
         objects.mkdir(parents=True)
         for name in MODULES:
             shutil.copy2(kos["proprietary"] / f"{name}.ko", objects / f"{name}.ko")
+
+
+def _stage_fabricmanager(version: str, package: Path) -> None:
+    """The files of NVIDIA's Fabric Manager package (its daemon is the kit's stand-in)."""
+
+    def put(source: str, dest: str, mode: int) -> None:
+        path = package / dest.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text((FM_PAYLOAD / source).read_text().replace("@VERSION@", version))
+        path.chmod(mode)
+
+    put("nv-fabricmanager", "/usr/bin/nv-fabricmanager", 0o755)
+    put("nvswitch-audit", "/usr/bin/nvswitch-audit", 0o755)
+    put("nvidia-fabricmanager.service", "/usr/lib/systemd/system/nvidia-fabricmanager.service",
+        0o644)
+    put("fabricmanager.cfg", "/usr/share/nvidia/nvswitch/fabricmanager.cfg", 0o644)
+    for name in TOPOLOGIES:
+        (package / "usr/share/nvidia/nvswitch" / name).write_text(f"NVFAKE topology {name}\n")
+
+
+def _fabricmanager_spec(version: str, stage: Path) -> str:
+    name = fabricmanager_package(version)
+    text = _SPEC_HEAD.format(name=name, version=version, release=FM_RELEASE, epoch="",
+                             summary="Fabric Manager for NVSwitch based systems (fake)",
+                             requires="")
+    text += f"\n%install\ncp -a %{{_sourcedir}}/{name}/. %{{buildroot}}/\n"
+    modes = {"/usr/bin/nv-fabricmanager": "0755", "/usr/bin/nvswitch-audit": "0755"}
+    return text + "\n%files\n" + _files(stage / name, modes)
 
 
 def dkms_conf(version: str) -> str:
@@ -498,7 +543,9 @@ def modules_yaml(spec: RepoSpec) -> str:
             else:
                 names = kmods = [*USERSPACE, KMOD[flavour]]
             listed = dict.fromkeys([*names, *kmods])
+            fm = fabricmanager_package(version)
             artifacts = "".join(f"    - {nevra(n, version)}\n" for n in listed)
+            artifacts += f"    - {fm}-0:{version}-{FM_RELEASE}.x86_64\n"
             artifacts += f"    - {nevra('nvidia-driver', version, 'src')}\n"
             docs.append(
                 "---\ndocument: modulemd\nversion: 2\ndata:\n"
@@ -509,6 +556,8 @@ def modules_yaml(spec: RepoSpec) -> str:
                 "  license:\n    module:\n    - MIT\n"
                 "  profiles:\n    default:\n      rpms:\n"
                 + "".join(f"      - {n}\n" for n in names)
+                + "    fm:\n      rpms:\n"
+                + "".join(f"      - {n}\n" for n in [*names, fm])
                 + "    src:\n      rpms:\n      - nvidia-driver\n"
                 "  artifacts:\n    rpms:\n" + artifacts + "...\n"
             )
