@@ -65,7 +65,7 @@ def test_privileged_init_container_of_our_daemonset(tmp_path: Path) -> None:
 
 def test_readiness_container_is_unprivileged(tmp_path: Path) -> None:
     spec = _ours()
-    (ready,) = spec["containers"]
+    (ready,) = [c for c in spec["containers"] if c["name"] == "driver-ready"]
     config = config_of(spec, ready, IMAGE, tmp_path / "term", None, "/k/p/r")
     process = config["process"]
     assert process["args"] == ["sleep", "infinity"]

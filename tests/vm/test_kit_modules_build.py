@@ -33,7 +33,10 @@ def test_builds_all_four_modules_with_versions_and_dependencies(
     assert modinfo(built / "nvidia-drm.ko", "depends") == ["nvidia-modeset"]
     assert modinfo(built / "nvidia.ko", "license") == ["NVIDIA"]
     assert {line.split(":")[0] for line in modinfo(built / "nvidia.ko", "parm")} == {
+        "NVreg_DeviceFileUID",
+        "NVreg_DeviceFileGID",
         "NVreg_DeviceFileMode",
+        "NVreg_ModifyDeviceFiles",
         "NVreg_RestrictProfilingToAdminUsers",
         "NVreg_EnableGpuFirmware",
         "NVreg_OpenRmEnableUnsupportedGpus",
