@@ -215,36 +215,30 @@ def _names_a_root(node: ast.expr) -> bool:
         isinstance(node, ast.Attribute) and node.attr == "root")
 
 
-def test_no_code_outside_distros_compares_with_a_family_name() -> None:
-    from installer import distros
-
-    names = {family.name for family in distros.FAMILIES}
+def _comparisons_with(names: set[str], room: str) -> list[str]:
+    """Where code outside installer/<room>/ compares a value with one of `names`."""
     offenders = []
     for path in source_files():
-        if path.is_relative_to(PACKAGE / "distros"):
+        if path.is_relative_to(PACKAGE / room):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Compare):
                 values = [node.left, *node.comparators]
                 if any(isinstance(v, ast.Constant) and v.value in names for v in values):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert offenders == []
+    return offenders
+
+
+def test_no_code_outside_distros_compares_with_a_family_name() -> None:
+    from installer import distros
+
+    assert _comparisons_with({family.name for family in distros.FAMILIES}, "distros") == []
 
 
 def test_no_code_outside_sources_compares_with_a_source_name() -> None:
     from installer import sources
 
-    names = set(sources.names())
-    offenders = []
-    for path in source_files():
-        if path.is_relative_to(PACKAGE / "sources"):
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Compare):
-                values = [node.left, *node.comparators]
-                if any(isinstance(v, ast.Constant) and v.value in names for v in values):
-                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert offenders == []
+    assert _comparisons_with(set(sources.names()), "sources") == []
 
 
 def _show(names: dict[str, bool]) -> str:
