@@ -16,6 +16,7 @@ from pathlib import Path
 
 from vm.guest_kernel import GuestKernel, find_guest_kernel
 from vm.initramfs import GUEST_DIR, build_initramfs
+from vm.module_tree import module_tree
 
 QEMU = "qemu-system-x86_64"
 # Kernel errors (NVRM refusals among them) reach the console; the rest stays in dmesg.
@@ -111,7 +112,7 @@ def boot_and_run(
         for attempt in range(LOCKUP_RETRIES + 1):
             run_dir = Path(tempfile.mkdtemp(prefix="installer-vm-run-"))
             try:
-                _prepare_run_dir(run_dir, script, gpus, files)
+                _prepare_run_dir(run_dir, script, gpus, files, module_tree(guest))
                 command = _qemu_command(guest, run_dir, state_dir)
                 return _run_qemu(command, run_dir, timeout)
             except GuestLockup as lockup:
@@ -138,9 +139,12 @@ def _prepare_run_dir(
     script: str,
     gpus: Sequence[FakeGpu] | None,
     files: Mapping[str, Path] | None,
+    modules: Path | None,
 ) -> None:
     shutil.copy2(GUEST_DIR / "stage2.sh", run_dir / "stage2.sh")
     (run_dir / "scenario.sh").write_text(script)
+    if modules is not None:
+        (run_dir / "module-tree").write_text(f"{modules}\n")
     if gpus is not None:
         (run_dir / "gpus").write_text(
             "".join(

@@ -180,7 +180,8 @@ done
 rmmod nvidia_modeset nvidia_uvm nvidia
 rm -f /run/nvidia-driver-installer/driver-ready
 step fabric-run env NVIDIA_FABRICMANAGER_REDIST=http://127.0.0.1:8000/redist \
-  NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000 {sys.executable} -m installer run --version {B}
+  NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000 PYTHONPATH={REPO} {sys.executable} -m installer \
+  run --version {B}
 echo "@@ fabric-switches"; ls /proc/driver/nvidia-nvswitch/devices
 step fabric-verify-before installer verify --json
 step fabric-pod pod run ours-fabric
@@ -394,10 +395,6 @@ def _json_of(section: str, exit_code: int) -> dict[str, Any]:
     return json.loads(section[start.start(): section.rindex("}") + 1])  # type: ignore[no-any-return]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "not yet seen passing on merged main: its one run there failed because the guest's bare "
-    "`installer run` imported an older checkout (the machine's editable install); the pod's own "
-    "Fabric Manager tests passed. Remove this marker once CI shows it XPASS (issue 21)"))
 def test_an_nvswitch_node_is_verified_only_once_fabric_manager_runs(boots: Boots) -> None:
     second = boots.second
     run = second.section("fabric-run")

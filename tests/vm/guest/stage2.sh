@@ -38,6 +38,19 @@ craft_pci_tree() {
     mount --bind "$tree" /sys/bus/pci/devices
 }
 
+# The guest's /lib/modules/<k>: the small tree tests/vm/module_tree.py made (this machine's
+# full one costs each depmod about a minute under TCG), copied once into the root filesystem
+# (onto the state disk when there is one, so installed modules survive a reboot).
+use_module_tree() {
+    local kept=/var/lib/vm-modules/$(uname -r)
+    if [ ! -d "$kept" ]; then
+        mkdir -p "${kept%/*}"
+        cp -a "$(cat /run/vm/module-tree)" "$kept.partial" && mv "$kept.partial" "$kept"
+    fi
+    mount --bind "$kept" "/lib/modules/$(uname -r)"
+}
+
+[ -f /run/vm/module-tree ] && use_module_tree
 [ -f /run/vm/gpus ] && craft_pci_tree
 
 echo "vm: scenario starts"
