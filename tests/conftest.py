@@ -1,7 +1,9 @@
-"""Test-wide guard: no test may open a connection beyond loopback."""
+"""Test-wide guard: no test may open a connection beyond loopback; bytecode compiled once;
+the xdist groups."""
 
 from __future__ import annotations
 
+import compileall
 import ipaddress
 import socket
 from collections.abc import Iterator
@@ -24,6 +26,18 @@ def _check_address(sock: socket.socket, address: Any) -> None:
         ip = ipaddress.ip_address(socket.gethostbyname(host))
     if not ip.is_loopback:
         raise AssertionError(f"test tried to connect to non-loopback address {address!r}")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The package and the test helpers compiled to bytecode once, as pip does for an installed
+    package: the suite starts the installer as a process about two thousand times (and the vm
+    guests do, 16x slower under TCG), and on a machine with PYTHONDONTWRITEBYTECODE set (this
+    one) each start would otherwise compile every module it imports again."""
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller did it
+        return
+    repo = Path(__file__).resolve().parents[1]
+    for tree in (repo / "installer", repo / "tests"):
+        compileall.compile_dir(tree, quiet=1, workers=1)
 
 
 @pytest.fixture(autouse=True)
