@@ -410,7 +410,7 @@ def test_an_nvswitch_node_is_verified_only_once_fabric_manager_runs(boots: Boots
 
     report = _report(second.section("fabric-pod"))
     assert report["init"][0]["exit_code"] == 0, report["init"][0]["log"]
-    assert report["started"] == ["driver-ready", "fabricmanager", "persistenced"]
+    assert report["started"] == ["driver-ready", "fabricmanager", "persistenced", "next-kernel"]
     probes = _report(second.section("fabric-probes"))
     assert {name: p["exit_code"] for name, p in probes.items()} == {
         "driver-ready": 0, "fabricmanager": 0, "persistenced": 0}
