@@ -67,22 +67,20 @@ def installer_logger_reset() -> Iterator[None]:
     logger.propagate, logger.level = saved[1], saved[2]
 
 
-# CI runs the suite on two xdist workers (`-n 2`, README): the vm tier is one group, so its
-# guests boot one at a time, and NVIDIA's real compile is another, so its three files share one
-# build (tests/realdriver.py); every other file is its own group. The two long groups are
-# handed out first and run beside the rest.
+# CI runs the suite on two xdist workers (`-n 2`, README). Each file is a group (its module
+# fixtures, a vm scenario's boots among them, run once), except NVIDIA's real compile, whose three
+# files share one build (tests/realdriver.py). The longest groups are handed out first, longest
+# first, so that neither worker is left with a long one at the end.
 REAL_DRIVER_FILES = ("integration/test_real_driver.py", "integration/test_real_registry.py",
                      "vm/test_real_driver_vm.py")
-LONG_GROUPS = ("vm", "real-driver")
+LONG_GROUPS = ("vm/test_pod_scenarios.py", "real-driver", "vm/test_installer_scenarios.py",
+               "vm/test_headers_fetched.py", "vm/test_upgrade_protocol.py",
+               "vm/test_next_kernel_vm.py", "vm/test_dnf_scenario.py", "vm/test_prebuilt_vm.py")
 
 
 def xdist_group_of(path: str) -> str:
     """The xdist group of a test file, given as a path relative to tests/."""
-    if path in REAL_DRIVER_FILES:
-        return "real-driver"
-    if path.startswith("vm/"):
-        return "vm"
-    return path
+    return "real-driver" if path in REAL_DRIVER_FILES else path
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
