@@ -9,7 +9,16 @@ import shutil
 import time
 from pathlib import Path
 
-from installer import components, gate_steps, host, ldcache, load_rollback, modules, state
+from installer import (
+    components,
+    gate_steps,
+    host,
+    ldcache,
+    load_rollback,
+    modules,
+    state,
+    upgrade_gate,
+)
 from installer.dirs import remove_tree
 from installer.errors import (
     InstallerError,
@@ -90,12 +99,9 @@ def unload_old_step(ctx: Context) -> Step:
         log.info("replacing loaded driver %s with %s",
                  driver.version if driver else "unknown", target.version)
         try:
-            if holders and ctx.config.upgrade_protocol:  # issue 13: cordon, evict, wait, unload
-                from installer.cluster import protocol
-
+            if holders:  # issue 13: freed (cordon, evict, wait) or refused by the gate
                 old = (driver.version if driver else None) or "unknown"
-                components.pause_for(ctx.root, ctx.layout, ctx.config, lambda: protocol.make_room(
-                    ctx.config, ctx.root, ctx.layout, old, target.version))
+                upgrade_gate.of(ctx).free_driver(ctx, holders, old, target.version)
                 remove_ready_file(ctx)
                 holders = []
             # Issue 21: when the unload goes ahead, the scheduling gate closes first, then our
@@ -319,19 +325,12 @@ def driver_free_step(ctx: Context) -> Step:
     def satisfied() -> bool:
         if unload_old_step(ctx).is_satisfied():
             return True  # nothing will be unloaded
-        if ctx.config.upgrade_protocol and ctx.memo.get("cluster-api-answers"):
+        if upgrade_gate.of(ctx).cleared_to_stage:
             return True
         return not _driver_held(ctx)
 
     def apply() -> None:
-        if not ctx.config.upgrade_protocol:
-            raise modules.in_use_error(_holders(ctx), modules.loaded_modules(ctx.root))
-        from installer.cluster import protocol
-
-        protocol.preflight(ctx.config)
-        ctx.memo["cluster-api-answers"] = True
-        log.info("the loaded driver is held: the upgrade protocol frees it right before the "
-                 "unload")
+        upgrade_gate.of(ctx).preflight(ctx, _holders(ctx))
 
     return Step("check-driver-free", "refuse before staging when the loaded driver is in use "
                 "(with the upgrade protocol: check the API server answers)", satisfied, apply)
@@ -343,10 +342,8 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
     cordon, evict, wait) before the transaction, and the host's packages stay as they were
     when that fails. Nothing to do when the packages are already on the target or the loaded
     driver is the planned version."""
-    done = "driver-freed-before-packages"
-
     def needs_room() -> bool:
-        if ctx.memo.get(done) or packages.is_satisfied():
+        if upgrade_gate.of(ctx).freed or packages.is_satisfied():
             return False
         driver = host.loaded_driver(ctx.root)
         if driver is None and not _any_nvidia_loaded(ctx):
@@ -357,19 +354,13 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
         return _driver_held(ctx)
 
     def apply() -> None:
-        if not ctx.config.upgrade_protocol:
-            raise modules.in_use_error(
-                _holders(ctx), modules.loaded_modules(ctx.root),
-                "the host's driver packages were left as they were (dnf replaces the user "
-                "space as it installs, so nothing is staged while the driver is held)")
-        from installer.cluster import protocol
-
         driver = host.loaded_driver(ctx.root)
         old = (driver.version if driver else None) or "unknown"
         new = "the dnf stream's newest" if ctx.target.version_pending else ctx.target.version
-        components.pause_for(ctx.root, ctx.layout, ctx.config, lambda: protocol.make_room(
-            ctx.config, ctx.root, ctx.layout, old, new))
-        ctx.memo[done] = True
+        upgrade_gate.of(ctx).free_driver(
+            ctx, _holders(ctx), old, new,
+            "the host's driver packages were left as they were (dnf replaces the user "
+            "space as it installs, so nothing is staged while the driver is held)")
         remove_ready_file(ctx)
 
     return Step("check-driver-free", "before the driver packages change the host's user "
