@@ -149,11 +149,11 @@ def status(config: Config) -> dict[str, Any]:
 
 def _daemons(root: HostRoot) -> dict[str, Any]:
     """What `installer fabricmanager` / `installer persistenced` last said (their files)."""
-    from installer.components import NAMES
+    from installer.components import COMPONENTS
     from installer.components.supervisor import ready_file
 
     found: dict[str, Any] = {}
-    for name in NAMES:
+    for name in (component.name for component in COMPONENTS):
         text = root.read_text(ready_file(name))
         found[name] = dict(line.split("=", 1) for line in text.splitlines() if "=" in line) \
             if text else None
