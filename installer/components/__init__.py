@@ -15,15 +15,18 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
 from installer import host, modules, readiness
 from installer.components import fabricmanager, nvswitch, persistenced
-from installer.components.component import Component
 from installer.config import Config
 from installer.host import Holder
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Step
+
+if TYPE_CHECKING:  # the protocol is for the type checker; the tuple is what runs
+    from installer.components.component import Component
 
 log = logging.getLogger(__name__)
 

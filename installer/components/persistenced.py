@@ -16,15 +16,17 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from installer import host, runner
-from installer.components.supervisor import Driver, Idle, Running
 from installer.config import Config
 from installer.errors import PersistencedFailed
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Step
+
+if TYPE_CHECKING:  # supervisor.py loads in the persistenced container only
+    from installer.components.supervisor import Driver, Idle, Running
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,8 @@ class PersistencedDaemon:
         self.output: collections.deque[str] = collections.deque(maxlen=20)
 
     def plan(self, driver: Driver) -> Union[Idle, Callable[[], Running]]:
+        from installer.components.supervisor import Idle
+
         if not self.config.persistenced:
             return Idle(OFF)
         if not host.nvidia_gpus(self.root):
