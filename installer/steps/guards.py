@@ -91,6 +91,7 @@ def driver_free_before_packages_step(ctx: Context, packages: Step) -> Step:
     cordon, evict, wait) before the transaction, and the host's packages stay as they were
     when that fails. Nothing to do when the packages are already on the target or the loaded
     driver is the planned version."""
+
     def needs_room() -> bool:
         if upgrade_gate.of(ctx).freed or packages.is_satisfied():
             return False
