@@ -72,8 +72,11 @@ def test_the_refusing_gate_refuses_a_held_driver_before_staging_and_before_the_u
 
 def test_the_refusing_gate_loads_no_cluster_code_on_a_clean_node(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import installer.cluster
+
     ctx = held_host(tmp_path)
-    monkeypatch.delitem(sys.modules, "installer.cluster.protocol", raising=False)
+    monkeypatch.delitem(sys.modules, "installer.cluster.protocol")
+    monkeypatch.delattr(installer.cluster, "protocol")  # so that an import would load it again
     gate = upgrade_gate.RefusingGate()
     gate.finished(ctx.config, ctx.layout)
     gate.failed(ctx.config, ctx.layout, InstallFailed("boom"))
