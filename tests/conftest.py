@@ -1,10 +1,13 @@
-"""Test-wide guard: no test may open a connection beyond loopback."""
+"""Test-wide guard: no test may open a connection beyond loopback; bytecode compiled once;
+the xdist groups."""
 
 from __future__ import annotations
 
+import compileall
 import ipaddress
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +26,18 @@ def _check_address(sock: socket.socket, address: Any) -> None:
         ip = ipaddress.ip_address(socket.gethostbyname(host))
     if not ip.is_loopback:
         raise AssertionError(f"test tried to connect to non-loopback address {address!r}")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The package and the test helpers compiled to bytecode once, as pip does for an installed
+    package: the suite starts the installer as a process about two thousand times (and the vm
+    guests do, 16x slower under TCG), and on a machine with PYTHONDONTWRITEBYTECODE set (this
+    one) each start would otherwise compile every module it imports again."""
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller did it
+        return
+    repo = Path(__file__).resolve().parents[1]
+    for tree in (repo / "installer", repo / "tests"):
+        compileall.compile_dir(tree, quiet=1, workers=1)
 
 
 @pytest.fixture(autouse=True)
@@ -50,3 +65,34 @@ def installer_logger_reset() -> Iterator[None]:
     yield
     logger.handlers[:] = saved[0]
     logger.propagate, logger.level = saved[1], saved[2]
+
+
+# CI runs the suite on two xdist workers (`-n 2`, README): the vm tier is one group, so its
+# guests boot one at a time, and NVIDIA's real compile is another, so its three files share one
+# build (tests/realdriver.py); every other file is its own group. The two long groups are
+# handed out first and run beside the rest.
+REAL_DRIVER_FILES = ("integration/test_real_driver.py", "integration/test_real_registry.py",
+                     "vm/test_real_driver_vm.py")
+LONG_GROUPS = ("vm", "real-driver")
+
+
+def xdist_group_of(path: str) -> str:
+    """The xdist group of a test file, given as a path relative to tests/."""
+    if path in REAL_DRIVER_FILES:
+        return "real-driver"
+    if path.startswith("vm/"):
+        return "vm"
+    return path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not getattr(config.option, "numprocesses", None):
+        return
+    tests_dir = Path(__file__).parent
+    groups = {}
+    for item in items:
+        group = xdist_group_of(item.path.relative_to(tests_dir).as_posix())
+        item.add_marker(pytest.mark.xdist_group(group))
+        groups[item.nodeid] = group
+    order = {name: index for index, name in enumerate(LONG_GROUPS)}
+    items.sort(key=lambda item: order.get(groups[item.nodeid], len(order)))

@@ -9,6 +9,7 @@ import pytest
 
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, GuestLockup, VmError, boot_and_run
+from vm.module_tree import kept_module_files
 
 pytestmark = pytest.mark.vm
 
@@ -23,6 +24,12 @@ echo "@@ mounts"; findmnt -n -o FSTYPE /run
 echo "@@ files"; cat "$VM_FILES/greeting"
 mkdir -p /var/lib/vm-probe && echo kept > /var/lib/vm-probe/file
 rm /etc/os-release
+echo "@@ modules"
+k=$(uname -r)
+find /lib/modules/$k -name '*.ko' | wc -l
+mkdir -p /lib/modules/$k/updates
+cp /lib/modules/$k/kernel/drivers/block/loop.ko /lib/modules/$k/updates/probe.ko
+depmod && grep -c '^updates/probe.ko:' /lib/modules/$k/modules.dep
 exit 7
 """
 
@@ -31,6 +38,7 @@ echo "@@ persisted"
 cat /var/lib/vm-probe/file
 ls /etc/os-release 2>&1 || true
 echo "@@ pci"; ls /sys/bus/pci/devices/{GPU.address} 2>&1 || true
+echo "@@ modules"; grep -c '^updates/probe.ko:' /lib/modules/$(uname -r)/modules.dep
 """
 
 
@@ -76,6 +84,14 @@ def test_reboot_keeps_root_filesystem_writes_in_the_state_dir(
     assert "No such file or directory" in second.section("pci")
     assert not Path("/var/lib/vm-probe").exists()
     assert Path("/etc/os-release").exists()
+    # The guest's module tree (tests/vm/module_tree.py): the kept modules only, so depmod takes
+    # seconds under TCG, not a minute; what is installed there survives the reboot.
+    count, installed = first.section("modules").split()
+    assert int(count) == len(kept_module_files(vm_kernel)) < 100
+    assert installed == "1"
+    assert second.section("modules").strip() == "1"
+    assert not (vm_kernel.modules_dir / "updates/probe.ko").exists()
+
 
 
 def test_timeout_kills_qemu(vm_kernel: GuestKernel) -> None:
