@@ -8,7 +8,7 @@ import logging
 import time
 from typing import Any
 
-from installer import catalog, host, nextkernel, pipeline, planner, state
+from installer import catalog, host, nextkernel, pipeline, planner, state, upgrade_gate
 from installer.config import Config
 from installer.errors import InstallerError
 from installer.hostroot import HostRoot
@@ -60,23 +60,17 @@ def _execute(config: Config, layout: Layout, plan: Plan) -> list[pipeline.StepOu
     # Issue 21: the node is given back (restored, uncordoned) before the next kernel's modules
     # are prepared.
     install, after = nextkernel.split_steps(plan.steps)
-    if not config.upgrade_protocol:
-        outcomes = pipeline.execute(replace(plan, steps=install))
-        # Issue 20: a node an earlier run left mid-upgrade (its marker, protocol.HINT_NAME) is
-        # restored even with the protocol switched off since; the warm path only stats a file.
-        if (layout.install_local / ".upgrade-protocol").exists():
-            from installer.cluster import protocol
-
-            protocol.finish_switched_off(config, layout)
-        return outcomes + [pipeline.run_step(step) for step in after]
-    from installer.cluster import protocol  # issue 13: restore the node after an upgrade
-
+    # Issue 13: the node restored (or marked failed) after an upgrade; issue 20: restored too
+    # when an earlier run left it mid-upgrade and the protocol is off now. A plan without a
+    # context (an install stubbed out) has its gate chosen here.
+    gate = upgrade_gate.of(plan.context) if plan.context is not None \
+        else upgrade_gate.choose(config)
     try:
         outcomes = pipeline.execute(replace(plan, steps=install))
     except InstallerError as error:
-        protocol.failed(config, layout, error)
+        gate.failed(config, layout, error)
         raise
-    protocol.finish(config, layout)
+    gate.finished(config, layout)
     return outcomes + [pipeline.run_step(step) for step in after]
 
 
@@ -155,11 +149,11 @@ def status(config: Config) -> dict[str, Any]:
 
 def _daemons(root: HostRoot) -> dict[str, Any]:
     """What `installer fabricmanager` / `installer persistenced` last said (their files)."""
-    from installer.components import NAMES
+    from installer.components import COMPONENTS
     from installer.components.supervisor import ready_file
 
     found: dict[str, Any] = {}
-    for name in NAMES:
+    for name in (component.name for component in COMPONENTS):
         text = root.read_text(ready_file(name))
         found[name] = dict(line.split("=", 1) for line in text.splitlines() if "=" in line) \
             if text else None

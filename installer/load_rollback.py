@@ -50,7 +50,8 @@ RestoreModules = Callable[[Context, "host.LoadedDriver | None"], None]
 def undo(ctx: Context, restore_module_files: RestoreModules) -> list[str]:
     """Put back what this run staged; returns what it did, for the error message. Never
     raises: the load's failure is what the caller reports. `restore_module_files` puts the
-    host's module dir back to a driver's build (steps.py's, shared with a failed unload)."""
+    host's module dir back to a driver's build (steps/placement.py's, shared with a failed
+    unload)."""
     done: list[str] = []
     try:
         links = ctx.memo.get(LINKS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from installer.config import Config
 from installer.host import HostFacts
@@ -13,6 +13,9 @@ from installer.hostroot import HostRoot
 from installer.kernel import Headers
 from installer.layout import Layout
 from installer.runner import Runner
+
+if TYPE_CHECKING:
+    from installer.upgrade_gate import UpgradeGate
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ class Context:
     # Answers worth asking once per run and shared by the plan's decisions and its steps
     # (the registry lookup), keyed by who asks.
     memo: dict[str, Any] = field(default_factory=dict)
+    # What frees a held driver for its unload (upgrade_gate.py), chosen by the planner.
+    upgrade_gate: UpgradeGate | None = None
 
 
 @dataclass

@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from installer import catalog, components, gate_steps, host, sources, steps, versions
+from installer import (
+    catalog,
+    components,
+    gate_steps,
+    host,
+    sources,
+    steps,
+    upgrade_gate,
+    versions,
+)
 from installer.config import Config, check_build_path
 from installer.errors import NoNvidiaGpu
 from installer.hostroot import HostRoot
@@ -85,7 +94,8 @@ def make_plan(
         replaces_user_space_before_unload=source.replaces_user_space_before_unload,
         packages_own_user_space=source.packages_own_user_space,
     )
-    ctx = Context(config, root, layout, runner, facts, target, fetch_runfile)
+    ctx = Context(config, root, layout, runner, facts, target, fetch_runfile,
+                  upgrade_gate=upgrade_gate.choose(config))  # refuse or free a held driver
     decisions = source.decisions(ctx, decisions)
     decisions += components.decisions(ctx)  # issue 21: Fabric Manager on NVSwitch nodes
     return Plan(ctx, decisions, _steps(ctx), blockers)

@@ -2,7 +2,8 @@
 
 The one door: the plan's decisions and steps, which cached downloads to keep, stopping our
 daemons before a driver is unloaded, the readiness an NVSwitch node needs, and the
-long-running container commands (`installer fabricmanager`, `installer persistenced`).
+long-running container commands (`installer fabricmanager`, `installer persistenced`). Each
+asks every component registered in `COMPONENTS` (a `component.Component` each).
 """
 
 from __future__ import annotations
@@ -14,48 +15,56 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING
 
 from installer import host, modules, readiness
-from installer.components import nvswitch
+from installer.components import fabricmanager, nvswitch, persistenced
 from installer.config import Config
 from installer.host import Holder
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Step
 
+if TYPE_CHECKING:  # the protocol is for the type checker; the tuple is what runs
+    from installer.components.component import Component
+
 log = logging.getLogger(__name__)
 
 NAMES = readiness.COMPONENTS  # what the scheduling gate waits for
-DAEMONS = ("nv-fabricmanager", "nvidia-persistenced")
+
+# Every component, in plan order: a new one is its module (a `Component`) and a line here.
+COMPONENTS: tuple[Component, ...] = (fabricmanager.COMPONENT, persistenced.COMPONENT)
+DAEMONS = tuple(c.daemon for c in COMPONENTS)
+
+
+def named(name: str) -> Component:
+    """The registered component `name` (`installer <name>`). Raises KeyError for another."""
+    for component in COMPONENTS:
+        if component.name == name:
+            return component
+    raise KeyError(name)
+
+
+def _names() -> tuple[str, ...]:
+    return tuple(c.name for c in COMPONENTS)
+
+
+def _daemons() -> tuple[str, ...]:
+    return tuple(c.daemon for c in COMPONENTS)
 
 
 def decisions(ctx: Context) -> list[Decision]:
-    from installer.components import fabricmanager
-
-    return [fabricmanager.decision(ctx), persistence_decision(ctx.config)]
-
-
-def persistence_decision(config: Config) -> Decision:
-    if not config.persistenced:
-        return Decision("persistenced", "off", "NVIDIA_INSTALLER_PERSISTENCED=false: the host "
-                        "manages persistence; the persistenced container idles (not-applicable)")
-    return Decision("persistenced", "on", "the persistenced container runs this version's "
-                    "nvidia-persistenced --persistence-mode (`installer persistenced`)")
+    return [component.decision(ctx) for component in COMPONENTS]
 
 
 def steps(ctx: Context) -> list[Step]:
     """After the user space is in versions/<ver>/, before it is activated."""
-    from installer.components import fabricmanager
-
-    return fabricmanager.steps(ctx)
+    return [step for component in COMPONENTS for step in component.steps(ctx)]
 
 
 def keeps_download(name: str, version: str, arch: str) -> bool:
     """A cached download of a component of `version` (kept while that version is installed)."""
-    from installer.components import fabricmanager
-
-    return fabricmanager.keeps_download(name, version, arch)
+    return any(component.keeps_download(name, version, arch) for component in COMPONENTS)
 
 
 def _install_dirs(layout: Layout, config: Config) -> tuple[PurePosixPath, ...]:
@@ -69,7 +78,7 @@ def our_daemons(root: HostRoot, layout: Layout, config: Config) -> set[int]:
     """Pids of the daemons we run from the install dir (they hold /dev/nvidia*)."""
     from installer.components import processes
 
-    return {d.pid for d in processes.find(root, DAEMONS, _install_dirs(layout, config))}
+    return {d.pid for d in processes.find(root, _daemons(), _install_dirs(layout, config))}
 
 
 def not_ours(root: HostRoot, layout: Layout, config: Config,
@@ -111,11 +120,11 @@ def pause(root: HostRoot, layout: Layout, config: Config) -> None:
     from installer.components.supervisor import PAUSE_FILE, ready_file
 
     root.write_atomic(PAUSE_FILE, f"INSTALLER_PID={os.getpid()}\n")
-    daemons = processes.find(root, DAEMONS, _install_dirs(layout, config))
+    daemons = processes.find(root, _daemons(), _install_dirs(layout, config))
     if daemons:
         for daemon in processes.terminate(root, daemons):
             log.warning("cannot stop %s (pid %d) from here", daemon.name, daemon.pid)
-    for name in NAMES:  # their containers are not ready while the daemons are stopped
+    for name in _names():  # their containers are not ready while the daemons are stopped
         root.local(ready_file(name)).unlink(missing_ok=True)
 
 
@@ -170,16 +179,7 @@ def serve(name: str, config: Config) -> None:
     from installer.components.supervisor import Supervisor
 
     root = HostRoot(config.root)
-    daemon: Any
-    if name == "fabricmanager":
-        from installer.components.fabricmanager import FabricManagerDaemon
-
-        daemon = FabricManagerDaemon(config, root)
-    else:
-        from installer.components.persistenced import PersistencedDaemon, become_subreaper
-
-        become_subreaper()
-        daemon = PersistencedDaemon(config, root)
+    daemon = named(name).supervised(config, root)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

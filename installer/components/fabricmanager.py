@@ -272,3 +272,25 @@ class FabricManagerDaemon:
         # keeps 4 KiB (kubectl logs has the rest).
         tail = "\n".join(list(self.tail)[-12:]) or "(it printed nothing)"
         return FabricManagerFailed(f"{message}; its last lines:\n{tail}")
+
+
+class FabricManager:
+    """Fabric Manager as a registered component (components.COMPONENTS)."""
+
+    name = NAME
+    daemon = DAEMON
+
+    def decision(self, ctx: Context) -> Decision:
+        return decision(ctx)
+
+    def steps(self, ctx: Context) -> list[Step]:
+        return steps(ctx)
+
+    def keeps_download(self, name: str, version: str, arch: str) -> bool:
+        return keeps_download(name, version, arch)
+
+    def supervised(self, config: Config, root: HostRoot) -> FabricManagerDaemon:
+        return FabricManagerDaemon(config, root)
+
+
+COMPONENT = FabricManager()

@@ -10,21 +10,23 @@ SIGTERM disables persistence mode, removes both and exits.
 from __future__ import annotations
 
 import collections
-import ctypes
 import logging
 import os
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
-from installer import host, runner, verify
-from installer.components.supervisor import Driver, Idle, Running
+from installer import host, runner
 from installer.config import Config
 from installer.errors import PersistencedFailed
 from installer.hostroot import HostRoot
 from installer.layout import Layout
+from installer.plan import Context, Decision, Step
+
+if TYPE_CHECKING:  # supervisor.py loads in the persistenced container only
+    from installer.components.supervisor import Driver, Idle, Running
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,14 @@ DAEMON = "nvidia-persistenced"
 RUN_DIR = Path("/var/run/nvidia-persistenced")
 PR_SET_CHILD_SUBREAPER = 36
 OFF = "NVIDIA_INSTALLER_PERSISTENCED=false (the host manages persistence)"
+
+
+def decision(config: Config) -> Decision:
+    if not config.persistenced:
+        return Decision("persistenced", "off", "NVIDIA_INSTALLER_PERSISTENCED=false: the host "
+                        "manages persistence; the persistenced container idles (not-applicable)")
+    return Decision("persistenced", "on", "the persistenced container runs this version's "
+                    "nvidia-persistenced --persistence-mode (`installer persistenced`)")
 
 
 def argv(binary: Path) -> list[str]:
@@ -94,6 +104,8 @@ class DetachedRunning:
 
 def become_subreaper() -> None:
     """Make the daemon (which detaches from its parent) our child to reap and watch."""
+    import ctypes
+
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         log.warning("prctl(PR_SET_CHILD_SUBREAPER) failed: errno %d", ctypes.get_errno())
@@ -112,6 +124,8 @@ class PersistencedDaemon:
         self.output: collections.deque[str] = collections.deque(maxlen=20)
 
     def plan(self, driver: Driver) -> Union[Idle, Callable[[], Running]]:
+        from installer.components.supervisor import Idle
+
         if not self.config.persistenced:
             return Idle(OFF)
         if not host.nvidia_gpus(self.root):
@@ -154,6 +168,8 @@ class PersistencedDaemon:
 
     def ready(self, running: Running) -> str | None:
         """Once NVML reports persistence mode on for every GPU."""
+        from installer import verify  # the container's loop only (the warm path never asks)
+
         gpus, problems = verify.nvml_gpus(self.layout.install_local, runner.SubprocessRunner())
         if problems or not gpus or any(g.persistence_mode != "enabled" for g in gpus):
             return None
@@ -165,3 +181,27 @@ class PersistencedDaemon:
     def failed(self, message: str) -> PersistencedFailed:
         said = "\n".join(self.output) or "(nothing: it logs to syslog)"
         return PersistencedFailed(f"{message}; its output:\n{said}")
+
+
+class Persistenced:
+    """nvidia-persistenced as a registered component (components.COMPONENTS): no steps of its
+    own (the driver's user space carries it), no download."""
+
+    name = NAME
+    daemon = DAEMON
+
+    def decision(self, ctx: Context) -> Decision:
+        return decision(ctx.config)
+
+    def steps(self, ctx: Context) -> list[Step]:
+        return []
+
+    def keeps_download(self, name: str, version: str, arch: str) -> bool:
+        return False
+
+    def supervised(self, config: Config, root: HostRoot) -> PersistencedDaemon:
+        become_subreaper()
+        return PersistencedDaemon(config, root)
+
+
+COMPONENT = Persistenced()

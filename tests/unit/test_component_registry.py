@@ -1,0 +1,111 @@
+"""The components registration (components.COMPONENTS): a component registered there is asked
+for its decision and steps by the planner, for its downloads by prune, and its daemon is one of
+ours (stopped before an unload); nothing else names it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fakes import FakeRunner
+from hosttrees import H100, add_process, make_host, root_env
+from test_components import V, our_process
+
+from installer import components, planner, readiness, steps
+from installer.components import fabricmanager, persistenced
+from installer.components.supervisor import PAUSE_FILE, Daemon, ready_file
+from installer.config import Config, from_env
+from installer.hostroot import HostRoot
+from installer.layout import Layout
+from installer.plan import Context, Decision, Plan, Step
+
+
+class Extra:
+    """A component the project does not have: it records what it was asked."""
+
+    name = "extra"
+    daemon = "nv-extra"
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def decision(self, ctx: Context) -> Decision:
+        self.asked.append("decision")
+        return Decision("extra", "on", f"asked for {ctx.target.version}")
+
+    def steps(self, ctx: Context) -> list[Step]:
+        self.asked.append("steps")
+        return [Step("install-extra", "extra beside the user space", lambda: True, lambda: None)]
+
+    def keeps_download(self, name: str, version: str, arch: str) -> bool:
+        return name == f"extra-{arch}-{version}.tar"
+
+    def supervised(self, config: Config, root: HostRoot) -> Daemon:
+        raise AssertionError("not asked here")
+
+
+@pytest.fixture
+def extra(monkeypatch: pytest.MonkeyPatch) -> Extra:
+    added = Extra()
+    monkeypatch.setattr(components, "COMPONENTS", (*components.COMPONENTS, added))
+    return added
+
+
+def plan_for(tmp_path: Path) -> Plan:
+    make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64", gpus=[H100])
+    config = from_env(root_env(tmp_path, NVIDIA_DRIVER_VERSION=V))
+    return planner.make_plan(config, FakeRunner(), fetch_bytes=lambda url: b"",
+                             fetch_runfile=lambda *a: tmp_path)
+
+
+def test_the_registered_components_are_fabric_manager_then_persistenced() -> None:
+    assert components.COMPONENTS == (fabricmanager.COMPONENT, persistenced.COMPONENT)
+    # What the scheduling gate waits for (readiness.py sits above components/ and names them).
+    assert tuple(c.name for c in components.COMPONENTS) == readiness.COMPONENTS
+    assert components.DAEMONS == ("nv-fabricmanager", "nvidia-persistenced")
+    assert components.named("persistenced") is persistenced.COMPONENT
+    with pytest.raises(KeyError):
+        components.named("dcgm")
+
+
+def test_a_registered_component_is_asked_for_its_decision_and_steps(
+        tmp_path: Path, extra: Extra) -> None:
+    plan = plan_for(tmp_path)
+    assert extra.asked == ["decision", "steps"]
+    topics = [d.topic for d in plan.decisions]
+    assert topics[-3:] == ["fabric-manager", "persistenced", "extra"]
+    assert plan.decisions[-1] == Decision("extra", "on", f"asked for {V}")
+    names = [s.name for s in plan.steps]
+    # Beside the user space in versions/<ver>/, before it is activated.
+    at = names.index("install-extra")
+    assert names[at - 1:at + 2] == ["install-userspace", "install-extra", "check-driver-free"]
+
+
+def test_prune_keeps_a_registered_components_download(tmp_path: Path, extra: Extra) -> None:
+    from test_steps import context
+
+    ctx = context(tmp_path, FakeRunner())
+    downloads = ctx.layout.downloads
+    downloads.mkdir(parents=True)
+    arch = ctx.facts.arch
+    keep = [f"extra-{arch}-{V}.tar", f"NVIDIA-Linux-{arch}-{V}.run"]
+    drop = [f"extra-{arch}-550.127.05.tar"]
+    for name in keep + drop:
+        (downloads / name).write_text("x")
+    steps.prune_step(ctx).apply()
+    assert sorted(p.name for p in downloads.iterdir()) == sorted(keep)
+
+
+def test_a_registered_components_daemon_is_ours_and_paused(tmp_path: Path, extra: Extra) -> None:
+    root = make_host(tmp_path, gpus=[H100])
+    config = from_env(root_env(tmp_path))
+    layout = Layout.from_config(config, root)
+    our_process(tmp_path, 100, str(layout.install_host), "nv-extra")
+    add_process(tmp_path, 103, "python3", {5: "/dev/nvidia0"})
+    assert components.our_daemons(root, layout, config) == {100}
+    assert components.holders(root, layout, config) == [
+        "pid 103 (python3) holds /dev/nvidia0"]
+    root.write_atomic(ready_file("extra"), f"DRIVER_VERSION={V}\n")
+    with components.paused(root, layout, config):
+        assert root.local(PAUSE_FILE).exists()
+        assert not root.local(ready_file("extra")).exists()  # not ready while stopped
