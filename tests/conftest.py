@@ -83,8 +83,9 @@ def xdist_group_of(path: str) -> str:
     return "real-driver" if path in REAL_DRIVER_FILES else path
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the marks into groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not getattr(config.option, "numprocesses", None):
+    if not hasattr(config, "workerinput"):  # not an xdist worker (they collect, not `-n`'s parent)
         return
     tests_dir = Path(__file__).parent
     groups = {}
