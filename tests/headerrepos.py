@@ -3,11 +3,13 @@ host roots whose package sources point at them (served on 127.0.0.1 by the tests
 
 from __future__ import annotations
 
+import atexit
 import gzip
 import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,15 +29,21 @@ def run(*argv: str, cwd: Path | None = None) -> str:
 
 @dataclass(frozen=True)
 class Key:
-    """A throwaway signing key: its gpg home and its public keyring (binary, as apt wants)."""
+    """A throwaway signing key: its gpg home, its public keyring (binary, as apt wants) and its
+    public key armored (as dnf's gpgkey= wants)."""
 
     home: Path
     keyring: Path
+    armored: Path
 
 
 def make_key(dest: Path) -> Key:
-    home = dest / "gnupg"
-    home.mkdir(parents=True, mode=0o700)
+    # gpg-agent's sockets live in the home: under pytest-xdist's deeper temp paths one in `dest`
+    # passes the 108-byte limit of a socket path and the agent cannot start. A short home in
+    # the temp dir instead, removed when the process ends.
+    dest.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="gnupg."))
+    atexit.register(shutil.rmtree, home, True)
     run("gpg", "--homedir", str(home), "--batch", "--passphrase", "", "--quick-gen-key",
         KEY_NAME, "rsa2048", "sign", "never")
     keyring = dest / "archive-keyring.gpg"
@@ -43,7 +51,7 @@ def make_key(dest: Path) -> Key:
                                        capture_output=True, check=True).stdout)
     run("gpg", "--homedir", str(home), "--armor", "--export", "--output", str(dest / "key.asc"))
     stop_agent(home)
-    return Key(home, keyring)
+    return Key(home, keyring, dest / "key.asc")
 
 
 def stop_agent(home: Path) -> None:
@@ -271,7 +279,7 @@ def rocky_repos(root: Path, major: int, base: str, key: Key, repos: dict[str, st
     key_name = "RPM-GPG-KEY-rockyofficial" if major == 8 else f"RPM-GPG-KEY-Rocky-{major}"
     pki = root / "etc/pki/rpm-gpg"
     pki.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(key.home.parent / "key.asc", pki / key_name)
+    shutil.copy2(key.armored, pki / key_name)
     lines = []
     for repo_id, path in repos.items():
         lines += [f"[{repo_id}]", f"name=Rocky Linux $releasever - {repo_id}",

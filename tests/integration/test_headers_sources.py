@@ -283,7 +283,7 @@ def test_rhel_repos_with_an_untrusted_signature_fail_and_leave_nothing(archive: 
     other = make_key(tmp_path / "other-key")
     pki = root / "etc/pki/rpm-gpg"
     pki.mkdir(parents=True)
-    shutil.copy2(other.home.parent / "key.asc", pki / "RPM-GPG-KEY-redhat-release")
+    shutil.copy2(other.armored, pki / "RPM-GPG-KEY-redhat-release")
     entitlement = root / "etc/pki/entitlement"
     entitlement.mkdir(parents=True)
     (root / "etc/yum.repos.d").mkdir(parents=True)
