@@ -122,14 +122,20 @@ def test_the_cluster_gate_asks_the_api_before_staging(
     assert asked == ["gpu-1"] and gate.cleared_to_stage and not gate.freed
 
 
-def test_the_cluster_gate_pauses_our_daemons_then_makes_room(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def record_pause_and_resume(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Our daemons' pause and resume replaced by entries in the returned list."""
     from installer import components
 
-    ctx = held_host(tmp_path, **ON)
     events: list[object] = []
     monkeypatch.setattr(components, "pause", lambda root, layout, config: events.append("pause"))
     monkeypatch.setattr(components, "resume", lambda root: events.append("resume"))
+    return events
+
+
+def test_the_cluster_gate_pauses_our_daemons_then_makes_room(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = held_host(tmp_path, **ON)
+    events = record_pause_and_resume(monkeypatch)
     monkeypatch.setattr(protocol, "make_room", lambda config, root, layout, old, new:
                         events.append(("make_room", old, new)))
     gate = upgrade_gate.ClusterGate()
@@ -140,12 +146,8 @@ def test_the_cluster_gate_pauses_our_daemons_then_makes_room(
 
 def test_a_cluster_gate_that_cannot_make_room_resumes_our_daemons_and_stays_shut(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from installer import components
-
     ctx = held_host(tmp_path, **ON)
-    events: list[str] = []
-    monkeypatch.setattr(components, "pause", lambda root, layout, config: events.append("pause"))
-    monkeypatch.setattr(components, "resume", lambda root: events.append("resume"))
+    events = record_pause_and_resume(monkeypatch)
 
     def unreachable(*args: object) -> None:
         raise ClusterApiUnavailable("could not read node gpu-1")
