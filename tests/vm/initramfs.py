@@ -22,11 +22,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("INSTALLER_VM_CACHE", Path(tempfile.gettempdir()) / "installer-vm"))
 
 
-def boot_module_files(kernel: GuestKernel) -> list[Path]:
-    """The .ko files for BOOT_MODULES with their dependencies, in load order."""
+def module_files(kernel: GuestKernel, modules: tuple[str, ...]) -> list[Path]:
+    """The .ko files for `modules` with their dependencies, in load order."""
     result = subprocess.run(
         ["modprobe", "-d", str(kernel.base), "-S", kernel.release, "--show-depends", "-a",
-         *BOOT_MODULES],
+         *modules],
         check=True,
         capture_output=True,
         text=True,
@@ -34,9 +34,16 @@ def boot_module_files(kernel: GuestKernel) -> list[Path]:
     files: list[Path] = []
     for line in result.stdout.splitlines():
         words = line.split()
-        if words[:1] == ["insmod"] and Path(words[1]) not in files:
-            files.append(Path(words[1]))
+        # modprobe -d / prints //lib/modules/...: one leading slash, so paths compare.
+        module = Path("/" + words[1].lstrip("/")) if words[:1] == ["insmod"] else None
+        if module is not None and module not in files:
+            files.append(module)
     return files
+
+
+def boot_module_files(kernel: GuestKernel) -> list[Path]:
+    """The .ko files for BOOT_MODULES with their dependencies, in load order."""
+    return module_files(kernel, BOOT_MODULES)
 
 
 def build_initramfs(kernel: GuestKernel) -> Path:

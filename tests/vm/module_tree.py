@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from vm.guest_kernel import GuestKernel
-from vm.initramfs import BOOT_MODULES, cache_dir
+from vm.initramfs import BOOT_MODULES, cache_dir, module_files
 
 # What scenarios load from the host's tree: the boot modules again (modprobe is a no-op for them),
 # drm for NVIDIA's real nvidia.ko (tests/vm/test_real_driver_vm.py) and its helpers.
@@ -28,18 +28,7 @@ DEPMOD_INPUTS = ("modules.builtin", "modules.builtin.modinfo")
 
 def kept_module_files(kernel: GuestKernel) -> list[Path]:
     """The .ko files of KEPT_MODULES and their dependencies."""
-    result = subprocess.run(
-        ["modprobe", "-d", str(kernel.base), "-S", kernel.release, "--show-depends", "-a",
-         *KEPT_MODULES],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    files: list[Path] = []
-    for line in result.stdout.splitlines():
-        words = line.split()
-        module = Path("/" + words[1].lstrip("/")) if words[:1] == ["insmod"] else None
-        if module is not None and module not in files:
-            files.append(module)
-    return files
+    return module_files(kernel, KEPT_MODULES)
 
 
 def module_tree(kernel: GuestKernel) -> Path | None:
