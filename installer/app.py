@@ -220,9 +220,10 @@ def serve_gate(config: Config) -> None:
     if not config.scheduling_gate:
         raise ConfigError("`installer gate` needs NVIDIA_INSTALLER_SCHEDULING_GATE=true (and "
                           "NODE_NAME)")
+    from installer import components
     from installer.cluster import gate
 
-    gate.serve(config)
+    gate.serve(config, components.names())
 
 
 def list_versions(config: Config) -> list[str]:

@@ -56,7 +56,44 @@ def make_config(options: dict[str, Any]) -> Config:
     return config
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class InstallerGroup(click.Group):
+    """The commands below, plus one per registered component (`installer fabricmanager`,
+    `installer persistenced`: components.COMPONENTS), made when asked for, so the other
+    commands never import installer.components."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        from installer import components
+
+        return sorted({*super().list_commands(ctx), *components.names()})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        from installer import components
+
+        try:
+            component = components.named(cmd_name)
+        except KeyError:
+            return None
+        return component_command(component.name, component.summary)
+
+
+def component_command(name: str, summary: str) -> click.Command:
+    """`installer <name>`: the component's long-running container command."""
+
+    @settings_options
+    def serve(**options: Any) -> None:
+        from installer import components
+
+        config = make_config(options)
+        components.serve(name, config)
+
+    return click.Command(name, callback=serve, params=getattr(serve, "__click_params__", []),
+                         help=summary, context_settings={"help_option_names": ["-h", "--help"]})
+
+
+@click.group(cls=InstallerGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="installer")
 def cli() -> None:
     """Install a verified NVIDIA driver onto this node (or the host mounted at ROOT_MOUNT_DIR)."""
@@ -177,28 +214,6 @@ def uninstall(**options: Any) -> None:
     config = make_config(options)
     for item in app.uninstall(config):
         click.echo(f"removed {item}")
-
-
-@cli.command()
-@settings_options
-def fabricmanager(**options: Any) -> None:
-    """Keep nv-fabricmanager of the verified driver running on an NVSwitch node (restarted with
-    backoff, non-zero exit when it cannot be kept up); idle where it does not apply."""
-    from installer import components
-
-    config = make_config(options)
-    components.serve("fabricmanager", config)
-
-
-@cli.command()
-@settings_options
-def persistenced(**options: Any) -> None:
-    """Keep nvidia-persistenced of the verified driver running with persistence mode on
-    (stopped with SIGTERM on exit and before the installer unloads a driver)."""
-    from installer import components
-
-    config = make_config(options)
-    components.serve("persistenced", config)
 
 
 @cli.command()

@@ -56,14 +56,14 @@ def close_step(ctx: Context) -> Step:
 
 
 def open_step(ctx: Context) -> Step:
-    """Last in the plan: untaint and label once readiness.pending() is empty (the readiness
+    """Last in the plan: untaint and label once readiness.pending(...) is empty (the readiness
     file verify wrote, the driver it names loaded, every component that applies up). When a
     component is still coming up in its own container, the gate stays closed and the
     scheduling-gate container (`installer gate`) opens it. Raises the gate's errors."""
     done = "scheduling-gate-opened"
 
     def apply() -> None:
-        waiting = readiness.pending(ctx.root)
+        waiting = readiness.pending(ctx.root, components.names())
         if waiting:
             log.info("the scheduling gate stays closed (%s): %s; the scheduling-gate container "
                      "opens it once that changes", ctx.config.gate_taint, "; ".join(waiting))

@@ -1,21 +1,15 @@
 """Whether this node can take GPU work now: the driver verified on this boot and still loaded,
-and every component that applies up. The scheduling gate opens on `pending(root) == []` and on
+and every component that applies up. The scheduling gate opens on `pending(...) == []` and on
 nothing else."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import PurePosixPath
 
 from installer import host
 from installer.hostroot import HostRoot
 from installer.layout import READY_FILE
-
-# The components whose long-running containers must report ready beside the driver's file, as
-# /run/nvidia-driver-installer/<name>-ready naming the verified driver (installer/components,
-# whose NAMES these are: `installer fabricmanager`, `installer persistenced`). A container with
-# nothing to do on this node writes its file too, with STATE=not-applicable: Fabric Manager
-# counts only on NVSwitch nodes (and with NVIDIA_FABRICMANAGER=false not at all).
-COMPONENTS: tuple[str, ...] = ("fabricmanager", "persistenced")
 
 
 def component_file(name: str) -> PurePosixPath:
@@ -35,11 +29,14 @@ def verified_version(root: HostRoot) -> str | None:
     return version
 
 
-def pending(root: HostRoot) -> list[str]:
-    """What keeps this node from GPU work now, a phrase each; empty when nothing does."""
+def pending(root: HostRoot, components: Sequence[str]) -> list[str]:
+    """What keeps this node from GPU work now, a phrase each; empty when nothing does.
+    `components`: the names whose long-running containers must report ready beside the
+    driver's file (installer/components' NAMES)."""
     waiting = driver_pending(root)
     version = verified_version(root)
-    return waiting if waiting or version is None else components_pending(root, version)
+    return waiting if waiting or version is None else components_pending(root, version,
+                                                                          components)
 
 
 def driver_pending(root: HostRoot) -> list[str]:
@@ -58,10 +55,13 @@ def driver_pending(root: HostRoot) -> list[str]:
     return []
 
 
-def components_pending(root: HostRoot, version: str) -> list[str]:
-    """Each component of COMPONENTS whose container has not reported ready for `version`."""
+def components_pending(root: HostRoot, version: str, components: Sequence[str]) -> list[str]:
+    """Each of `components` whose container has not reported ready for `version`: its
+    /run/nvidia-driver-installer/<name>-ready names another driver or is absent. A container
+    with nothing to do on this node writes its file too, with STATE=not-applicable (Fabric
+    Manager counts only on NVSwitch nodes, and with NVIDIA_FABRICMANAGER=false not at all)."""
     waiting = []
-    for name in COMPONENTS:
+    for name in components:
         reported = _values(root.read_text(component_file(name))).get("DRIVER_VERSION")
         if reported != version:
             waiting.append(f"{name} is not up for driver {version} ({component_file(name)} "

@@ -13,7 +13,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -71,7 +71,7 @@ def close(config: Config, why: str, *, drop_label: bool = False,
 
 def open_for(config: Config, version: str, client: ClientFactory = _client) -> bool:
     """Take the gate's taint off the node and label it with `version`. Call only when
-    readiness.pending() is empty. Returns whether the node was written. Raises as `close`."""
+    readiness.pending(...) is empty. Returns whether the node was written. Raises as `close`."""
     changed = _converge(config, client, tainted=False, label=version)
     if changed:
         log.info("scheduling gate opened: node %s untainted (%s), %s=%s", config.node_name,
@@ -133,12 +133,14 @@ def _gate_errors() -> Iterator[None]:
         raise SchedulingGateUnavailable(f"scheduling gate: {error.message}") from error
 
 
-def serve(config: Config, stop: threading.Event | None = None,
-          client: ClientFactory = _client, clock: Callable[[], float] = time.monotonic) -> None:
+def serve(config: Config, components: Sequence[str], stop: threading.Event | None = None,
+          client: ClientFactory = _client,
+          clock: Callable[[], float] = time.monotonic) -> None:
     """`installer gate`: until SIGTERM/SIGINT (or `stop`), open the gate once the node is
-    ready; with NVIDIA_INSTALLER_GATE_CLOSE_AFTER > 0, close it again when the node stays not
-    ready that long (Fabric Manager given up on, the driver unloaded by hand). An unreachable
-    API server is retried; a refusal (RBAC, policy) or an unknown node ends it with its error.
+    ready (the driver and each of `components` up: readiness.pending); with
+    NVIDIA_INSTALLER_GATE_CLOSE_AFTER > 0, close it again when the node stays not ready that
+    long (Fabric Manager given up on, the driver unloaded by hand). An unreachable API server
+    is retried; a refusal (RBAC, policy) or an unknown node ends it with its error.
     It never closes the gate on its own exit: a pod going away is not a broken node."""
     if stop is None:
         stop = _stop_on_signals()
@@ -151,7 +153,7 @@ def serve(config: Config, stop: threading.Event | None = None,
         now = clock()
         if now - confirmed >= RECHECK_SECONDS:
             state, confirmed = None, now
-        waiting = readiness.pending(root)
+        waiting = readiness.pending(root, components)
         try:
             if not waiting:
                 down_since = None

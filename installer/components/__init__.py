@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
-from installer import host, modules, readiness
+from installer import host, modules
 from installer.components import fabricmanager, nvswitch, persistenced
 from installer.config import Config
 from installer.host import Holder
@@ -29,8 +29,6 @@ if TYPE_CHECKING:  # the protocol is for the type checker; the tuple is what run
     from installer.components.component import Component
 
 log = logging.getLogger(__name__)
-
-NAMES = readiness.COMPONENTS  # what the scheduling gate waits for
 
 # Every component, in plan order: a new one is its module (a `Component`) and a line here.
 COMPONENTS: tuple[Component, ...] = (fabricmanager.COMPONENT, persistenced.COMPONENT)
@@ -45,7 +43,9 @@ def named(name: str) -> Component:
     raise KeyError(name)
 
 
-def _names() -> tuple[str, ...]:
+def names() -> tuple[str, ...]:
+    """Their container commands (`installer <name>`) and readiness files: what the scheduling
+    gate waits for beside the driver's."""
     return tuple(c.name for c in COMPONENTS)
 
 
@@ -124,7 +124,7 @@ def pause(root: HostRoot, layout: Layout, config: Config) -> None:
     if daemons:
         for daemon in processes.terminate(root, daemons):
             log.warning("cannot stop %s (pid %d) from here", daemon.name, daemon.pid)
-    for name in _names():  # their containers are not ready while the daemons are stopped
+    for name in names():  # their containers are not ready while the daemons are stopped
         root.local(ready_file(name)).unlink(missing_ok=True)
 
 

@@ -14,9 +14,11 @@ if TYPE_CHECKING:
 
 
 class Component(Protocol):
-    # Its container command (`installer <name>`) and readiness file; the scheduling gate waits
-    # for the names in readiness.COMPONENTS.
+    # Its container command (`installer <name>`) and readiness file: the scheduling gate waits
+    # for each registered component's.
     name: str
+    # The command's help (`installer <name> --help`).
+    summary: str
     # The process it keeps up beside the driver (stopped before an unload or uninstall).
     daemon: str
 

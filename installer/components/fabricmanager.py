@@ -279,6 +279,9 @@ class FabricManager:
 
     name = NAME
     daemon = DAEMON
+    summary = ("Keep nv-fabricmanager of the verified driver running on an NVSwitch node "
+               "(restarted with backoff, non-zero exit when it cannot be kept up); idle where "
+               "it does not apply.")
 
     def decision(self, ctx: Context) -> Decision:
         return decision(ctx)

@@ -189,6 +189,8 @@ class Persistenced:
 
     name = NAME
     daemon = DAEMON
+    summary = ("Keep nvidia-persistenced of the verified driver running with persistence mode "
+               "on (stopped with SIGTERM on exit and before the installer unloads a driver).")
 
     def decision(self, ctx: Context) -> Decision:
         return decision(ctx.config)

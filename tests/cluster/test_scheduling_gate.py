@@ -46,7 +46,7 @@ from cluster.test_protocol import RBAC as PROTOCOL_RBAC
 from installer import app, components, gate_steps, host, pipeline, readiness, state, steps
 from installer import verify as verify_package
 from installer.cluster import gate, protocol
-from installer.components import supervisor
+from installer.components import fabricmanager, supervisor
 from installer.components.fabricmanager import FabricManagerDaemon
 from installer.components.persistenced import PersistencedDaemon
 from installer.config import Config, build_config
@@ -173,14 +173,14 @@ def make_gate(tmp_path: Path, *components: str) -> Iterator[Gate]:
 
 @pytest.fixture
 def shipped_components() -> None:
-    """readiness.COMPONENTS as shipped: the gate waits for the components' containers."""
+    """components.COMPONENTS as shipped: the gate waits for the components' containers."""
 
 
 @pytest.fixture(autouse=True)
 def driver_only(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver's part of readiness alone, unless the test asks for `shipped_components`."""
     if "shipped_components" not in request.fixturenames:
-        monkeypatch.setattr(readiness, "COMPONENTS", ())
+        monkeypatch.setattr(components, "COMPONENTS", ())
 
 
 @pytest.fixture
@@ -295,7 +295,7 @@ def test_a_component_not_up_keeps_the_gate_closed(env: Gate, monkeypatch: pytest
     taint on while one has not reported ready; the scheduling-gate container opens it."""
     caplog.set_level(logging.INFO, "installer")
     registered_tainted(env.cluster)
-    monkeypatch.setattr(readiness, "COMPONENTS", ("fabricmanager",))
+    monkeypatch.setattr(components, "COMPONENTS", (fabricmanager.COMPONENT,))
     fake_verify(monkeypatch, env)
     ctx = env.context(env.config(), FakeRunner())
     run(ctx, [load_step(env, NEW)])
@@ -545,7 +545,7 @@ def serving(env: Gate, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[...
     def start(**settings: str) -> None:
         def loop() -> None:
             try:
-                gate.serve(env.config(**settings), stop)
+                gate.serve(env.config(**settings), components.names(), stop)
             except BaseException as error:  # handed to the test
                 errors.append(error)
 
@@ -562,7 +562,7 @@ def serving(env: Gate, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[...
 def test_the_gate_container_opens_once_ready_and_closes_when_fabric_manager_stays_down(
         env: Gate, serving: Callable[..., None], monkeypatch: pytest.MonkeyPatch) -> None:
     registered_tainted(env.cluster)
-    monkeypatch.setattr(readiness, "COMPONENTS", ("fabricmanager",))
+    monkeypatch.setattr(components, "COMPONENTS", (fabricmanager.COMPONENT,))
     env.loaded(NEW)
     env.ready(NEW)
     serving(NVIDIA_INSTALLER_GATE_CLOSE_AFTER="0.3")
@@ -701,7 +701,7 @@ def test_on_an_nvswitch_node_the_gate_opens_only_once_fabric_manager_is_up(
         time.sleep(0.2)
         assert env.tainted() and env.label() is None
         assert "fabricmanager is not up for driver" in "; ".join(
-            readiness.pending(HostRoot(env.root)))
+            readiness.pending(HostRoot(env.root), components.names()))
     finally:
         stop.set()
         fm.close()

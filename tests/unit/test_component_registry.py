@@ -8,15 +8,23 @@ from pathlib import Path
 
 import pytest
 from fakes import FakeRunner
-from hosttrees import H100, add_process, make_host, root_env
+from hosttrees import (
+    H100,
+    add_process,
+    make_host,
+    module_line,
+    root_env,
+    write_driver_version,
+    write_proc_modules,
+)
 from test_components import V, our_process
 
-from installer import components, planner, readiness, steps
+from installer import cli, components, planner, readiness, steps
 from installer.components import fabricmanager, persistenced
 from installer.components.supervisor import PAUSE_FILE, Daemon, ready_file
 from installer.config import Config, from_env
 from installer.hostroot import HostRoot
-from installer.layout import Layout
+from installer.layout import READY_FILE, Layout
 from installer.plan import Context, Decision, Plan, Step
 
 
@@ -25,6 +33,7 @@ class Extra:
 
     name = "extra"
     daemon = "nv-extra"
+    summary = "Keep nv-extra up beside the verified driver."
 
     def __init__(self) -> None:
         self.asked: list[str] = []
@@ -60,8 +69,8 @@ def plan_for(tmp_path: Path) -> Plan:
 
 def test_the_registered_components_are_fabric_manager_then_persistenced() -> None:
     assert components.COMPONENTS == (fabricmanager.COMPONENT, persistenced.COMPONENT)
-    # What the scheduling gate waits for (readiness.py sits above components/ and names them).
-    assert tuple(c.name for c in components.COMPONENTS) == readiness.COMPONENTS
+    # Their commands and what the scheduling gate waits for.
+    assert components.names() == ("fabricmanager", "persistenced")
     assert components.DAEMONS == ("nv-fabricmanager", "nvidia-persistenced")
     assert components.named("persistenced") is persistenced.COMPONENT
     with pytest.raises(KeyError):
@@ -109,3 +118,39 @@ def test_a_registered_components_daemon_is_ours_and_paused(tmp_path: Path, extra
     with components.paused(root, layout, config):
         assert root.local(PAUSE_FILE).exists()
         assert not root.local(ready_file("extra")).exists()  # not ready while stopped
+
+
+def test_a_registered_component_has_its_command_and_the_gate_waits_for_it(
+        tmp_path: Path, extra: Extra, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    served: list[tuple[str, str]] = []
+    monkeypatch.setattr(components, "serve", lambda name, config: served.append(
+        (name, str(config.root))))
+    for key in list(__import__("os").environ):
+        if key.startswith(("NVIDIA_", "ROOT_MOUNT_DIR")):
+            monkeypatch.delenv(key)
+    for key, value in root_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+
+    def invoke(*args: str) -> int:
+        with pytest.raises(SystemExit) as info:
+            cli.main(list(args))
+        return int(info.value.code or 0)
+
+    assert invoke("--help") == 0
+    listed = capsys.readouterr().out
+    assert "  extra " in listed and "  persistenced " in listed and "  run " in listed
+    assert invoke("extra", "--help") == 0
+    assert Extra.summary in capsys.readouterr().out
+    assert invoke("extra") == 0
+    assert served == [("extra", str(tmp_path))]
+    assert invoke("dcgm") == 2  # not registered: click's "No such command"
+
+    root = make_host(tmp_path, gpus=[H100])
+    write_proc_modules(tmp_path, [module_line("nvidia_uvm"), module_line("nvidia")])
+    write_driver_version(tmp_path, V, "open")
+    root.write_atomic(readiness.component_file("fabricmanager"), f"DRIVER_VERSION={V}\n")
+    root.write_atomic(readiness.component_file("persistenced"), f"DRIVER_VERSION={V}\n")
+    root.write_atomic(READY_FILE, f"DRIVER_VERSION={V}\n")
+    assert readiness.pending(root, components.names()) == [
+        f"extra is not up for driver {V} ({readiness.component_file('extra')} is absent)"]

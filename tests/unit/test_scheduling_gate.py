@@ -24,6 +24,7 @@ from installer.layout import READY_FILE
 
 KEY = "nvidia.com/gpu.driver-not-ready"
 GATE_ON = {"NVIDIA_INSTALLER_SCHEDULING_GATE": "true", "NODE_NAME": "gpu-1"}
+SHIPPED = ("fabricmanager", "persistenced")  # the registered components, in order
 
 
 # --------------------------------------------------------------------------- settings
@@ -136,45 +137,46 @@ def _ready(root: HostRoot, version: str) -> None:
 
 def test_readiness_is_the_verified_driver_loaded(tmp_path: Path) -> None:
     root = make_host(tmp_path, gpus=[0x2330])
-    assert readiness.pending(root) == [f"the driver is not verified on this boot ({READY_FILE} "
-                                       "is absent)"]
+    assert readiness.pending(root, SHIPPED) == [
+        f"the driver is not verified on this boot ({READY_FILE} is absent)"]
     root.write_atomic(READY_FILE, "KERNEL_MODULE_TYPE=open\n")
-    assert readiness.pending(root) == [f"{READY_FILE} names no DRIVER_VERSION"]
+    assert readiness.pending(root, SHIPPED) == [f"{READY_FILE} names no DRIVER_VERSION"]
     _ready(root, "580.105.08")
-    assert readiness.pending(root) == ["the verified driver 580.105.08 is not the one loaded "
-                                       "(loaded: none)"]
+    assert readiness.pending(root, SHIPPED) == [
+        "the verified driver 580.105.08 is not the one loaded (loaded: none)"]
     _loaded(tmp_path, "570.195.03")
-    assert "(loaded: 570.195.03)" in readiness.pending(root)[0]
+    assert "(loaded: 570.195.03)" in readiness.pending(root, SHIPPED)[0]
     assert readiness.verified_version(root) is None
     _loaded(tmp_path, "580.105.08")
     assert readiness.driver_pending(root) == []
     assert readiness.verified_version(root) == "580.105.08"
     # The driver's part is done; the components' containers have not reported yet.
-    assert [w.split()[0] for w in readiness.pending(root)] == ["fabricmanager", "persistenced"]
+    waiting = readiness.pending(root, SHIPPED)
+    assert [w.split()[0] for w in waiting] == ["fabricmanager", "persistenced"]
 
 
 def test_components_that_apply_must_report_ready_for_the_driver(tmp_path: Path) -> None:
     root = make_host(tmp_path, gpus=[0x2330])
     _loaded(tmp_path, "580.105.08")
     _ready(root, "580.105.08")
-    waiting = readiness.pending(root)
+    waiting = readiness.pending(root, SHIPPED)
     assert [w.split()[0] for w in waiting] == ["fabricmanager", "persistenced"]
     assert waiting[0].endswith("fabricmanager-ready is absent)")
     root.write_atomic(readiness.component_file("fabricmanager"),
                       "DRIVER_VERSION=580.105.08\nSTATE=not-applicable\nREASON=no NVSwitch\n")
     root.write_atomic(readiness.component_file("persistenced"),
                       "DRIVER_VERSION=570.195.03\nSTATE=running\n")
-    assert readiness.pending(root) == [
+    assert readiness.pending(root, SHIPPED) == [
         "persistenced is not up for driver 580.105.08 (/run/nvidia-driver-installer/"
         "persistenced-ready names 570.195.03)"]
     root.write_atomic(readiness.component_file("persistenced"),
                       "DRIVER_VERSION=580.105.08\nSTATE=running\n")
-    assert readiness.pending(root) == []
+    assert readiness.pending(root, SHIPPED) == []
 
 
 def test_the_gate_waits_for_the_files_the_components_containers_write() -> None:
-    assert readiness.COMPONENTS == components.NAMES == ("fabricmanager", "persistenced")
-    for name in components.NAMES:
+    assert components.names() == SHIPPED
+    for name in SHIPPED:
         assert supervisor.ready_file(name) == readiness.component_file(name)
 
 
@@ -184,7 +186,7 @@ def test_a_run_closes_the_gate_on_the_driver_alone(tmp_path: Path) -> None:
     ctx = context(tmp_path, FakeRunner(), **GATE_ON)
     _loaded(tmp_path, "570.195.03")
     _ready(ctx.root, "570.195.03")
-    assert readiness.pending(ctx.root) != []
+    assert readiness.pending(ctx.root, SHIPPED) != []
     assert gate_steps.close_step(ctx).is_satisfied()
 
 
