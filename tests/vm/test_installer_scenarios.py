@@ -7,7 +7,10 @@ free), no GPU, modprobe.d options. Three boots share one persistent state disk:
    firmware the installer put on the host is moved away;
 2. reboot: reload from the compiled-module cache, a download URL serving A's .run for B is
    refused before anything changes, upgrade to B refused while /dev/nvidia0 is held (A keeps
-   working), then upgrade to B once released (staged first: unload and load back to back);
+   working), then upgrade to B once released (staged first: unload and load back to back).
+   B's modules are compiled ahead on this machine by `installer prebuild` for the guest's
+   kernel and put in the guest's module cache (what a node finds after a prebuild): the first
+   boot's cold install is the in-guest compile, and a second one would prove nothing more;
 3. the GPUs gone: the installer refuses, and so does the module itself.
 """
 
@@ -25,6 +28,7 @@ import pytest
 
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
+from vm.prebuild import prebuild_modules
 
 pytestmark = pytest.mark.vm
 
@@ -99,6 +103,7 @@ step wrong-file env NVIDIA_DRIVER_VERSION={B} \
   NVIDIA_DRIVER_DOWNLOAD_URL=http://127.0.0.1:8000/{A}/NVIDIA-Linux-x86_64-{A}.run \
   {sys.executable} -m installer run
 state after-wrong-file
+cp -a "$VM_FILES/modules/{B}" {INSTALL}/cache/modules/
 exec 3</dev/nvidia0
 step upgrade-held env NVIDIA_DRIVER_VERSION={B} {sys.executable} -m installer run
 state while-held
@@ -129,8 +134,9 @@ def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> I
     www = tmp_path_factory.mktemp("www")
     for version in (A, B):
         kit.build_runfile(version, www / version)
+    modules = prebuild_modules([B], www, vm_kernel.release, tmp_path_factory.mktemp("prebuilt"))
     state = tmp_path_factory.mktemp("vmstate")
-    files = {"www": www}
+    files = {"www": www, "modules": modules}
     first = boot_and_run(FIRST_BOOT, state_dir=state, gpus=GPUS, files=files, timeout=1500)
     second = boot_and_run(SECOND_BOOT, state_dir=state, gpus=GPUS, files=files, timeout=1500)
     third = boot_and_run(THIRD_BOOT, state_dir=state, gpus=[], files=files, timeout=600)
@@ -231,6 +237,8 @@ def test_upgrade_while_held_names_the_holder_and_keeps_the_old_driver(boots: Boo
     assert exit_of(held) == 34, held
     assert "error[driver-in-use]" in held
     assert re.search(r"pid \d+ \(bash\) holds /dev/nvidia0", held), held
+    # Everything B needs is staged before the refusal: the next attempt only swaps.
+    assert "step install-userspace: done" in held
     assert_driver_state(boots.second.section("while-held"), A)
     smi = boots.second.section("smi-while-held")
     assert exit_of(smi) == 0 and A in smi
@@ -239,7 +247,9 @@ def test_upgrade_while_held_names_the_holder_and_keeps_the_old_driver(boots: Boo
 def test_upgrade_in_place_replaces_the_driver(boots: Boots) -> None:
     upgrade = boots.second.section("upgrade")
     assert exit_of(upgrade) == 0, upgrade
-    assert "step build-modules: already satisfied" in upgrade  # staged by the refused attempt
+    # Staged by the refused attempt (the modules came from the prebuild, above).
+    assert "step install-userspace: already satisfied" in upgrade
+    assert "step build-modules: already satisfied" in upgrade
     assert "unloaded nvidia" in upgrade
     state = boots.second.section("after-upgrade")
     assert_driver_state(state, B)

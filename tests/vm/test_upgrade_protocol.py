@@ -14,9 +14,7 @@ the in-guest compile is proven by test_installer_scenarios.py.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +25,7 @@ import pytest
 from installer.layout import READY_FILE
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
+from vm.prebuild import prebuild_modules
 
 pytestmark = pytest.mark.vm
 
@@ -136,19 +135,9 @@ kill "$(cat /tmp/stuck.pid)"
 @pytest.fixture(scope="module")
 def boot(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VmResult]:
     www = tmp_path_factory.mktemp("www")
-    prebuilt = tmp_path_factory.mktemp("prebuilt")
     for version in (A, B):
         kit.build_runfile(version, www / version)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("NVIDIA_", "ROOT_"))}
-        env.update(PYTHONPATH=str(REPO), NVIDIA_INSTALL_DIR_HOST=str(prebuilt),
-                   NVIDIA_INSTALL_DIR_CONTAINER=str(prebuilt), NVIDIA_DRIVER_VERSION=version,
-                   NVIDIA_DRIVER_MIRRORS=www.as_uri(), NVIDIA_INSTALLER_FETCH_HEADERS="false")
-        built = subprocess.run(
-            [sys.executable, "-m", "installer", "prebuild", "--kernel", vm_kernel.release],
-            env=env, capture_output=True, text=True, timeout=600, check=False)
-        assert built.returncode == 0, built.stderr[-3000:]
-    modules = prebuilt / "cache/modules"
-    assert sorted(p.name for p in modules.iterdir()) == [A, B]
+    modules = prebuild_modules([A, B], www, vm_kernel.release, tmp_path_factory.mktemp("prebuilt"))
     yield boot_and_run(SCENARIO, gpus=GPUS, files={"www": www, "modules": modules},
                        timeout=2400)
 
