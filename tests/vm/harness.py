@@ -123,11 +123,25 @@ def boot_and_run(
                 if disk is not None and before is not None:
                     _copy_sparse(before, disk)
             finally:
+                _keep_console(run_dir)
                 shutil.rmtree(run_dir, ignore_errors=True)
         raise AssertionError("unreachable")
     finally:
         if before is not None:
             before.unlink(missing_ok=True)
+
+
+def _keep_console(run_dir: Path) -> None:
+    """With INSTALLER_VM_CONSOLES=<dir>, each boot's console is kept there (named by the test
+    and the time): where a scenario spent its time, what a passing run printed."""
+    keep = os.environ.get("INSTALLER_VM_CONSOLES")
+    console = run_dir / "console.log"
+    if not keep or not console.is_file():
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", "boot").split(" ")[0]
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in test)[-120:]
+    Path(keep).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(console, Path(keep) / f"{time.strftime('%Y%m%dT%H%M%S')}-{name}.log")
 
 
 def _copy_sparse(source: Path, dest: Path) -> None:
