@@ -13,7 +13,9 @@ and GKE's Ubuntu shape, each with only the installer's `image:` changed. Two boo
 2. after a reboot: GKE's shape (no hostPID, no hostNetwork, no /run mount) reloads B; then, with
    /dev/nvidia0 held, ours (upgrade protocol off: no API server in the guest) asks for A: the
    initContainer fails and its termination file names error[driver-in-use], the holder (read
-   from /root/proc, without hostPID) and the hint. Then the board turns into an HGX one (two
+   from /root/proc, without hostPID) and the hint (A's modules are in the cache as
+   `installer prebuild` on this machine leaves them: the first boot's pods are the in-container
+   compiles, the refusal is what this one is about). Then the board turns into an HGX one (two
    NVSwitch functions join the simulated PCI tree): B reinstalled by hand fetches Fabric
    Manager from the redist tree on 127.0.0.1 and `installer verify` fails (fabric not started);
    ours runs nv-fabricmanager in its `fabricmanager` container and verify passes; a killed
@@ -43,6 +45,7 @@ from pod.spec import Image
 
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
+from vm.prebuild import prebuild_modules
 
 pytestmark = pytest.mark.vm
 
@@ -164,6 +167,8 @@ state gke-state
 pod stop gke >/dev/null
 step held-download installer download --version {A} --mirrors http://127.0.0.1:8000 \\
   --dest {INSTALL}/cache/downloads
+# A's modules as a prebuild leaves them (seed000's prune dropped the ones ours compiled).
+cp -a {GUEST_FILES}/modules/{A} {INSTALL}/cache/modules/
 exec 3</dev/nvidia0
 step held-pod pod run ours-no-protocol
 state held-state
@@ -192,8 +197,9 @@ sys.exit(0 if all(r["exit_code"] == 0 for r in json.load(sys.stdin).values()) el
 for _ in $(seq 180); do ready && break; sleep 1; done
 step fabric-probes pod probe ours-fabric
 step fabric-verify-after installer verify --json
+# stdout is the guest's console, a terminal: `ls -1` for one name a line.
 echo "@@ fabric-markers"; cat /run/nvidia-driver-installer/fabricmanager-ready \
-  /run/nvidia-driver-installer/persistenced-ready; ls /run/nvidia-persistenced
+  /run/nvidia-driver-installer/persistenced-ready; ls -1 /run/nvidia-persistenced
 # nv-fabricmanager dies: the driver drops the fabric, the container starts it again.
 kill -9 $(pgrep -f "versions/{B}/bin/nv-fabricmanager")
 sleep 1
@@ -217,7 +223,7 @@ echo "@@ fabric-fm-log"; cat /run/pod/ours-fabric/fabricmanager/log
 step fabric-uninstall installer uninstall
 echo "@@ fabric-after-uninstall"
 grep -E '^nvidia' /proc/modules || echo "no nvidia module"
-ls -A /run/nvidia-persistenced; ls /run/nvidia-driver-installer
+ls -1A /run/nvidia-persistenced; ls -1 /run/nvidia-driver-installer
 step fabric-probes-after pod probe ours-fabric
 pod stop ours-fabric >/dev/null
 """
@@ -230,8 +236,9 @@ class Boots:
     second: VmResult
 
 
-def prepare_files(built: Built, pause: Image, files: Path) -> Path:
-    """What the guest gets: the manifests, the images' configs and arguments, the runfiles."""
+def prepare_files(built: Built, pause: Image, files: Path, kernel: str) -> Path:
+    """What the guest gets: the manifests, the images' configs and arguments, the runfiles,
+    Fabric Manager's redist tree and A's modules prebuilt for the guest's `kernel`."""
     files.mkdir()
     images = {built.ref: built.image, SEED_PAUSE: pause, GKE_PAUSE: pause}
     lines = []
@@ -251,6 +258,8 @@ def prepare_files(built: Built, pause: Image, files: Path) -> Path:
     for version in (A, B):
         kit.build_runfile(version, files / "www" / version)
         build_fabricmanager(version, files / "www" / "redist")
+    modules = prebuild_modules([A], files / "www", kernel, files.parent / "prebuilt")
+    shutil.copytree(modules, files / "modules", symlinks=True)
     return files
 
 
@@ -265,7 +274,7 @@ def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> I
     buildah = Buildah(work / "storage")
     try:
         built = build_debian_image(buildah, work)
-        files = prepare_files(built, pause_image(work), work / "files")
+        files = prepare_files(built, pause_image(work), work / "files", vm_kernel.release)
         state = work / "vmstate"
         first = boot_and_run(FIRST_BOOT, state_dir=state, gpus=GPUS, files={"f": files},
                              timeout=1800)
@@ -395,10 +404,6 @@ def _json_of(section: str, exit_code: int) -> dict[str, Any]:
     return json.loads(section[start.start(): section.rindex("}") + 1])  # type: ignore[no-any-return]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 21, open: in CI (3504 s run, 2026-11-26) every check passes up to the last one: the "
-    "node's /run/nvidia-persistenced lists no nvidia-persistenced.pid or socket while the fabric "
-    "pod's persistenced container runs with persistence mode on; not yet diagnosed"))
 def test_an_nvswitch_node_is_verified_only_once_fabric_manager_runs(boots: Boots) -> None:
     second = boots.second
     run = second.section("fabric-run")
