@@ -32,7 +32,7 @@ def verified_version(root: HostRoot) -> str | None:
 def pending(root: HostRoot, components: Sequence[str]) -> list[str]:
     """What keeps this node from GPU work now, a phrase each; empty when nothing does.
     `components`: the names whose long-running containers must report ready beside the
-    driver's file (installer/components' NAMES)."""
+    driver's file (`components.names()`)."""
     waiting = driver_pending(root)
     version = verified_version(root)
     return waiting if waiting or version is None else components_pending(root, version,

@@ -17,9 +17,10 @@ from hosttrees import (
     write_driver_version,
     write_proc_modules,
 )
+from test_cli import invoke as cli_invoke
 from test_components import V, our_process
 
-from installer import cli, components, planner, readiness, steps
+from installer import components, planner, readiness, steps
 from installer.components import fabricmanager, persistenced
 from installer.components.supervisor import PAUSE_FILE, Daemon, ready_file
 from installer.config import Config, from_env
@@ -126,16 +127,9 @@ def test_a_registered_component_has_its_command_and_the_gate_waits_for_it(
     served: list[tuple[str, str]] = []
     monkeypatch.setattr(components, "serve", lambda name, config: served.append(
         (name, str(config.root))))
-    for key in list(__import__("os").environ):
-        if key.startswith(("NVIDIA_", "ROOT_MOUNT_DIR")):
-            monkeypatch.delenv(key)
-    for key, value in root_env(tmp_path).items():
-        monkeypatch.setenv(key, value)
 
     def invoke(*args: str) -> int:
-        with pytest.raises(SystemExit) as info:
-            cli.main(list(args))
-        return int(info.value.code or 0)
+        return cli_invoke(monkeypatch, list(args), root_env(tmp_path))
 
     assert invoke("--help") == 0
     listed = capsys.readouterr().out
