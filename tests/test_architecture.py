@@ -26,7 +26,7 @@ ONLY_IN = {
     "cryptography": "delivery/",
     "pynvml": "verify/",
     "click": "cli.py",
-    "kubernetes": "cluster/",
+    "yaml": "cluster/",
 }
 
 

@@ -1,20 +1,23 @@
-"""The only user of the kubernetes client: the few node, pod and event calls the protocol makes,
-on plain JSON dicts, with API failures mapped to the installer's errors."""
+"""The few node, pod and event calls the upgrade protocol and the scheduling gate make, as
+plain JSON over HTTP(S) (the standard library's http.client: a warm run with the protocol on
+reads one node, and a client library's import would cost it more than everything else it does),
+with API failures mapped to the installer's errors."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote, urlencode
 
+from installer import __version__
+from installer.cluster import credentials
 from installer.errors import (
     ClusterApiForbidden,
     ClusterApiUnavailable,
-    InstallerError,
     NodeNotFound,
 )
 
@@ -26,8 +29,10 @@ COMPONENT = "nvidia-driver-installer"
 # Who the API server records as owning the fields the protocol writes (managedFields): an
 # admin's later cordon shows up under another manager and is never undone.
 FIELD_MANAGER = "nvidia-driver-installer"
-# Seconds per API request (connect, read): a hung API server must not hang the upgrade.
-REQUEST_TIMEOUT = (10.0, 30.0)
+# Seconds to connect, then to wait for each answer: a hung API server must not hang the upgrade.
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 30.0
+USER_AGENT = f"{COMPONENT}/{__version__}"
 
 
 class Conflict(Exception):
@@ -38,74 +43,41 @@ class NodeClient:
     """Calls about one node: read and merge-patch it, list and evict its pods, post Events."""
 
     def __init__(self, node: str, kubeconfig: str | None) -> None:
-        # Heavy: imported only with the protocol on. Typed loosely: its stubs vary by release.
-        from kubernetes import client
-        from kubernetes import config as kubeconfig_loader
-
-        config: Any = kubeconfig_loader
-
-        settings = client.Configuration()
-        with _mapped("load the API credentials"):
-            if kubeconfig:
-                config.load_kube_config(config_file=kubeconfig, client_configuration=settings)
-            else:
-                config.load_incluster_config(client_configuration=settings)
-        settings.retries = 1  # the protocol's own loops retry; fail fast on a dead server
-        api = client.ApiClient(settings)
         self.node = node
-        self._core: Any = client.CoreV1Api(api)
-        self._models: Any = client
+        self._server = credentials.load(kubeconfig)
 
     def get_node(self) -> Json:
         """The Node object. Raises NodeNotFound, ClusterApi* errors."""
-        with _mapped(f"read node {self.node}", node=self.node):
-            return _json(self._core.read_node(self.node, _preload_content=False,
-                                              _request_timeout=REQUEST_TIMEOUT))
+        return self._call("GET", f"/api/v1/nodes/{quote(self.node)}",
+                          what=f"read node {self.node}", node=self.node)[1]
 
     def patch_node(self, patch: Json) -> Json:
         """A JSON merge patch (RFC 7386) of the node. With metadata.resourceVersion in the patch
         the server refuses it when the node changed since: raises Conflict."""
-        with _mapped(f"patch node {self.node}", node=self.node):
-            return _json(self._core.patch_node(
-                self.node, patch, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH,
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT))
+        return self._call("PATCH", f"/api/v1/nodes/{quote(self.node)}",
+                          {"fieldManager": FIELD_MANAGER}, body=patch, content_type=MERGE_PATCH,
+                          what=f"patch node {self.node}", node=self.node)[1]
 
     def pods_on_node(self) -> list[Json]:
         """Every pod bound to this node (field selector spec.nodeName)."""
-        with _mapped(f"list the pods on node {self.node}"):
-            answer = _json(self._core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={self.node}", _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT))
+        answer = self._call("GET", "/api/v1/pods", {"fieldSelector": f"spec.nodeName={self.node}"},
+                            what=f"list the pods on node {self.node}")[1]
         return list(answer.get("items") or [])
 
     def evict(self, namespace: str, name: str) -> str:
         """Ask the Eviction API to evict a pod: "evicted", "gone" (404) or "blocked" (429: a
         PodDisruptionBudget forbids it now)."""
-        from kubernetes.client.exceptions import ApiException
-
-        body = self._models.V1Eviction(
-            metadata=self._models.V1ObjectMeta(name=name, namespace=namespace))
-        try:
-            with _mapped(f"evict pod {namespace}/{name}", passthrough=(404, 429)):
-                self._core.create_namespaced_pod_eviction(
-                    name, namespace, body, _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT)
-        except ApiException as exc:
-            return "gone" if exc.status == 404 else "blocked"
-        return "evicted"
+        eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                    "metadata": {"name": name, "namespace": namespace}}
+        status, _ = self._call("POST", f"{_pod_path(namespace, name)}/eviction", body=eviction,
+                               what=f"evict pod {namespace}/{name}", passthrough=(404, 429))
+        return {404: "gone", 429: "blocked"}.get(status, "evicted")
 
     def delete_pod(self, namespace: str, name: str) -> None:
-        """Delete a pod at once (grace period 0), bypassing PodDisruptionBudgets."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            with _mapped(f"delete pod {namespace}/{name}", passthrough=(404,)):
-                self._core.delete_namespaced_pod(
-                    name, namespace, grace_period_seconds=0, _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT)
-        except ApiException:
-            pass  # already gone
+        """Delete a pod at once (grace period 0), bypassing PodDisruptionBudgets; a pod already
+        gone is no error."""
+        self._call("DELETE", _pod_path(namespace, name), {"gracePeriodSeconds": "0"},
+                   what=f"delete pod {namespace}/{name}", passthrough=(404,))
 
     def event(self, node_uid: str, reason: str, message: str, warning: bool = False) -> None:
         """A core/v1 Event on the Node (`kubectl describe node` shows it). Best effort: a
@@ -127,48 +99,96 @@ class NodeClient:
             "count": 1,
         }
         try:
-            with _mapped("post an event"):
-                self._core.create_namespaced_event("default", body, _preload_content=False,
-                                                   _request_timeout=REQUEST_TIMEOUT)
-        except InstallerError as exc:
-            log.warning("could not post the %s event on node %s: %s", reason, self.node,
-                        exc.message)
+            self._call("POST", "/api/v1/namespaces/default/events", body=body,
+                       what="post an event")
+        except (ClusterApiUnavailable, ClusterApiForbidden, Conflict) as exc:
+            log.warning("could not post the %s event on node %s: %s", reason, self.node, exc)
+
+    def _call(self, method: str, path: str, query: dict[str, str] | None = None, *,
+              body: Json | None = None, content_type: str = "application/json", what: str,
+              node: str | None = None, passthrough: tuple[int, ...] = ()) -> tuple[int, Json]:
+        """One request; its status and JSON answer. A status in `passthrough` is returned
+        (its answer empty); other failures raise the installer's errors (or Conflict)."""
+        server = self._server
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        token = server.bearer()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = content_type
+        target = server.base_path + path + (f"?{urlencode(query)}" if query else "")
+        connection: http.client.HTTPConnection
+        if server.tls is not None:
+            connection = _TlsConnection(server.host, server.port, timeout=CONNECT_TIMEOUT,
+                                        context=server.tls, server_name=server.server_name)
+        else:
+            connection = http.client.HTTPConnection(server.host, server.port,
+                                                    timeout=CONNECT_TIMEOUT)
+        try:
+            connection.connect()
+            assert connection.sock is not None
+            connection.sock.settimeout(READ_TIMEOUT)
+            connection.request(method, target, body=data, headers=headers)
+            response = connection.getresponse()
+            status, raw = response.status, response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise ClusterApiUnavailable(f"could not {what}: {exc or type(exc).__name__}") \
+                from exc
+        finally:
+            connection.close()
+        if status in passthrough:
+            return status, {}
+        if status >= 400:
+            raise _refusal(status, _status_message(raw, response.reason), what, node)
+        try:
+            answer = json.loads(raw) if raw else {}
+        except ValueError as exc:
+            raise ClusterApiUnavailable(f"could not {what}: the API server's answer is not "
+                                        "JSON") from exc
+        if not isinstance(answer, dict):
+            raise ClusterApiUnavailable(f"could not {what}: the API server's answer is not "
+                                        "a JSON object")
+        return status, answer
 
 
-def _json(response: Any) -> Json:
-    data = response.data
-    return dict(json.loads(data.decode() if isinstance(data, bytes) else data))
+class _TlsConnection(http.client.HTTPSConnection):
+    """HTTPS that checks the certificate against `server_name` (a kubeconfig's
+    tls-server-name) when given, else against the host connected to."""
+
+    def __init__(self, host: str, port: int, *, timeout: float, context: Any,
+                 server_name: str | None) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._server_name = server_name
+
+    def connect(self) -> None:
+        if not self._server_name:
+            super().connect()
+            return
+        http.client.HTTPConnection.connect(self)
+        context: Any = self._context  # type: ignore[attr-defined]
+        self.sock = context.wrap_socket(self.sock, server_hostname=self._server_name)
 
 
-@contextmanager
-def _mapped(what: str, *, node: str | None = None,
-            passthrough: tuple[int, ...] = ()) -> Iterator[None]:
-    """Turn the client's exceptions into the installer's errors (or Conflict)."""
-    from kubernetes.client.exceptions import ApiException
-    from kubernetes.config import ConfigException
-    from urllib3.exceptions import HTTPError
+def _pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
 
+
+def _refusal(status: int, detail: str, what: str, node: str | None) -> Exception:
+    if status == 409:
+        return Conflict(detail)
+    if status == 404 and node:
+        return NodeNotFound(f"could not {what}: the API server has no node {node!r}")
+    if status in (401, 403):
+        return ClusterApiForbidden(
+            f"could not {what}: the API server answered {status} ({detail})")
+    return ClusterApiUnavailable(f"could not {what}: the API server answered {status} ({detail})")
+
+
+def _status_message(raw: bytes, reason: str) -> str:
+    """The message of the API server's Status object, else the HTTP reason phrase."""
     try:
-        yield
-    except ApiException as exc:
-        if exc.status in passthrough:
-            raise
-        detail = _status_message(exc)
-        if exc.status == 409:
-            raise Conflict(detail) from exc
-        if exc.status == 404 and node:
-            raise NodeNotFound(f"could not {what}: the API server has no node {node!r}") from exc
-        if exc.status in (401, 403):
-            raise ClusterApiForbidden(
-                f"could not {what}: the API server answered {exc.status} ({detail})") from exc
-        raise ClusterApiUnavailable(
-            f"could not {what}: the API server answered {exc.status} ({detail})") from exc
-    except (HTTPError, OSError, ConfigException) as exc:
-        raise ClusterApiUnavailable(f"could not {what}: {exc}") from exc
-
-
-def _status_message(exc: Any) -> str:
-    try:
-        return str(json.loads(exc.body).get("message") or exc.reason)
+        return str(json.loads(raw).get("message") or reason)
     except (TypeError, ValueError, AttributeError):
-        return str(exc.reason)
+        return reason

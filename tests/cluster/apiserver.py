@@ -34,6 +34,7 @@ import contextlib
 import copy
 import json
 import re
+import ssl
 import sys
 import threading
 import time
@@ -88,7 +89,8 @@ class Request:
 class Cluster:
     """The stored objects; every method holds the lock."""
 
-    token: str = "stand-in-token"
+    # None: clients prove who they are with a certificate the TLS layer checked (ApiServer's tls)
+    token: Optional[str] = "stand-in-token"
     rules: Optional[list[Json]] = None  # a ClusterRole's rules; None: everything allowed
     # issue 20: bound ValidatingAdmissionPolicies (cluster.admission.load_policies) and the node
     # claim of the token (None: a token without one, such as a long-lived Secret token)
@@ -407,7 +409,8 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         status, answer = 200, None
         try:
-            if self.headers.get("Authorization") != f"Bearer {cluster.token}":
+            if (cluster.token is not None
+                    and self.headers.get("Authorization") != f"Bearer {cluster.token}"):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             for method, pattern, verb, group, resource in _ROUTES:
                 match = pattern.match(url.path)
@@ -471,25 +474,29 @@ class _Server(ThreadingHTTPServer):
     cluster: Cluster
 
     def handle_error(self, request: object, client_address: object) -> None:
-        """A client that closes its pooled connection at exit (the kubernetes client does)
-        is not an error; anything else still prints its traceback."""
+        """A client that closes its connection early (a timed-out request) is not an
+        error; anything else still prints its traceback."""
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class ApiServer:
-    """`with ApiServer(cluster) as api:` serves on 127.0.0.1; `api.kubeconfig(dir)` writes a
-    kubeconfig for it."""
+    """`with ApiServer(cluster) as api:` serves on 127.0.0.1 (HTTPS with a server-side `tls`
+    context); `api.kubeconfig(dir)` writes a kubeconfig for it."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, tls: Optional[ssl.SSLContext] = None) -> None:
         self.cluster = cluster
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.cluster = cluster
+        self._scheme = "http"
+        if tls is not None:  # HTTPS, as every real API server serves: the handshake on accept
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
+            self._scheme = "https"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"{self._scheme}://127.0.0.1:{self._server.server_address[1]}"
 
     def __enter__(self) -> ApiServer:
         self._thread.start()
@@ -500,7 +507,7 @@ class ApiServer:
         self._server.server_close()
 
     def kubeconfig(self, directory: Path) -> Path:
-        return write_kubeconfig(directory / "kubeconfig", self.url, self.cluster.token)
+        return write_kubeconfig(directory / "kubeconfig", self.url, self.cluster.token or "")
 
 
 def write_kubeconfig(path: Path, server: str, token: str) -> Path:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("celpy", reason="pip install cel-python")
 
 import requests

@@ -1,7 +1,8 @@
-"""The upgrade protocol with the official kubernetes client against the stand-in API server: the
-node's cordon, labels, annotation and events, evictions under PodDisruptionBudgets, timeouts,
-an unreachable API, a run killed mid-way. The stand-in enforces the shipped RBAC and the
-ValidatingAdmissionPolicy (issue 20) on every call, with a token bound to NODE."""
+"""The upgrade protocol with the installer's API client (installer/cluster/client.py) against
+the stand-in API server: the node's cordon, labels, annotation and events, evictions under
+PodDisruptionBudgets, timeouts, an unreachable API, a run killed mid-way. The stand-in enforces
+the shipped RBAC and the ValidatingAdmissionPolicy (issue 20) on every call, with a token bound
+to NODE."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("kubernetes", reason="pip install kubernetes")
 
 from cluster.admission import load_policies
 from cluster.apiserver import ApiServer, Cluster, cluster_role_rules, write_kubeconfig

@@ -1,4 +1,4 @@
-"""The scheduling gate's life cycle (issue 21) with the official kubernetes client against the
+"""The scheduling gate's life cycle (issue 21) with the installer's API client against the
 stand-in API server, which enforces the shipped RBAC and admission policies of the Components
 applied (components/scheduling-gate alone, or with components/upgrade-protocol) for a token
 bound to NODE: a tainted node stays tainted through a run until verify passes; a failing verify
@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("celpy", reason="pip install cel-python")
 
 from fakes import FakeRunner

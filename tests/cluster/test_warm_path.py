@@ -1,5 +1,5 @@
-"""With the protocol off the installer never loads the kubernetes client (DESIGN: cluster/ is
-never imported on the warm path when the protocol is off)."""
+"""With the protocol off the installer never loads its API client (DESIGN: cluster/ is never
+imported on the warm path when the protocol is off)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_protocol_off_imports_no_cluster_code(tmp_path: Path) -> None:
-    """The warm path with the protocol off never loads the kubernetes client."""
+    """The warm path with the protocol off never loads the API client."""
     code = f"""
 import json, sys
 from pathlib import Path
@@ -25,7 +25,7 @@ try:
     steps.unload_old_step(held_host(Path({str(tmp_path)!r}))).apply()
 except DriverInUse:
     pass
-loaded = [m for m in sys.modules if m.startswith(("kubernetes", "installer.cluster"))]
+loaded = [m for m in sys.modules if m.startswith(("yaml", "installer.cluster"))]
 print(json.dumps(sorted(loaded)))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -35,7 +35,7 @@ print(json.dumps(sorted(loaded)))
 
 def test_gate_off_an_unload_imports_no_cluster_code(tmp_path: Path) -> None:
     """Issue 21: with the scheduling gate (and the protocol) off, an unload that goes ahead
-    passes the gate's hook without loading the kubernetes client or installer.cluster."""
+    passes the gate's hook without loading installer.cluster."""
     code = f"""
 import json, shutil, sys
 from pathlib import Path
@@ -50,7 +50,7 @@ except Exception as error:  # the fake rmmod unloads nothing; the step's check i
     print("unexpected", error, file=sys.stderr)
     raise
 assert [c.argv[0] for c in ctx.runner.calls] == ["rmmod", "rmmod"], ctx.runner.calls
-loaded = [m for m in sys.modules if m.startswith(("kubernetes", "installer.cluster"))]
+loaded = [m for m in sys.modules if m.startswith(("yaml", "installer.cluster"))]
 print(json.dumps(sorted(loaded)))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

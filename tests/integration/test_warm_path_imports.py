@@ -41,7 +41,7 @@ NOT_ON_THE_WARM_PATH = (
     "urllib3",
     "tenacity",
     "oras",
-    "kubernetes",
+    "yaml",
     "pynvml",
     "sqlite3",
 )

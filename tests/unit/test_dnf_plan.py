@@ -360,7 +360,6 @@ def test_a_held_driver_is_refused_before_dnf_changes_the_hosts_packages(tmp_path
 
 def test_with_the_protocol_the_room_is_made_before_the_packages_change(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("kubernetes", reason="pip install kubernetes")
     from installer.cluster import protocol
     from installer.layout import READY_FILE
 

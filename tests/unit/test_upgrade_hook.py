@@ -101,7 +101,6 @@ def _dead_api(tmp_path: Path) -> Path:
 
 
 def test_api_unreachable_leaves_the_old_driver_loaded_and_ready(tmp_path: Path) -> None:
-    pytest.importorskip("kubernetes", reason="pip install kubernetes")
     ctx = held_host(tmp_path, NVIDIA_INSTALLER_UPGRADE_PROTOCOL="true", NODE_NAME="gpu-1",
                     NVIDIA_INSTALLER_KUBECONFIG=str(_dead_api(tmp_path)))
     with pytest.raises(ClusterApiUnavailable) as caught:
@@ -132,7 +131,6 @@ def test_check_before_staging_refuses_a_held_driver_only_with_the_protocol_off(
 
 
 def test_a_held_upgrade_that_cannot_reach_the_api_fails_before_staging(tmp_path: Path) -> None:
-    pytest.importorskip("kubernetes", reason="pip install kubernetes")
     ctx = held_host(tmp_path, NVIDIA_INSTALLER_UPGRADE_PROTOCOL="true", NODE_NAME="gpu-1",
                     NVIDIA_INSTALLER_KUBECONFIG=str(_dead_api(tmp_path)))
     with pytest.raises(ClusterApiUnavailable, match="could not read node gpu-1"):

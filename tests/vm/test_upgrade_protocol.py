@@ -29,7 +29,6 @@ from vm.prebuild import prebuild_modules
 
 pytestmark = pytest.mark.vm
 
-pytest.importorskip("kubernetes", reason="pip install kubernetes")
 
 REPO = Path(__file__).resolve().parents[2]
 A = "580.105.08"
