@@ -4,7 +4,7 @@ idles on an open node, polling the readiness files every 5 s and reading the Nod
 server every 5 minutes. The API server is the stand-in of tests/cluster on 127.0.0.1.
 
 Baseline in the same run: `installer status` (the installer's own interpreter and imports, no
-kubernetes client), on the same host root.
+API client), on the same host root.
 
     python3 bench/bench_gate.py [--idle 60]
 """
@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 
 from cluster.apiserver import ApiServer, Cluster  # noqa: E402
+from installer import components  # noqa: E402
 from hosttrees import (  # noqa: E402
     H100,
     make_host,
@@ -60,6 +61,8 @@ def main() -> int:
         ready = root / "run/nvidia-driver-installer/driver-ready"
         ready.parent.mkdir(parents=True)
         ready.write_text(f"DRIVER_VERSION={VERSION}\n")
+        for name in components.names():  # each component's container reported ready
+            (ready.parent / f"{name}-ready").write_text(f"DRIVER_VERSION={VERSION}\n")
         cluster = Cluster()
         node = cluster.add_node(NODE, {})
         node["spec"]["taints"] = [{"key": "nvidia.com/gpu.driver-not-ready",
