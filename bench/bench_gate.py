@@ -26,7 +26,6 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 
 from cluster.apiserver import ApiServer, Cluster  # noqa: E402
-from installer import components  # noqa: E402
 from hosttrees import (  # noqa: E402
     H100,
     make_host,
@@ -34,6 +33,8 @@ from hosttrees import (  # noqa: E402
     write_driver_version,
     write_proc_modules,
 )
+
+from installer import components  # noqa: E402
 
 NODE = "gpu-node-1"
 VERSION = "580.105.08"

@@ -5,9 +5,8 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from installer.errors import CatalogUnavailable
 
@@ -20,10 +19,8 @@ SHIPPED = "installer/data/releases.json"
 
 # Digits and dots only, 2 or 3 components, a 3-digit major: the value ends up in URLs,
 # file names and argv, so nothing looser is accepted anywhere.
-# re.ASCII: \d would otherwise accept any Unicode digit (Arabic-Indic, fullwidth, ...).
-VERSION_RE = re.compile(
-    r"^(?P<major>[1-9]\d{2})\.(?P<minor>\d{1,3})(?:\.(?P<patch>\d{1,3}))?$", re.ASCII
-)
+# (?a), re.ASCII: \d would otherwise accept any Unicode digit (Arabic-Indic, fullwidth, ...).
+VERSION_RE = r"(?a)^(?P<major>[1-9]\d{2})\.(?P<minor>\d{1,3})(?:\.(?P<patch>\d{1,3}))?$"
 
 _URL_SCHEMES = ("http://", "https://", "file://")
 
@@ -31,7 +28,7 @@ Fetch = Callable[[str], bytes]
 
 
 def is_version(text: str) -> bool:
-    return VERSION_RE.fullmatch(text) is not None
+    return re.fullmatch(VERSION_RE, text) is not None
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -43,8 +40,7 @@ def version_major(version: str) -> int:
     return int(version.split(".", 1)[0])
 
 
-@dataclass(frozen=True)
-class Release:
+class Release(NamedTuple):
     """One driver release of a branch."""
 
     version: str
@@ -60,8 +56,7 @@ class Release:
         return None
 
 
-@dataclass(frozen=True)
-class Branch:
+class Branch(NamedTuple):
     """A driver branch (R535, R580, ...) and its releases, newest first."""
 
     major: int
@@ -86,8 +81,7 @@ class Branch:
         return f"R{self.major} ({self.type})"
 
 
-@dataclass(frozen=True)
-class Catalog:
+class Catalog(NamedTuple):
     """Branches newest first; `source` names where the catalog came from."""
 
     branches: tuple[Branch, ...]
@@ -150,9 +144,9 @@ def load(source: str | None, fetch: Fetch) -> Catalog:
 @functools.lru_cache(maxsize=1)
 def shipped() -> Catalog:
     """The catalog shipped with the package (parsed once per process)."""
-    from importlib import resources  # lazily: only this path needs it
-
-    data = resources.files("installer").joinpath("data/releases.json").read_bytes()
+    # Beside this module, as gpus.shipped_database reads gpus.json (not importlib.resources:
+    # issue 22's warm path).
+    data = (Path(__file__).parent / "data" / "releases.json").read_bytes()
     return parse(data, SHIPPED)
 
 

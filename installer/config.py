@@ -4,9 +4,9 @@ flag, default, meaning and parser in one entry (GKE's variable names first)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from installer import setting_parsers as parse
 from installer.setting_parsers import check_build_path
@@ -15,8 +15,7 @@ __all__ = ["SETTINGS", "Config", "Setting", "build_config", "check_build_path", 
            "known_env_vars", "secret_env_vars", "setting", "settings_of"]
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
     """One setting: its Config field, environment variable, default (as the variable would
     spell it), meaning, and the parser that turns text into the field's value."""
 
@@ -221,7 +220,8 @@ class Config:
     )
     kubeconfig: str | None = setting(
         "NVIDIA_INSTALLER_KUBECONFIG", "", parse.optional_text,
-        "kubeconfig file for the API server (default: the pod's service account).",
+        "kubeconfig file for the API server: a token, token file or client certificate (exec "
+        "plugins are refused); default: the pod's service account.",
     )
     eviction_timeout: float = setting(
         "NVIDIA_INSTALLER_EVICTION_TIMEOUT", "600", parse.number,
@@ -334,7 +334,7 @@ class Config:
 def settings_of(table: type) -> tuple[Setting, ...]:
     """The Setting of every field of `table`, in field order; KeyError for a field that was not
     declared with `setting(...)`."""
-    return tuple(replace(f.metadata["setting"], name=f.name) for f in fields(table))
+    return tuple(f.metadata["setting"]._replace(name=f.name) for f in fields(table))
 
 
 SETTINGS = settings_of(Config)

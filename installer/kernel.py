@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from installer import distros
 from installer.errors import KernelHeadersMissing
@@ -15,8 +15,7 @@ SOURCE_MARKER = "include/linux/kernel.h"
 OUTPUT_MARKERS = ("include/generated/uapi/linux/version.h", "include/linux/version.h")
 
 
-@dataclass(frozen=True)
-class Headers:
+class Headers(NamedTuple):
     """A kernel's header trees as nvidia-installer needs them: the source tree (its
     `--kernel-source-path`) and the configured output tree (`--kernel-output-path`), which are
     one directory except on Debian (`-common` and `-amd64`). Also the trees that must be visible
@@ -112,13 +111,13 @@ def find_unpacked_headers(tree_root: Path, kernel: str) -> Headers | None:
     found = find_headers(HostRoot(tree_root), kernel)
     if found is None:
         return None
-    return replace(found, unpacked_root=tree_root)
+    return found._replace(unpacked_root=tree_root)
 
 
 def find_container_headers(kernel: str) -> Headers | None:
     """Headers installed inside the installer's own image (already at their own paths)."""
     found = find_headers(HostRoot(Path("/")), kernel)
-    return replace(found, binds=(), in_container=True) if found else None
+    return found._replace(binds=(), in_container=True) if found else None
 
 
 def _trees_to_bind(root: HostRoot, trees: tuple[PurePosixPath, ...]

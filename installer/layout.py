@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from installer.config import Config
 from installer.hostroot import HostRoot
@@ -15,8 +15,7 @@ READY_FILE = PurePosixPath("/run/nvidia-driver-installer/driver-ready")
 MODULES_SUBDIR = "updates/nvidia-driver-installer"
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     """The install dir's layout (GKE-compatible `bin/`, `lib64/`, `drivers/` at the top).
 
     ```

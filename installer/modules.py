@@ -7,8 +7,8 @@ import os
 import re
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from installer import host
 from installer.errors import CommandFailed, DeviceNodesFailed, DriverInUse, ModuleLoadFailed
@@ -68,8 +68,7 @@ def depmod_argv(root: HostRoot, kernel: str) -> list[str]:
     return root.tool_argv("depmod", kernel)
 
 
-@dataclass(frozen=True)
-class LoadRequest:
+class LoadRequest(NamedTuple):
     kernel: str
     via_modprobe: bool
     module_dir: Path
@@ -150,8 +149,7 @@ def in_use_error(holders: Sequence[str], present: dict[str, int], detail: str = 
     return DriverInUse("; ".join(parts))
 
 
-@dataclass(frozen=True)
-class Node:
+class Node(NamedTuple):
     name: str
     major: int
     minor: int
@@ -230,7 +228,7 @@ def link_char_nodes(dev_dir: Path, nodes: Sequence[Node]) -> None:
         os.replace(temporary, link)
 
 
-NODE_NAME = re.compile(r"nvidia(\d+|ctl|-modeset|-uvm|-uvm-tools)")
+NODE_NAME = r"nvidia(\d+|ctl|-modeset|-uvm|-uvm-tools)"
 
 
 def remove_nodes(dev_dir: Path) -> list[str]:
@@ -239,11 +237,11 @@ def remove_nodes(dev_dir: Path) -> list[str]:
     removed = []
     char_dir = dev_dir / "char"
     for link in sorted(char_dir.iterdir()) if char_dir.is_dir() else []:
-        if link.is_symlink() and NODE_NAME.fullmatch(os.readlink(link).rpartition("/")[2]):
+        if link.is_symlink() and re.fullmatch(NODE_NAME, os.readlink(link).rpartition("/")[2]):
             link.unlink()
             removed.append(str(link))
     for path in sorted(dev_dir.glob("nvidia*")):
-        if NODE_NAME.fullmatch(path.name) and stat.S_ISCHR(path.lstat().st_mode):
+        if re.fullmatch(NODE_NAME, path.name) and stat.S_ISCHR(path.lstat().st_mode):
             path.unlink()
             removed.append(str(path))
     return removed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from installer.errors import InstallFailed
 from installer.plan import Plan, Step
@@ -12,8 +12,7 @@ from installer.plan import Plan, Step
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class StepOutcome:
+class StepOutcome(NamedTuple):
     name: str
     status: str  # "satisfied" or "applied"
     seconds: float

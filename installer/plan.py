@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from installer.config import Config
 from installer.host import HostFacts
@@ -18,15 +18,13 @@ if TYPE_CHECKING:
     from installer.upgrade_gate import UpgradeGate
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     topic: str
     value: str
     reason: str
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     """One named step: `is_satisfied` only reads the host; `apply` changes it."""
 
     name: str

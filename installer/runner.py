@@ -1,4 +1,5 @@
-"""The only place that starts processes: argv lists, LC_ALL=C, timeouts, streamed output."""
+"""The only place that starts processes: argv lists, LC_ALL=C, timeouts, streamed output.
+subprocess is imported when a process starts: a warm run starts none (issue 22)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,15 @@ import collections
 import logging
 import os
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import IO, Protocol
+from typing import IO, TYPE_CHECKING, NamedTuple, Protocol
 
 from installer.errors import CommandFailed, CommandNotFound
+
+if TYPE_CHECKING:
+    import subprocess
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +33,7 @@ def child_environment(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in dropped}
 
 
-@dataclass(frozen=True)
-class Result:
+class Result(NamedTuple):
     argv: tuple[str, ...]
     returncode: int
     output: str
@@ -78,6 +79,8 @@ class SubprocessRunner:
         stream: bool = False,
         input_text: str | None = None,
     ) -> Result:
+        import subprocess
+
         args = [str(a) for a in argv]
         full_env = child_environment({**self._base_env, **(env or {})})
         if shutil.which(args[0], path=full_env.get("PATH")) is None and not os.path.isfile(args[0]):
@@ -114,6 +117,8 @@ def _collect(
     input_text: str | None,
     timeout: float | None,
 ) -> list[str]:
+    import subprocess
+
     lines: list[str] = []
     keep: collections.deque[str] = collections.deque(maxlen=10_000)
     label = os.path.basename(name)
@@ -166,6 +171,8 @@ class Child:
 
     def wait(self, timeout: float | None = None) -> int | None:
         """The exit status, or None when it is still running after `timeout` seconds."""
+        import subprocess
+
         try:
             code = self._proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -187,6 +194,8 @@ def spawn(
 ) -> Child:
     """Start `argv` without waiting (LC_ALL=C, stdin from /dev/null, stdout and stderr merged
     and handed to `on_line` without the newline). Raises CommandNotFound."""
+    import subprocess
+
     args = [str(a) for a in argv]
     full_env = {**(os.environ if base_env is None else base_env), "LC_ALL": "C", **(env or {})}
     if shutil.which(args[0], path=full_env.get("PATH")) is None and not os.path.isfile(args[0]):

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
-_MODULE_ARG = re.compile(r"^[a-z0-9_-]+\.[A-Za-z0-9_]+=[A-Za-z0-9_.,:/+-]*$")
-_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+_MODULE_ARG = r"^[a-z0-9_-]+\.[A-Za-z0-9_]+=[A-Za-z0-9_.,:/+-]*$"
+_SHA256 = r"^[0-9a-fA-F]{64}$"
 
 
 class Named(Protocol):
@@ -80,12 +80,12 @@ def required_host_path(value: str, setting: Named) -> PurePosixPath:
 
 # Paths that reach make (M=, --tmpdir) and shells: make expands `$(...)` and splits on spaces,
 # so only characters with no meaning to make or sh are allowed.
-_BUILD_PATH = re.compile(r"^/[A-Za-z0-9._+@/-]*$", re.ASCII)
+_BUILD_PATH = r"(?a)^/[A-Za-z0-9._+@/-]*$"
 
 
 def check_build_path(what: str, path: PurePosixPath | Path) -> PurePosixPath:
     """`path` unchanged if it is safe to pass to make and sh; else ConfigError naming `what`."""
-    if not _BUILD_PATH.fullmatch(str(path)):
+    if not re.fullmatch(_BUILD_PATH, str(path)):
         raise ConfigError(
             f"{what}={str(path)!r} holds characters that make or the shell would interpret "
             "(spaces, $, quotes, ...)",
@@ -141,7 +141,7 @@ def redist(value: str, setting: Named) -> tuple[str, ...]:
 def module_args(value: str, setting: Named) -> tuple[tuple[str, str], ...]:
     parsed = []
     for item in value.split():
-        if not _MODULE_ARG.match(item):
+        if not re.match(_MODULE_ARG, item):
             raise ConfigError(
                 f"{setting.env}: {item!r} is not module.param=value",
                 hint="Example: NVIDIA_MODULE_ARGS='nvidia.NVreg_EnableGpuFirmware=0'",
@@ -154,7 +154,7 @@ def module_args(value: str, setting: Named) -> tuple[tuple[str, str], ...]:
 def sha256(value: str, setting: Named) -> str | None:
     if not value:
         return None
-    if not _SHA256.match(value):
+    if not re.match(_SHA256, value):
         raise ConfigError(f"{setting.env} must be 64 hexadecimal characters")
     return value.lower()
 
@@ -275,15 +275,15 @@ def seconds_or_never(value: str, setting: Named) -> float:
     return number
 
 
-_TAINT_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-_TAINT_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_TAINT_PREFIX = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+_TAINT_NAME = r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 
 
 def taint_key(value: str, setting: Named) -> str:
     """A taint key (a qualified name: [DNS subdomain/]name) the scheduling gate may own."""
     value = value.strip()
     prefix, _, name = value.rpartition("/")
-    if not _TAINT_NAME.match(name) or ("/" in value and not _TAINT_PREFIX.match(prefix)):
+    if not re.match(_TAINT_NAME, name) or ("/" in value and not re.match(_TAINT_PREFIX, prefix)):
         raise ConfigError(f"{setting.env}={value!r} is not a taint key ([prefix/]name, e.g. "
                           "nvidia.com/gpu.driver-not-ready)")
     if value == "nvidia.com/gpu":

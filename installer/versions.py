@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal, NamedTuple, Union
 
 from installer.catalog import (
     LTS,
@@ -29,7 +28,7 @@ from installer.host import Flavour, PciGpu
 ALIASES = ("auto", "latest", "production", "lts")
 # COS's installer calls the GPU-aware choice "default"; accepted so its settings keep working.
 _ALIAS_SYNONYMS = {"default": "auto"}
-_BRANCH_RE = re.compile(r"^[rR]?([1-9]\d{2})$", re.ASCII)
+_BRANCH_RE = r"(?a)^[rR]?([1-9]\d{2})$"
 
 # Open kernel modules were first published with R515; NVIDIA made them the default in R560.
 FIRST_OPEN_BRANCH = 515
@@ -38,13 +37,12 @@ OPEN_DEFAULT_BRANCH = 560
 DEFAULT_BASE = "https://us.download.nvidia.com"
 DEFAULT_BRANCH_PATH = "tesla"
 ARCHES = ("x86_64", "aarch64")
-_PATH_ELEMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_PATH_ELEMENT = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 RequestKind = Literal["exact", "branch", "alias"]
 
 
-@dataclass(frozen=True)
-class VersionRequest:
+class VersionRequest(NamedTuple):
     """A validated request: an exact version, a branch major ("550") or an alias."""
 
     kind: RequestKind
@@ -52,8 +50,7 @@ class VersionRequest:
     raw: str
 
 
-@dataclass(frozen=True)
-class Resolution:
+class Resolution(NamedTuple):
     """The chosen driver and why (`reasons` are printed by `installer plan`)."""
 
     version: str
@@ -78,7 +75,7 @@ def parse_request(text: str) -> VersionRequest:
         return VersionRequest("alias", _ALIAS_SYNONYMS[lowered], text)
     if is_version(value):
         return VersionRequest("exact", value, text)
-    branch = _BRANCH_RE.fullmatch(value)
+    branch = re.fullmatch(_BRANCH_RE, value)
     if branch is not None:
         return VersionRequest("branch", branch.group(1), text)
     raise InvalidVersion(f"invalid driver version {text!r}")
@@ -150,7 +147,7 @@ def runfile_url(
         raise InvalidVersion(f"invalid driver version {version!r}")
     if arch not in ARCHES:
         raise ConfigError(f"unsupported architecture {arch!r} for a driver download")
-    if not all(_PATH_ELEMENT.fullmatch(part) for part in branch_path.split("/")):
+    if not all(re.fullmatch(_PATH_ELEMENT, part) for part in branch_path.split("/")):
         raise ConfigError(f"invalid download branch path {branch_path!r}")
     if not base.startswith(("http://", "https://", "file://")):
         raise ConfigError(f"invalid download base URL {base!r}")

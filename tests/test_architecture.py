@@ -25,7 +25,7 @@ ONLY_IN = {
     "tenacity": "delivery/",
     "cryptography": "delivery/",
     "pynvml": "verify/",
-    "click": "cli.py",
+    "click": "cli/",
     "yaml": "cluster/",
 }
 

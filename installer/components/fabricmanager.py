@@ -39,8 +39,8 @@ FORCED = {"DAEMONIZE": "0", "LOG_FILE_NAME": ""}
 # What nv-fabricmanager logs once every NVSwitch routes GPU NVLink traffic.
 CONFIGURED = "Successfully configured all the available NVSwitches"
 NVML_EVERY = 3.0  # seconds between fabric checks while it is not ready
-_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_KEY = r"^[A-Z][A-Z0-9_]*$"
+_CONTROL = r"[\x00-\x1f\x7f]"
 
 
 def _fabric(ctx: Context) -> nvswitch.Fabric:
@@ -145,7 +145,7 @@ def overrides(env: Mapping[str, str], topology_dir: Path) -> dict[str, str]:
         if not variable.startswith(CONFIG_PREFIX):
             continue
         key = variable[len(CONFIG_PREFIX):]
-        if not _KEY.match(key) or _CONTROL.search(value):
+        if not re.match(_KEY, key) or re.search(_CONTROL, value):
             raise ConfigError(f"{variable}: fabricmanager.cfg takes KEY=value lines of "
                               "upper-case keys and one-line values")
         if key in FORCED:

@@ -8,9 +8,8 @@ import logging
 import os
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 from installer.config import Config
 from installer.dirs import mark_complete
@@ -30,8 +29,8 @@ log = logging.getLogger(__name__)
 PLATFORMS = {"x86_64": "linux-x86_64", "aarch64": "linux-sbsa"}
 COMPONENT_KEY = "fabricmanager"
 INSTALLED_MARKER = ".fabricmanager-version"
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_FM_VERSION = re.compile(r"Fabric Manager version is\s*:\s*(\S+)")
+_SHA256 = r"^[0-9a-f]{64}$"
+_FM_VERSION = r"Fabric Manager version is\s*:\s*(\S+)"
 
 
 def archive_name(version: str, arch: str) -> str:
@@ -59,8 +58,7 @@ def installed(layout: Layout, version: str) -> bool:
         return False
 
 
-@dataclass(frozen=True)
-class Listed:
+class Listed(NamedTuple):
     """The archive as redistrib_<version>.json lists it."""
 
     relative_path: str
@@ -94,7 +92,7 @@ def parse_manifest(data: bytes, version: str, arch: str, where: str) -> Listed:
             "tree")
     sha256 = str(item.get("sha256", "")).lower()
     size = str(item.get("size", ""))
-    if not _SHA256.match(sha256) or not size.isdigit():
+    if not re.match(_SHA256, sha256) or not size.isdigit():
         raise FabricManagerMismatch(f"{where}: {platform} has no valid sha256 and size")
     return Listed(relative, sha256, int(size), where)
 
@@ -206,7 +204,7 @@ def _escapes(path: PurePosixPath, top: str) -> bool:
 def reported_version(runner: Runner, nv_fabricmanager: Path) -> str | None:
     """What `nv-fabricmanager --version` prints: `Fabric Manager version is : <v>`."""
     result = runner.run([str(nv_fabricmanager), "--version"], check=False, timeout=60)
-    found = _FM_VERSION.search(result.output)
+    found = re.search(_FM_VERSION, result.output)
     return found.group(1) if found else None
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from installer.host import NVIDIA_VENDOR_ID
 from installer.hostroot import HostRoot
@@ -19,8 +19,7 @@ DRIVER_DEVICES = "/proc/driver/nvidia-nvswitch/devices"
 OFF_HOST_FABRIC_GPUS = frozenset({0x2941, 0x31C2, 0x31C3})
 
 
-@dataclass(frozen=True)
-class PciSwitch:
+class PciSwitch(NamedTuple):
     address: str
     device_id: int
 
@@ -55,8 +54,7 @@ def driver_switches(root: HostRoot) -> tuple[str, ...]:
         return ()
 
 
-@dataclass(frozen=True)
-class Fabric:
+class Fabric(NamedTuple):
     """Whether this node's NVLink fabric needs a Fabric Manager on the node, and why."""
 
     switches: tuple[PciSwitch, ...]

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from installer.hostroot import HostRoot
     from installer.runner import Runner
 
-_GCC = re.compile(r"^gcc-\d+$")
+_GCC = r"^gcc-\d+$"
 
 
 class Debian(Family):
@@ -49,7 +49,7 @@ class Debian(Family):
         return apt.fetch(root, config, facts, work, runner, package, where)
 
     def owns_compiler_package(self, package: str) -> bool:
-        return _GCC.fullmatch(package) is not None
+        return re.fullmatch(_GCC, package) is not None
 
     def compiler_install_argvs(self, package: str) -> list[list[str]]:
         # The image's package lists are removed at build time.

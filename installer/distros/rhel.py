@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from installer.runner import Runner
 
 # Red Hat's gcc-toolset-N-gcc packages install gcc-N under /opt/rh/gcc-toolset-N/root.
-_TOOLSET = re.compile(r"^gcc-toolset-\d+(-gcc)?$")
+_TOOLSET = r"^gcc-toolset-\d+(-gcc)?$"
 
 
 class Rhel(Family):
@@ -55,7 +55,7 @@ class Rhel(Family):
         return f"Rocky's vault for {dnf.kernel_minor(kernel, distro)}", config.rocky_vault
 
     def owns_compiler_package(self, package: str) -> bool:
-        return _TOOLSET.fullmatch(package) is not None
+        return re.fullmatch(_TOOLSET, package) is not None
 
     def compiler_install_argvs(self, package: str) -> list[list[str]]:
         return [["dnf", "install", "-y", "--setopt=install_weak_deps=False", "--nodocs", package]]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 from installer import distros, kernel
@@ -43,8 +43,7 @@ def shown(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-@dataclass(frozen=True)
-class SourcePlan:
+class SourcePlan(NamedTuple):
     """How missing headers will be fetched: `tool` (apt-get|dnf) or None when they cannot be."""
 
     tool: str | None

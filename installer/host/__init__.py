@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from installer.errors import ConfigError, UnsupportedArch
 from installer.host.distro import (
@@ -61,19 +61,17 @@ __all__ = [
 
 SECURE_BOOT_EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
-_KERNEL_RELEASE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$")
+_KERNEL_RELEASE = r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$"
 
 
-@dataclass(frozen=True)
-class SecureBoot:
+class SecureBoot(NamedTuple):
     """Secure Boot state: enabled is None when it cannot be told."""
 
     enabled: bool | None
     detail: str
 
 
-@dataclass(frozen=True)
-class HostFacts:
+class HostFacts(NamedTuple):
     """Everything the planner needs to know about the host, gathered once."""
 
     distro: Distro
@@ -115,7 +113,7 @@ def kernel_release(root: HostRoot, override: str | None = None) -> str:
         text = root.read_text("/proc/sys/kernel/osrelease")
         release = text.strip() if text else os.uname().release
         origin = "the running kernel"
-    if not _KERNEL_RELEASE.fullmatch(release):
+    if not re.fullmatch(_KERNEL_RELEASE, release):
         raise ConfigError(f"{origin} {release!r} is not a valid kernel release")
     return release
 

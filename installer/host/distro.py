@@ -4,7 +4,7 @@ supports (installer.distros)."""
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from installer import distros
 from installer.errors import UnsupportedDistro
@@ -13,8 +13,7 @@ from installer.hostroot import HostRoot
 OS_RELEASE_PATHS = ("/etc/os-release", "/usr/lib/os-release")
 
 
-@dataclass(frozen=True)
-class Distro:
+class Distro(NamedTuple):
     """The host's distribution as os-release names it."""
 
     id: str

@@ -5,23 +5,21 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from installer.hostroot import HostRoot
 
 Flavour = Literal["open", "proprietary"]
 
-_VERSION_LINE = re.compile(
+_VERSION_LINE = (
     r"^NVRM version: NVIDIA UNIX (?:(?P<open>Open) Kernel Module for (?P<oarch>\S+)"
     r"|(?P<parch>\S+) Kernel Module)\s+(?P<version>\d+\.\d+(?:\.\d+)?)\s"
 )
-_DRIVER_VERSION = re.compile(r"^\d+\.\d+(?:\.\d+)?$")
+_DRIVER_VERSION = r"^\d+\.\d+(?:\.\d+)?$"
 
 
-@dataclass(frozen=True)
-class LoadedModule:
+class LoadedModule(NamedTuple):
     """One line of /proc/modules."""
 
     name: str
@@ -35,8 +33,7 @@ class LoadedModule:
         return self.refcount > 0
 
 
-@dataclass(frozen=True)
-class LoadedDriver:
+class LoadedDriver(NamedTuple):
     """The NVIDIA kernel module that is loaded now, from /proc/driver/nvidia/version."""
 
     version: str | None
@@ -44,8 +41,7 @@ class LoadedDriver:
     first_line: str
 
 
-@dataclass(frozen=True)
-class Holder:
+class Holder(NamedTuple):
     """A process with an open file under a watched path prefix (e.g. /dev/nvidia0)."""
 
     pid: int
@@ -77,7 +73,7 @@ def loaded_modules(root: HostRoot) -> tuple[LoadedModule, ...]:
 def parse_driver_version(text: str) -> tuple[str | None, Flavour | None]:
     """Version and flavour from the first line of /proc/driver/nvidia/version."""
     first = text.splitlines()[0] if text else ""
-    match = _VERSION_LINE.match(first)
+    match = re.match(_VERSION_LINE, first)
     if match is None:
         return None, None
     flavour: Flavour = "open" if match.group("open") else "proprietary"
@@ -93,7 +89,7 @@ def loaded_driver(root: HostRoot) -> LoadedDriver | None:
     if version is None:
         # An unfamiliar first line: /sys/module/nvidia/version holds the version alone.
         plain = (root.read_text("/sys/module/nvidia/version") or "").strip()
-        version = plain if _DRIVER_VERSION.fullmatch(plain) else None
+        version = plain if re.fullmatch(_DRIVER_VERSION, plain) else None
     first = text.splitlines()[0] if text else ""
     return LoadedDriver(version=version, flavour=flavour, first_line=first)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from installer.hostroot import HostRoot
 
@@ -14,8 +14,7 @@ NVIDIA_VENDOR_ID = 0x10DE
 _GPU_CLASS_PREFIXES = (0x0300, 0x0302)
 
 
-@dataclass(frozen=True)
-class PciGpu:
+class PciGpu(NamedTuple):
     """One NVIDIA display/3D function found in sysfs (no driver needed)."""
 
     address: str

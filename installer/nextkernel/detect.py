@@ -5,19 +5,18 @@ kernel package's install leaves; a removed kernel's leftover module dir has no m
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from installer.hostroot import HostRoot
 
-_RELEASE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$")
-_NUMBERS = re.compile(r"^\d+(?:[.-]\d+)*")
+_RELEASE = r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$"
+_NUMBERS = r"^\d+(?:[.-]\d+)*"
 # A distro tag between the numbers and the architecture (.el9_4., .fc41., .amzn2023.) changes
 # with every minor release: it is not part of the flavour.
-_DISTRO_TAG = re.compile(r"\.[a-z]+\d+(?:_\d+)*(?=\.)")
+_DISTRO_TAG = r"\.[a-z]+\d+(?:_\d+)*(?=\.)"
 
 
-@dataclass(frozen=True, order=True)
-class ReleaseKey:
+class ReleaseKey(NamedTuple):
     """A kernel release split into its numbers (compared as numbers) and its flavour."""
 
     numbers: tuple[int, ...]
@@ -27,11 +26,11 @@ class ReleaseKey:
 def release_key(release: str) -> ReleaseKey | None:
     """`6.1.0-56-amd64` -> ((6, 1, 0, 56), "-amd64"); `5.14.0-427.13.1.el9_4.x86_64` ->
     ((5, 14, 0, 427, 13, 1), ".x86_64"); None when the release does not start with numbers."""
-    found = _NUMBERS.match(release)
+    found = re.match(_NUMBERS, release)
     if found is None:
         return None
     numbers = tuple(int(n) for n in re.split(r"[.-]", found.group(0)))
-    return ReleaseKey(numbers, _DISTRO_TAG.sub("", release[found.end():]))
+    return ReleaseKey(numbers, re.sub(_DISTRO_TAG, "", release[found.end():]))
 
 
 def _numbers(release: str) -> tuple[int, ...]:
@@ -61,7 +60,7 @@ def pending_kernel(root: HostRoot, current: str, running: str | None = None) -> 
     except OSError:
         return None
     found = [name for name in names
-             if _RELEASE.fullmatch(name) and name not in (current, running)
+             if re.fullmatch(_RELEASE, name) and name not in (current, running)
              and is_newer(name, current) and is_installed(root, name)]
     return max(found, key=_numbers) if found else None
 

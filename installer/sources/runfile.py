@@ -198,7 +198,7 @@ def build_step(ctx: Context) -> Step:
 
 
 # gcc's diagnostics: `nvidia/nv-pci.c:223:9: error: too few arguments to function ...`.
-_COMPILER_ERROR = re.compile(r"^\S+:\d+:(?:\d+:)? (?:fatal )?error: ")
+_COMPILER_ERROR = r"^\S+:\d+:(?:\d+:)? (?:fatal )?error: "
 
 
 def _compiler_errors(log_file: Path, limit: int = 5) -> str:
@@ -209,7 +209,7 @@ def _compiler_errors(log_file: Path, limit: int = 5) -> str:
     except OSError:
         return ""
     found = list(dict.fromkeys(line.strip() for line in text.splitlines()
-                               if _COMPILER_ERROR.match(line.strip())))
+                               if re.match(_COMPILER_ERROR, line.strip())))
     if not found:
         return ""
     more = f" (and {len(found) - limit} more)" if len(found) > limit else ""

@@ -4,8 +4,8 @@ build the modules only, install the user space only."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 
 def extract_argv(runfile: Path, target: Path, tmpdir: Path) -> list[str]:
@@ -23,8 +23,7 @@ def module_type_args(version: str, flavour: str) -> list[str]:
     return ["-m=kernel-open" if flavour == "open" else "-m=kernel"]
 
 
-@dataclass(frozen=True)
-class BuildRequest:
+class BuildRequest(NamedTuple):
     extracted: Path
     version: str
     kernel: str

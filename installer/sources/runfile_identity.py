@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import mmap
 import re
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 EXTRACTED_MARKER = ".extracted"
 
@@ -24,14 +24,12 @@ def is_extracted(directory: Path, version: str) -> bool:
 
 
 HEADER_BYTES = 64 << 10
-_LABEL_LINE = re.compile(rb'^label="[^"\n]*Linux-(?P<arch>[A-Za-z0-9_]+) (?P<version>[^"\s]+)"$',
-                         re.MULTILINE)
-_VERSION_LINE = re.compile(rb'^version="?(?P<version>[^"\s]*)"?$', re.MULTILINE)
-_INSTALLER_VERSION = re.compile(r"nvidia-installer:\s+version\s+(\S+)")
+_LABEL_LINE = rb'(?m)^label="[^"\n]*Linux-(?P<arch>[A-Za-z0-9_]+) (?P<version>[^"\s]+)"$'
+_VERSION_LINE = rb'(?m)^version="?(?P<version>[^"\s]*)"?$'
+_INSTALLER_VERSION = r"nvidia-installer:\s+version\s+(\S+)"
 
 
-@dataclass(frozen=True)
-class HeaderIdentity:
+class HeaderIdentity(NamedTuple):
     """What the .run's shell header names: its label's arch and version, its version line."""
 
     label_arch: str | None
@@ -42,8 +40,8 @@ class HeaderIdentity:
 def header_identity(runfile: Path) -> HeaderIdentity:
     with runfile.open("rb") as handle:
         head = handle.read(HEADER_BYTES)
-    label = _LABEL_LINE.search(head)
-    version = _VERSION_LINE.search(head)
+    label = re.search(_LABEL_LINE, head)
+    version = re.search(_VERSION_LINE, head)
     return HeaderIdentity(
         label.group("arch").decode("ascii", "replace") if label else None,
         label.group("version").decode("ascii", "replace") if label else None,
@@ -72,7 +70,7 @@ def archive_problems(header: HeaderIdentity, version_string: str, version: str,
 def tree_problems(directory: Path, installer_says: str, version: str) -> list[str]:
     """How an extracted tree differs from `version` (empty: none)."""
     problems = []
-    found = _INSTALLER_VERSION.search(installer_says)
+    found = re.search(_INSTALLER_VERSION, installer_says)
     if found is None or found.group(1) != version:
         said = found.group(1) if found else "no version"
         problems.append(f"its nvidia-installer --version says {said}")

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from installer.config import Config
 from installer.errors import ConfigError
@@ -19,8 +19,7 @@ if TYPE_CHECKING:
     from installer.kernel import Headers
 
 
-@dataclass(frozen=True)
-class Groundwork:
+class Groundwork(NamedTuple):
     """What the planner knows when it asks a source for its first decisions."""
 
     config: Config
@@ -42,8 +41,7 @@ class Arrival:
     headers: Headers | None = None
 
 
-@dataclass(frozen=True)
-class ManagedElsewhere:
+class ManagedElsewhere(NamedTuple):
     """The next kernel's modules when the host's own tools put them there, not the installer."""
 
     why: str

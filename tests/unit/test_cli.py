@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import errno
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,7 @@ from installer import cli
 
 
 def invoke(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str]) -> int:
-    for key in list(__import__("os").environ):
+    for key in list(os.environ):
         if key.startswith(("NVIDIA_", "ROOT_MOUNT_DIR")):
             monkeypatch.delenv(key)
     for key, value in env.items():
@@ -136,3 +139,79 @@ def test_termination_log_keeps_the_reference_of_a_long_message_within_4096_bytes
     data.decode("utf-8")  # not cut inside a character
     assert b"\nhint: See the compiler output" in data
     assert "option 399\nhint:" in capsys.readouterr().err  # stderr keeps everything
+
+
+# Issue 22: a bare `installer run` (the images' command) runs without importing click; with any
+# flag it goes through click's `run` command. Both must end alike.
+BARE_RUN = ["run"]
+CLICK_RUN = ["run", "--verbose"]
+
+
+@pytest.mark.parametrize("args", [BARE_RUN, CLICK_RUN])
+def test_run_takes_its_settings_from_the_environment_with_or_without_click(
+    monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    from installer import app
+    from installer.config import from_env
+
+    seen: list[object] = []
+    monkeypatch.setattr(app, "run", seen.append)
+    env = {"NVIDIA_DRIVER_VERSION": "R580", "NVIDIA_INSTALLER_RETRIES": "3"}
+    assert invoke(monkeypatch, args, env) == 0
+    assert seen == [from_env(os.environ)]
+    assert seen[0].version == "R580" and seen[0].retries == 3  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("args", [BARE_RUN, CLICK_RUN])
+def test_a_bad_setting_fails_run_alike_with_or_without_click(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    assert invoke(monkeypatch, args, {"NVIDIA_DRIVER_SOURCE": "apt"}) == 10
+    assert capsys.readouterr().err.startswith("error[invalid-config]: NVIDIA_DRIVER_SOURCE='apt'")
+
+
+@pytest.mark.parametrize("args", [BARE_RUN, CLICK_RUN])
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, EOFError])
+def test_an_interrupted_run_says_aborted_and_exits_130_with_or_without_click(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str],
+    interrupt: type[BaseException],
+) -> None:
+    from installer import app
+
+    def interrupted(config: object) -> None:
+        raise interrupt()
+
+    monkeypatch.setattr(app, "run", interrupted)
+    assert invoke(monkeypatch, args, {}) == 130
+    assert capsys.readouterr().err == "\naborted\n"
+
+
+@pytest.mark.parametrize("args", [BARE_RUN, CLICK_RUN])
+def test_a_closed_pipe_ends_run_with_1_and_no_traceback_with_or_without_click(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    from installer import app
+
+    def closed(config: object) -> None:
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # restored after click wraps them
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    monkeypatch.setattr(app, "run", closed)
+    assert invoke(monkeypatch, args, {}) == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [BARE_RUN, CLICK_RUN])
+def test_an_unexpected_failure_of_run_prints_its_traceback_and_exits_1_with_or_without_click(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    from installer import app
+
+    def broken(config: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(app, "run", broken)
+    assert invoke(monkeypatch, args, {}) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and err.endswith("RuntimeError: a bug\n")

@@ -30,6 +30,17 @@ def test_gcc_major_from_the_headers_config(tmp_path: Path) -> None:
     assert compiler.headers_gcc_major(tmp_path / "absent") is None
 
 
+def test_gcc_major_only_from_a_line_of_its_own(tmp_path: Path) -> None:
+    (tmp_path / "include/config").mkdir(parents=True)
+    (tmp_path / "include/config/auto.conf").write_text(
+        "# CONFIG_GCC_VERSION=110000\nXCONFIG_GCC_VERSION=100000\nCONFIG_GCC_VERSION=90000x\n"
+        "CONFIG_GCC_VERSION=120200\n")
+    assert compiler.headers_gcc_major(tmp_path) == 12
+    (tmp_path / "include/config/auto.conf").write_text("XCONFIG_GCC_VERSION=100000\n")
+    (tmp_path / ".config").write_text("CONFIG_GCC_VERSION=130100\n")
+    assert compiler.headers_gcc_major(tmp_path) == 13
+
+
 def test_versioned_gcc_of_the_kernel_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compiler.shutil, "which", lambda name: f"/usr/bin/{name}")
     chosen = compiler.choose(FakeRunner().on("gcc", output="12\n"), 11)

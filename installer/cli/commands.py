@@ -1,33 +1,23 @@
-"""Click commands: flags and environment become a Config; the only place errors become exit
-codes."""
+"""The click commands behind `installer`: one flag per setting (the environment is the
+fallback), one command per job and per registered component; click's own errors and an
+interrupt become exit codes here, the installer's in the door (`installer.cli`)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from installer import __version__, logs
-from installer.config import SETTINGS, Config, build_config
-from installer.errors import InstallerError, VerificationFailed
+from installer import __version__
+from installer.cli import make_config
+from installer.config import SETTINGS
+from installer.errors import VerificationFailed
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-TERMINATION_LOG_ENV = "NVIDIA_INSTALLER_TERMINATION_LOG"
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
-TERMINATION_LIMIT = 4096
-
-# Where report_error writes the termination message: --termination-log when the command got
-# one (taken before the other settings are checked, so a bad setting is reported there too),
-# else the environment, else Kubernetes' default.
-_termination_log: dict[str, str] = {}
 
 
 def settings_options(func: F) -> F:
@@ -45,15 +35,6 @@ def settings_options(func: F) -> F:
         func = option(func)
     verbose = click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
     return verbose(func)  # type: ignore[no-any-return]
-
-
-def make_config(options: dict[str, Any]) -> Config:
-    verbose = bool(options.pop("verbose", False))
-    if options.get("termination_log"):
-        _termination_log["path"] = str(options["termination_log"])
-    config = build_config(os.environ, options)
-    logs.setup(config.log_format, verbose)
-    return config
 
 
 class InstallerGroup(click.Group):
@@ -228,46 +209,13 @@ def gate(**options: Any) -> None:
     app.serve_gate(config)
 
 
-def report_error(error: InstallerError) -> None:
-    """`error[<reference>]: message` + `hint:` on stderr and in Kubernetes' termination log."""
-    hint = f"\nhint: {error.hint}" if error.hint else ""
-    text = f"error[{error.reference}]: {error.message}{hint}"
-    click.echo(text, err=True)
-    path = Path(_termination_log.get("path")
-                or os.environ.get(TERMINATION_LOG_ENV, DEFAULT_TERMINATION_LOG))
-    if path.is_file():
-        with contextlib.suppress(OSError):
-            path.write_bytes(termination_message(f"error[{error.reference}]: {error.message}",
-                                                 hint))
-
-
-def termination_message(head: str, tail: str) -> bytes:
-    """`head` cut at its end, then `tail` (the hint), within Kubernetes' 4096-byte limit:
-    the reference at the start always survives."""
-    ending = tail.encode("utf-8", errors="replace") + b"\n"
-    data = head.encode("utf-8", errors="replace")
-    if len(data) + len(ending) > TERMINATION_LIMIT:
-        ending = (b"\n[... cut to fit the termination message]" + ending)[-TERMINATION_LIMIT // 2:]
-        ending = ending.decode("utf-8", errors="ignore").encode()
-        # Never end inside a multi-byte UTF-8 sequence.
-        data = data[: TERMINATION_LIMIT - len(ending)].decode("utf-8", errors="ignore").encode()
-    return data + ending
-
-
-def main(argv: list[str] | None = None) -> None:
-    _termination_log.clear()
+def main(args: list[str]) -> None:
+    """Run the command `args` name; click's usage errors and an interrupt exit here."""
     try:
-        cli.main(args=argv, prog_name="installer", standalone_mode=False)
-    except InstallerError as error:
-        report_error(error)
-        sys.exit(error.exit_code)
+        cli.main(args=args, prog_name="installer", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.ClickException as error:
         error.show()
         sys.exit(error.exit_code)
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
-    sys.exit(0)
