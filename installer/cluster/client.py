@@ -18,6 +18,7 @@ from installer.cluster import credentials
 from installer.errors import (
     ClusterApiForbidden,
     ClusterApiUnavailable,
+    InstallerError,
     NodeNotFound,
 )
 
@@ -101,7 +102,7 @@ class NodeClient:
         try:
             self._call("POST", "/api/v1/namespaces/default/events", body=body,
                        what="post an event")
-        except (ClusterApiUnavailable, ClusterApiForbidden, Conflict) as exc:
+        except (InstallerError, Conflict) as exc:
             log.warning("could not post the %s event on node %s: %s", reason, self.node, exc)
 
     def _call(self, method: str, path: str, query: dict[str, str] | None = None, *,

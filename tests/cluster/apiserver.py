@@ -89,7 +89,7 @@ class Request:
 class Cluster:
     """The stored objects; every method holds the lock."""
 
-    # None: clients prove who they are with a certificate the TLS layer checked (ApiServer's tls)
+    # None: clients prove who they are with a client certificate (ApiServer's tls)
     token: Optional[str] = "stand-in-token"
     rules: Optional[list[Json]] = None  # a ClusterRole's rules; None: everything allowed
     # issue 20: bound ValidatingAdmissionPolicies (cluster.admission.load_policies) and the node
@@ -409,8 +409,7 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         status, answer = 200, None
         try:
-            if (cluster.token is not None
-                    and self.headers.get("Authorization") != f"Bearer {cluster.token}"):
+            if not self._authenticated(cluster):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             for method, pattern, verb, group, resource in _ROUTES:
                 match = pattern.match(url.path)
@@ -447,6 +446,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _authenticated(self, cluster: Cluster) -> bool:
+        """The bearer token, or with `token` None a client certificate the TLS layer verified
+        against the client CA (kube-apiserver asks for one but lets a client without one finish
+        the handshake and answers it 401)."""
+        if cluster.token is not None:
+            return self.headers.get("Authorization") == f"Bearer {cluster.token}"
+        peer = getattr(self.connection, "getpeercert", None)
+        return bool(peer and peer())
 
     def _dispatch(self, cluster: Cluster, path: str, groups: tuple[str, ...],
                   query: dict[str, list[str]], body: Any) -> tuple[int, Json]:
