@@ -6,7 +6,8 @@ and GKE's Ubuntu shape, each with only the installer's `image:` changed. Two boo
    and its probe passes as uid 65534 with no capabilities; `installer uninstall` on the host
    turns the probe to failing and removes the device nodes with their /dev/char links. Then
    seeds/000's DaemonSet installs `auto` (B) from a cache prefilled with `installer download`,
-   as on an air-gapped node.
+   as on an air-gapped node, with B's modules as `installer prebuild` leaves them (ours' pod
+   is the in-container compile; this one is about the seeds' layout).
    Ours runs its `persistenced` container (the kit's nvidia-persistenced, persistence mode on)
    and an idle `fabricmanager` one: the uninstall stops that nvidia-persistenced (SIGTERM, in
    its container's PID namespace) before it unloads.
@@ -155,6 +156,8 @@ state ours-after-uninstall
 pod stop ours >/dev/null
 step seed-download installer download --mirrors http://127.0.0.1:8000 \\
   --dest {INSTALL}/cache/downloads
+mkdir -p {INSTALL}/cache/modules
+cp -a {GUEST_FILES}/modules/{B} {INSTALL}/cache/modules/
 step seed-pod pod run seed000
 state seed-state
 pod stop seed000 >/dev/null
@@ -238,7 +241,7 @@ class Boots:
 
 def prepare_files(built: Built, pause: Image, files: Path, kernel: str) -> Path:
     """What the guest gets: the manifests, the images' configs and arguments, the runfiles,
-    Fabric Manager's redist tree and A's modules prebuilt for the guest's `kernel`."""
+    Fabric Manager's redist tree and A's and B's modules prebuilt for the guest's `kernel`."""
     files.mkdir()
     images = {built.ref: built.image, SEED_PAUSE: pause, GKE_PAUSE: pause}
     lines = []
@@ -258,7 +261,7 @@ def prepare_files(built: Built, pause: Image, files: Path, kernel: str) -> Path:
     for version in (A, B):
         kit.build_runfile(version, files / "www" / version)
         build_fabricmanager(version, files / "www" / "redist")
-    modules = prebuild_modules([A], files / "www", kernel, files.parent / "prebuilt")
+    modules = prebuild_modules([A, B], files / "www", kernel, files.parent / "prebuilt")
     shutil.copytree(modules, files / "modules", symlinks=True)
     return files
 
@@ -366,6 +369,7 @@ def test_seed000_daemonset_installs_with_only_the_image_changed(boots: Boots) ->
     (init,) = report["init"]
     assert init["exit_code"] == 0, init["log"]
     assert "step fetch-runfile: already satisfied" in init["log"]  # the prefilled cache
+    assert "step build-modules: already satisfied" in init["log"]  # B's prebuilt modules
     assert report["started"] == ["pause"] and report["probes"] == {}
     _assert_installed(boots.first.section("seed-state"), B)
 
