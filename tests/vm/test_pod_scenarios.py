@@ -15,8 +15,8 @@ and GKE's Ubuntu shape, each with only the installer's `image:` changed. Two boo
    /dev/nvidia0 held, ours (upgrade protocol off: no API server in the guest) asks for A: the
    initContainer fails and its termination file names error[driver-in-use], the holder (read
    from /root/proc, without hostPID) and the hint (A's modules are in the cache as
-   `installer prebuild` on this machine leaves them: the first boot's pods are the in-container
-   compiles, the refusal is what this one is about). Then the board turns into an HGX one (two
+   `installer prebuild` on this machine leaves them: ours' first pod is the in-container
+   compile, the refusal is what this one is about). Then the board turns into an HGX one (two
    NVSwitch functions join the simulated PCI tree): B reinstalled by hand fetches Fabric
    Manager from the redist tree on 127.0.0.1 and `installer verify` fails (fabric not started);
    ours runs nv-fabricmanager in its `fabricmanager` container and verify passes; a killed
