@@ -157,48 +157,16 @@ def drop_cached(layout: Layout, version: str, arch: str) -> None:
 
 
 def unpack(archive: Path, dest: Path) -> Path:
-    """Extract `archive` into `dest` (members must stay inside its one top directory; only
-    directories, regular files and relative links inside it). Returns the top directory."""
-    import tarfile  # only when unpacking: the warm path never does
+    """Extract `archive` into `dest`: every member inside its one top directory by resolved real
+    paths (installer.delivery.unpack), and that directory holds bin/nv-fabricmanager. Returns
+    the top directory. Raises ArchiveUnsafe (a member that would escape) or
+    FabricManagerMismatch (no daemon)."""
+    from installer.delivery.unpack import extract  # only when unpacking: the warm path never does
 
-    top = archive.name[: -len(".tar.xz")]
-    with tarfile.open(archive, "r:xz") as tar:
-        for member in tar.getmembers():
-            path = PurePosixPath(member.name)
-            if path.is_absolute() or ".." in path.parts or path.parts[:1] != (top,):
-                raise FabricManagerMismatch(f"{archive.name}: member {member.name!r} lies "
-                                            f"outside {top}/")
-            target = dest.joinpath(*path.parts)
-            if member.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-            elif member.isfile():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                source = tar.extractfile(member)
-                assert source is not None
-                with source, open(target, "wb") as out:
-                    shutil.copyfileobj(source, out)
-                os.chmod(target, member.mode & 0o755)
-            elif member.issym():
-                link = PurePosixPath(member.linkname)
-                inside = PurePosixPath(*path.parts[:-1]) / link
-                if link.is_absolute() or _escapes(inside, top):
-                    raise FabricManagerMismatch(f"{archive.name}: link {member.name!r} points "
-                                                f"outside {top}/")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.symlink(member.linkname, target)
-    tree = dest / top
+    tree = extract(archive, dest, archive.name[: -len(".tar.xz")])
     if not (tree / "bin" / "nv-fabricmanager").is_file():
         raise FabricManagerMismatch(f"{archive.name} has no bin/nv-fabricmanager")
     return tree
-
-
-def _escapes(path: PurePosixPath, top: str) -> bool:
-    depth = 0
-    for part in path.parts:
-        depth += -1 if part == ".." else 0 if part == "." else 1
-        if depth < 1:
-            return True
-    return path.parts[:1] != (top,)
 
 
 def reported_version(runner: Runner, nv_fabricmanager: Path) -> str | None:

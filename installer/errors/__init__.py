@@ -36,6 +36,7 @@ from installer.errors.components import (
     PersistencedFailed,
 )
 from installer.errors.delivery import (
+    ArchiveUnsafe,
     ArtifactInvalid,
     ArtifactUntrusted,
     ChecksumMismatch,
@@ -81,6 +82,7 @@ from installer.errors.refusals import (
 )
 
 __all__ = [
+    "ArchiveUnsafe",
     "ArtifactInvalid",
     "ArtifactUntrusted",
     "CatalogUnavailable",

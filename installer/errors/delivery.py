@@ -129,3 +129,13 @@ class PrebuiltRequired(InstallerError):
         "<K> --push`), check NVIDIA_MODULE_TRUSTED_KEYS and NVIDIA_MODULE_DIGESTS, or let the "
         "node compile by setting it to false. Nothing on the host was changed."
     )
+
+
+class ArchiveUnsafe(InstallerError):
+    reference = "archive-unsafe"
+    exit_code = 62
+    default_hint = (
+        "The archive holds a member that would land outside its directory (an absolute or `..` "
+        "name, a link out of it, a device file): it is not what the publisher ships. Nothing was "
+        "unpacked; replace the archive in the mirror or cache with the publisher's own."
+    )
