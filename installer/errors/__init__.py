@@ -64,9 +64,12 @@ from installer.errors.host import (
 )
 from installer.errors.packages import (
     DkmsUnavailable,
+    HostRepoInsecure,
     ModuleMetadataMissing,
     PackageManagerFailed,
+    RepoFileRefused,
     RepoUnavailable,
+    RepoUrlInsecure,
 )
 from installer.errors.refusals import (
     CatalogUnavailable,
@@ -108,6 +111,7 @@ __all__ = [
     "FabricManagerUnavailable",
     "HeadersFetchFailed",
     "HostLayoutError",
+    "HostRepoInsecure",
     "IncompatibleGpus",
     "InstallFailed",
     "InstallerError",
@@ -127,7 +131,9 @@ __all__ = [
     "RegistryAuthFailed",
     "RegistryRealmRefused",
     "RegistryUnavailable",
+    "RepoFileRefused",
     "RepoUnavailable",
+    "RepoUrlInsecure",
     "RunfileMismatch",
     "SchedulingGateForbidden",
     "SchedulingGateUnavailable",

@@ -39,3 +39,34 @@ class ModuleMetadataMissing(InstallerError):
         "repo for this EL release, and that the version or branch exists there "
         "(`dnf module list nvidia-driver`)."
     )
+
+
+class RepoFileRefused(InstallerError):
+    reference = "repo-file-refused"
+    exit_code = 63
+    default_hint = (
+        "Serve NVIDIA's own .repo file (or a copy of it) at NVIDIA_DNF_REPO_URL: exactly one "
+        "enabled repo section with gpgcheck=1, its signing key(s) named by gpgkey= (https:// or "
+        "file://), and a baseurl, metalink or mirrorlist over https:// (file:// only in a .repo "
+        "given as a file:// URL). Nothing was written to the host's /etc/yum.repos.d."
+    )
+
+
+class HostRepoInsecure(InstallerError):
+    reference = "host-repo-insecure"
+    exit_code = 64
+    default_hint = (
+        "The host's own NVIDIA repo file lets dnf install unsigned packages: set gpgcheck=1 in "
+        "it (and import or name NVIDIA's key with gpgkey=), or remove it so the installer adds "
+        "NVIDIA's. The installer does not edit the host's repo files and left it as it was."
+    )
+
+
+class RepoUrlInsecure(InstallerError):
+    reference = "repo-url-insecure"
+    exit_code = 65
+    default_hint = (
+        "A .repo file fetched over plain http:// could name any signing key: serve it over "
+        "https:// (set REQUESTS_CA_BUNDLE for a private CA) or copy it onto the node and give "
+        "a file:// URL in NVIDIA_DNF_REPO_URL."
+    )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from installer.errors import CommandFailed, DownloadFailed, RepoUnavailable
+from installer.errors import CommandFailed, DownloadFailed, RepoUnavailable, RepoUrlInsecure
 from installer.plan import Context, Step
 from installer.sources import dnf_commands as cmd
 from installer.sources import dnf_repos as repos
@@ -53,14 +53,30 @@ def repo_step(ctx: Context) -> Step:
     url = repo_url(ctx.config, distro, ctx.facts.arch)
     dest = repos.REPOS_DIR / repos.repo_file_name(url, distro.major)
 
-    def satisfied() -> bool:
+    def host_file() -> str | None:
+        """The host's repo file this step would rely on instead of writing one."""
         if ctx.root.local(dest).is_file():
-            return True
-        return not ctx.config.dnf_repo_url and repos.nvidia_repo(ctx.root) is not None
+            return dest.name
+        found = None if ctx.config.dnf_repo_url else repos.nvidia_repo(ctx.root)
+        return found.file if found is not None else None
+
+    def unsigned() -> repos.RepoEntry | None:
+        """A host NVIDIA repo section dnf would read without gpgcheck: refused, never edited."""
+        file = host_file()
+        chosen = repos.unsigned_host_repo(ctx.root, file) if file is not None else None
+        return chosen or repos.unsigned_host_repo(ctx.root)
+
+    def satisfied() -> bool:
+        return host_file() is not None and unsigned() is None
 
     def apply() -> None:
         from installer import delivery
 
+        weak = unsigned()
+        if weak is not None:
+            raise repos.refuse_unsigned_host_repo(weak)
+        if host_file() is not None:
+            return  # the host's own signed repo: never replaced
         settings = delivery.DownloadSettings(
             retries=ctx.config.retries,
             connect_timeout=ctx.config.connect_timeout,
@@ -68,18 +84,20 @@ def repo_step(ctx: Context) -> Step:
             progress="none",
         )
         shown = delivery.redact_url(url)
+        if not url.startswith(("https://", "file://")):
+            raise RepoUrlInsecure(f"NVIDIA_DNF_REPO_URL {shown} is not https:// or file://: a "
+                                  ".repo file decides which signing key dnf trusts")
         try:
             data = delivery.fetch_bytes(url, settings, max_bytes=REPO_FILE_MAX_BYTES)
         except DownloadFailed as exc:
             raise RepoUnavailable(f"cannot fetch the dnf repo file {shown}: {exc.message}") from exc
         text = data.decode("utf-8", errors="replace")
-        try:
-            ids = repos.check_repo_file(text)
-        except ValueError as exc:
-            raise RepoUnavailable(f"{shown} is not a usable dnf repo file: {exc}") from exc
+        host_ids = {e.repo_id: e.file for e in repos.repo_entries(ctx.root)}
+        repo_id = repos.check_repo_file(text, shown, local=url.startswith("file://"),
+                                        host_ids=host_ids)
         ctx.root.local(repos.REPOS_DIR).mkdir(parents=True, exist_ok=True)
         ctx.root.write_atomic(dest, text)
-        log.info("added %s (%s) from %s", dest, ", ".join(ids), shown)
+        log.info("added %s (%s) from %s", dest, repo_id, shown)
 
     return Step(
         "add-dnf-repo", f"NVIDIA's repo file as {dest} unless one is there", satisfied, apply

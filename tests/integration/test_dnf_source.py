@@ -1,7 +1,8 @@
 """`installer run` with the dnf source end to end: the real dnf and rpm against Rocky 9.4 and 8.9
 host roots with an initialised rpm database, a module-stream repo of the fake driver built by
-kit.rpm (DKMS and precompiled streams, packages shaped like NVIDIA's), served from file:// and
-http://127.0.0.1, and a stand-in EPEL repo with dkms. rpm runs the packages' scriptlets chrooted
+kit.rpm (DKMS and precompiled streams, packages shaped like NVIDIA's and signed, the .repo files
+saying gpgcheck=1 and naming the key as NVIDIA's do), served from file:// and https://127.0.0.1,
+and a stand-in EPEL repo with dkms. rpm runs the packages' scriptlets chrooted
 into the root, which gets a shell from the kit's `kit-base` package first. Nothing is loaded
 here: the host root's running kernel differs from the kernel the packages are for (building
 ahead: DKMS's %post builds for `uname -r` and fails, swallowed, so the installer's `dkms install
@@ -24,10 +25,10 @@ import pytest
 import testinfra
 from hostkit import GCC_LINE, INSTALL_DIR_HOST, RUNNING_KERNEL, installer_env, run_installer
 from hosttrees import CLASS_BRIDGE, add_pci_device, make_host
-from httpfaults import serve_directory
 from kit.rpm import (
     KERNEL,
     KERNEL8,
+    SIGNER,
     V565,
     V575,
     V580A,
@@ -38,13 +39,15 @@ from kit.rpm import (
     precompiled_kmod,
     write_repo_file,
 )
+from tlskit import serve_directory_tls
 
 from installer.components.fabricmanager import FabricManagerDaemon
 from installer.components.supervisor import Driver
 from installer.config import build_config
 from installer.hostroot import HostRoot
 
-TOOLS = ("dnf", "rpm", "rpmbuild", "createrepo_c", "modifyrepo_c", "makeself", "busybox")
+TOOLS = ("dnf", "rpm", "rpmbuild", "rpmsign", "gpg", "openssl", "createrepo_c", "modifyrepo_c",
+         "makeself", "busybox")
 pytestmark = [
     pytest.mark.skipif(
         any(shutil.which(t) is None for t in TOOLS), reason="needs " + ", ".join(TOOLS)
@@ -69,24 +72,26 @@ def extras() -> Path:
 
 @pytest.fixture(scope="module")
 def repo_files(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """URLs of .repo files: the repo over file://, over http://127.0.0.1, and a dead server."""
+    """URLs of .repo files: the repo over file://, over https://127.0.0.1 (`ca`: the server's
+    certificate, trusted through REQUESTS_CA_BUNDLE and sslcacert=), and a dead server."""
     www = tmp_path_factory.mktemp("www")
     os.symlink(repo, www / "repo")
-    with serve_directory(www) as (base, _requests):
-        yield _repo_urls(www, repo, base)
+    with serve_directory_tls(www, tmp_path_factory.mktemp("tls")) as served:
+        yield _repo_urls(www, repo, served.base, served.ca)
 
 
-def _repo_urls(www: Path, repo: Path, base: str) -> dict[str, str]:
-    write_repo_file(www / "cuda-rhel9.repo", f"{base}/repo", REPO_ID)
+def _repo_urls(www: Path, repo: Path, base: str, ca: Path) -> dict[str, str]:
+    write_repo_file(www / "cuda-rhel9.repo", f"{base}/repo", REPO_ID, sslcacert=ca)
     local = write_repo_file(www / "file" / "cuda-rhel9.repo", f"file://{repo}", REPO_ID)
     dead = write_repo_file(
-        www / "dead" / "cuda-rhel9.repo", f"http://127.0.0.1:{_closed_port()}/r", REPO_ID
+        www / "dead" / "cuda-rhel9.repo", f"https://127.0.0.1:{_closed_port()}/r", REPO_ID
     )
     return {
-        "http": f"{base}/cuda-rhel9.repo",
+        "https": f"{base}/cuda-rhel9.repo",
+        "ca": str(ca),
         "file": f"file://{local}",
         "dead": f"file://{dead}",
-        "nowhere": f"http://127.0.0.1:{_closed_port()}/cuda-rhel9.repo",
+        "nowhere": f"https://127.0.0.1:{_closed_port()}/cuda-rhel9.repo",
     }
 
 
@@ -117,7 +122,8 @@ def make_root(path: Path, extras: Path, major: int = 9, epel: bool = True) -> Pa
     os.mknod(root / "dev/null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # what devtmpfs gives
     install_base(root, extras)
     if epel:
-        write_repo_file(root / "etc/yum.repos.d/epel.repo", f"file://{extras / 'epel'}", "epel")
+        write_repo_file(root / "etc/yum.repos.d/epel.repo", f"file://{extras / 'epel'}", "epel",
+                        signed=False)
     return root
 
 
@@ -152,7 +158,14 @@ def rpms(root: Path) -> list[str]:
         text=True,
         check=True,
     ).stdout
-    return sorted(n for n in out.split() if not n.startswith("kit-base-"))
+    # gpg-pubkey-<id>: the repo's signing key, which dnf imported into the rpm database.
+    return sorted(n for n in out.split() if not n.startswith(("kit-base-", "gpg-pubkey-")))
+
+
+def imported_keys(root: Path) -> list[str]:
+    out = subprocess.run(["rpm", "--root", str(root), "-q", "gpg-pubkey", "--qf",
+                          "%{SUMMARY}\\n"], capture_output=True, text=True)
+    return out.stdout.split("\n")[:-1] if out.returncode == 0 else []
 
 
 def stream(root: Path) -> str:
@@ -187,14 +200,17 @@ def driver_rpms(
     )
 
 
-def test_dkms_stream_over_http_builds_with_dkms_and_gives_the_gke_layout(
+def test_dkms_stream_over_https_builds_with_dkms_and_gives_the_gke_layout(
     root: Path, repo_files: dict[str, str]
 ) -> None:
     # 580.105.08 has no precompiled kmod: the 580-dkms stream, DKMS builds for KERNEL.
-    result = ok(run_installer(env_for(root, repo_files["http"], V580A), "run"))
+    env = env_for(root, repo_files["https"], V580A, REQUESTS_CA_BUNDLE=repo_files["ca"])
+    result = ok(run_installer(env, "run"))
     machine = testinfra.get_host("local://")
 
     assert rpms(root) == driver_rpms(V580A)
+    # The packages were signature-checked against the key the .repo named (fetched over TLS).
+    assert imported_keys(root) == [f"{SIGNER} public key"]
     assert stream(root) == "580-dkms"
     assert "DKMS stream 580-dkms" in result.stderr
     assert re.search(r"INFO\s+dnf: Complete!", result.stderr)  # dnf's output is in the log
@@ -528,3 +544,95 @@ def test_an_nvswitch_node_gets_fabric_manager_from_the_streams_fm_profile(
                     "module", "remove", "--all", "nvidia-driver"],
                    capture_output=True, text=True, check=True)
     assert not [name for name in rpms(root) if "fabric" in name or "nvidia-driver" in name]
+
+
+# --- hostile .repo files: refused before anything reaches /etc/yum.repos.d ----------------------
+
+
+def repos_dir(root: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((root / "etc/yum.repos.d").iterdir())}
+
+
+HOSTILE_REPOS = {
+    # (what the mirror changed in NVIDIA's file, what the error must say)
+    "gpgcheck-off": (lambda t: t.replace("gpgcheck=1", "gpgcheck=0"), "has gpgcheck=0"),
+    "extra-section": (lambda t: t + "[evil]\nname=evil\nbaseurl=https://127.0.0.1:1/evil\n"
+                      "enabled=1\ngpgcheck=0\n", "defines 2 repos ([cuda-rhel9-x86_64], [evil])"),
+    "http-baseurl": (lambda t: re.sub(r"baseurl=https://", "baseurl=http://", t),
+                     "has baseurl=http://127.0.0.1"),
+    "no-gpgkey": (lambda t: re.sub(r"gpgkey=.*\n", "", t), "names no signing key (gpgkey=)"),
+    "http-gpgkey": (lambda t: t.replace("gpgkey=https://", "gpgkey=http://"),
+                    "has gpgkey=http://127.0.0.1"),
+}
+
+
+@pytest.fixture(scope="module")
+def hostile(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A mirror on https://127.0.0.1 serving NVIDIA's .repo file as each case changed it."""
+    www = tmp_path_factory.mktemp("hostile")
+    os.symlink(repo, www / "repo")
+    with serve_directory_tls(www, tmp_path_factory.mktemp("hostile-tls")) as served:
+        good = write_repo_file(www / "good" / "cuda-rhel9.repo", f"{served.base}/repo", REPO_ID,
+                               sslcacert=served.ca).read_text()
+        urls = {"ca": str(served.ca)}
+        for case, (change, _said) in HOSTILE_REPOS.items():
+            (www / case).mkdir()
+            (www / case / "cuda-rhel9.repo").write_text(change(good))
+            urls[case] = f"{served.base}/{case}/cuda-rhel9.repo"
+        yield urls
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_REPOS))
+def test_a_hostile_repo_file_is_refused_and_the_hosts_repos_stay_as_they_were(
+    root: Path, hostile: dict[str, str], case: str
+) -> None:
+    before = repos_dir(root)
+    env = env_for(root, hostile[case], V580A, REQUESTS_CA_BUNDLE=hostile["ca"])
+    result = run_installer(env, "run")
+    assert result.returncode == 63, result.stderr[-3000:]
+    assert "error[repo-file-refused]" in result.stderr
+    assert HOSTILE_REPOS[case][1] in result.stderr
+    assert "Traceback" not in result.stderr
+    assert repos_dir(root) == before  # nothing written, nothing replaced
+    assert rpms(root) == [] and imported_keys(root) == []
+    assert not (inst(root) / "current").exists()
+
+
+def test_a_repo_file_over_plain_http_is_refused_before_it_is_fetched(
+    root: Path, repo_files: dict[str, str], tmp_path: Path
+) -> None:
+    from httpfaults import serve_directory
+
+    www = tmp_path / "www"
+    write_repo_file(www / "cuda-rhel9.repo", "https://127.0.0.1:1/repo", REPO_ID)
+    before = repos_dir(root)
+    with serve_directory(www) as (base, requests):
+        result = run_installer(env_for(root, f"{base}/cuda-rhel9.repo", V580A), "run")
+    assert result.returncode == 65, result.stderr[-3000:]
+    assert "error[repo-url-insecure]" in result.stderr
+    assert requests == [] and repos_dir(root) == before and rpms(root) == []
+
+
+def test_the_hosts_unsigned_nvidia_repo_is_refused_not_edited(root: Path, repo: Path) -> None:
+    weak = root / "etc/yum.repos.d/cuda-rhel9.repo"
+    write_repo_file(weak, f"file://{repo}", REPO_ID, signed=False)
+    before = repos_dir(root)
+    result = run_installer(env_for(root, "", V580A, NVIDIA_DRIVER_SOURCE="dnf"), "run")
+    assert result.returncode == 64, result.stderr[-3000:]
+    assert "error[host-repo-insecure]" in result.stderr
+    assert (f"/etc/yum.repos.d/cuda-rhel9.repo enables [{REPO_ID}] without gpgcheck=1"
+            in result.stderr)
+    assert repos_dir(root) == before and rpms(root) == []
+
+
+def test_the_hosts_signed_repo_file_is_never_replaced_by_a_fetched_one(
+    root: Path, repo: Path, hostile: dict[str, str]
+) -> None:
+    own = write_repo_file(root / "etc/yum.repos.d/cuda-rhel9.repo", f"file://{repo}", REPO_ID)
+    before = repos_dir(root)
+    env = env_for(root, hostile["gpgcheck-off"], V580A, REQUESTS_CA_BUNDLE=hostile["ca"])
+    ok(run_installer(env, "run"))
+    assert repos_dir(root) == before
+    assert "gpgcheck=1" in own.read_text()
+    assert rpms(root) == driver_rpms(V580A)
+    assert imported_keys(root) == [f"{SIGNER} public key"]

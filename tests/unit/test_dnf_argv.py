@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from hosttrees import make_host
 
+from installer.errors import RepoFileRefused
 from installer.host import Distro
 from installer.hostroot import HostRoot
 from installer.sources import dnf_commands as cmd
@@ -217,11 +218,15 @@ def test_repo_file_name_and_check() -> None:
     url = "https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64/cuda-rhel9.repo"
     assert dnf_repos.repo_file_name(url, 9) == "cuda-rhel9.repo"
     assert dnf_repos.repo_file_name("http://127.0.0.1:8080/get?repo=x", 8) == "cuda-rhel8.repo"
-    assert dnf_repos.check_repo_file("[a]\nbaseurl=file:///r\n[b]\nname=b\n") == ["a"]
-    with pytest.raises(ValueError):
-        dnf_repos.check_repo_file("<html>404</html>")
-    with pytest.raises(ValueError):
-        dnf_repos.check_repo_file("[a]\nname=no url\n")
+    signed = "[a]\nbaseurl=file:///r\ngpgcheck=1\ngpgkey=file:///r/k.pub\n"
+    assert dnf_repos.check_repo_file(signed, url, local=True) == "a"
+    with pytest.raises(RepoFileRefused, match="defines 2 repos"):  # test_dnf_repo_policy
+        dnf_repos.check_repo_file(signed + "[b]\nname=b\n", url, local=True)
+    with pytest.raises(RepoFileRefused):
+        dnf_repos.check_repo_file("<html>404</html>", url, local=False)
+    with pytest.raises(RepoFileRefused):
+        dnf_repos.check_repo_file("[a]\nname=no url\ngpgcheck=1\ngpgkey=file:///k\n", url,
+                                  local=False)
 
 
 def test_nvidia_repo_url_is_per_major() -> None:

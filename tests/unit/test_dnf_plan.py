@@ -54,6 +54,8 @@ def add_repo_file(root: Path, name: str = "cuda-rhel9.repo") -> None:
     (repos / name).write_text(
         "[cuda-rhel9-x86_64]\n"
         "baseurl=https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64\n"
+        "enabled=1\ngpgcheck=1\n"
+        "gpgkey=https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64/D42D0685.pub\n"
     )
 
 

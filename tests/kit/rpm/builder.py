@@ -22,6 +22,10 @@ machine's Debian headers. The packages have the shapes of `shared/reference/dnf-
   /usr/share/nvidia/nvswitch/fabricmanager.cfg and the topology files; no scriptlets. Every
   stream's `fm` profile lists it beside the `default` profile's packages.
 
+Every package is signed, as NVIDIA signs its own: with a key made for the entry (gpg), whose
+public half lies at the repo's root as `SIGNING_KEY` (NVIDIA's repo has D42D0685.pub there);
+the .repo files write_repo_file poses say gpgcheck=1 and name it with gpgkey=.
+
 dnf runs scriptlets chrooted into `--installroot`: the test roots get a shell from extras.py's
 `kit-base` package first, and `dkms` from the stand-in EPEL repo (extras.py).
 """
@@ -29,6 +33,7 @@ dnf runs scriptlets chrooted into `--installroot`: the test roots get a shell fr
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -58,6 +63,8 @@ HEADERS_TREES = sorted(Path("/usr/src").glob("linux-headers-*-amd64"))
 MODULES = ("nvidia", "nvidia-modeset", "nvidia-uvm")
 PRECOMPILED_DIR = "/usr/lib64/nvidia/kmod"
 FM_RELEASE = "1"  # NVIDIA's Fabric Manager packages: no epoch, no dist tag
+SIGNING_KEY = "kit-signing-key.pub"
+SIGNER = "Driver installer test kit <kit-rpm@example.invalid>"
 
 
 def fabricmanager_package(version: str) -> str:
@@ -147,11 +154,17 @@ def build_repo(spec: RepoSpec = DEFAULT_SPEC) -> Path:
     return cache.cached_dir(key, lambda work: _build(spec, work))
 
 
-def write_repo_file(path: Path, baseurl: str, repo_id: str = "cuda-rhel9-x86_64") -> Path:
-    """A .repo file in the shape of NVIDIA's cuda-rhel<N>.repo, pointing at `baseurl`."""
+def write_repo_file(path: Path, baseurl: str, repo_id: str = "cuda-rhel9-x86_64", *,
+                    signed: bool = True, sslcacert: Path | None = None) -> Path:
+    """A .repo file in the shape of NVIDIA's cuda-rhel<N>.repo, pointing at `baseurl`: gpgcheck=1
+    and gpgkey= the key at the repo's root (as NVIDIA's names D42D0685.pub beside its repodata).
+    `signed=False` for the unsigned stand-in repos a host has of its own (extras.py's EPEL);
+    `sslcacert`: the CA of a TLS server on 127.0.0.1."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    check = f"gpgcheck=1\ngpgkey={baseurl}/{SIGNING_KEY}\n" if signed else "gpgcheck=0\n"
+    tls = f"sslcacert={sslcacert}\n" if sslcacert is not None else ""
     path.write_text(
-        f"[{repo_id}]\nname={repo_id}\nbaseurl={baseurl}\nenabled=1\ngpgcheck=0\n"
+        f"[{repo_id}]\nname={repo_id}\nbaseurl={baseurl}\nenabled=1\n{check}{tls}"
         "metadata_expire=-1\n"
     )
     return path
@@ -178,6 +191,7 @@ def _build(spec: RepoSpec, out: Path) -> None:
             stage = work / f"stage-kernel-{kernel}"
             _stage_kernel(kernel, stage)
             _rpmbuild("kernel-devel", _kernel_spec(kernel, stage), stage, work, out)
+        _sign(out)
         subprocess.run(["createrepo_c", "--quiet", str(out)], check=True, capture_output=True)
         modules = out / "modules.yaml"
         modules.write_text(modules_yaml(spec))
@@ -186,6 +200,30 @@ def _build(spec: RepoSpec, out: Path) -> None:
             check=True,
             capture_output=True,
         )
+
+
+def _sign(out: Path) -> None:
+    """Every RPM under `out` signed with a new key; its public half as out/SIGNING_KEY."""
+    with tempfile.TemporaryDirectory(prefix="kit-gpg.") as home:
+        env = {**os.environ, "GNUPGHOME": home}
+
+        def gpg(*args: str) -> bytes:
+            return subprocess.run(["gpg", "--batch", *args], env=env, check=True,
+                                  capture_output=True).stdout
+
+        try:
+            gpg("--passphrase", "", "--pinentry-mode", "loopback", "--quick-gen-key", SIGNER,
+                "rsa3072", "sign", "never")
+            (out / SIGNING_KEY).write_bytes(gpg("--armor", "--export", SIGNER))
+            rpms = sorted(str(p) for p in out.rglob("*.rpm"))
+            # rpm's default __gpg is gpg2, which Debian does not ship under that name.
+            subprocess.run(["rpmsign", "--addsign", "--define", f"__gpg {shutil.which('gpg')}",
+                            "--define", f"_gpg_name {SIGNER}", "--define", f"_gpg_path {home}",
+                            *rpms], env=env, check=True, capture_output=True,
+                           stdin=subprocess.DEVNULL)
+        finally:
+            subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=env, check=False,
+                           capture_output=True)
 
 
 def _compile(version: str, flavour: str) -> Path:
