@@ -208,6 +208,19 @@ def test_pdb_blocks_then_allows(env: Env) -> None:
                        "(it needs 1 healthy pods and has 1); retrying")
 
 
+def test_a_pod_list_that_ignores_the_field_selector_touches_no_other_node(env: Env) -> None:
+    """An API server (or a proxy) answering with every pod of the cluster: the installer still
+    deletes only its own node's GPU pods, and asks to delete nothing else."""
+    env.cluster.add_pod("ml", "train", NODE, gpus=1)
+    env.cluster.add_pod("ml", "train-elsewhere", "gpu-node-2", gpus=1)
+    every_pod = env.cluster.list_pods
+    env.cluster.list_pods = lambda query: every_pod({})  # type: ignore[method-assign]
+    make_room(env, env.config())
+    assert [r.path for r in env.cluster.requests if r.method == "DELETE"] == [
+        "/api/v1/namespaces/ml/pods/train"]
+    assert ("ml", "train-elsewhere") in env.cluster.pods
+
+
 def record_healthy_at_delete(env: Env, labels: dict[str, str]) -> list[tuple[str, int]]:
     """(pod, Ready pods with `labels` not terminating) at every DELETE the stand-in admits:
     what a budget protects, seen at the moment each pod is taken."""
