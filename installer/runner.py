@@ -25,12 +25,17 @@ _FOREIGN_SECRETS = frozenset({"ORAS_USER", "ORAS_PASS"})
 
 
 def child_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """`env` without the registry credentials (issue 20): make, the .run, nvidia-installer,
-    apt-get, dnf and its scriptlets, dkms never see them, whatever they run or log."""
-    from installer.config import secret_env_vars
+    """`env` without the registry credentials and without any URL-valued setting: make, the
+    .run, nvidia-installer, apt-get, dnf and its scriptlets, dkms and the daemons never see
+    them, whatever they run or log. A URL setting may carry a credential (a mirror's
+    `user:password@`, a signed query) and no child reads the installer's settings, so every
+    one whose value is a URL is dropped, not only those that look secret today."""
+    from installer.config import known_env_vars, secret_env_vars
 
     dropped = secret_env_vars() | _FOREIGN_SECRETS
-    return {k: v for k, v in env.items() if k not in dropped}
+    settings = known_env_vars()
+    return {k: v for k, v in env.items()
+            if k not in dropped and not (k in settings and "://" in v)}
 
 
 class Result(NamedTuple):
@@ -193,11 +198,13 @@ def spawn(
     base_env: Mapping[str, str] | None = None,
 ) -> Child:
     """Start `argv` without waiting (LC_ALL=C, stdin from /dev/null, stdout and stderr merged
-    and handed to `on_line` without the newline). Raises CommandNotFound."""
+    and handed to `on_line` without the newline), in an environment without credentials
+    (child_environment). Raises CommandNotFound."""
     import subprocess
 
     args = [str(a) for a in argv]
-    full_env = {**(os.environ if base_env is None else base_env), "LC_ALL": "C", **(env or {})}
+    full_env = child_environment({**(os.environ if base_env is None else base_env),
+                                  "LC_ALL": "C", **(env or {})})
     if shutil.which(args[0], path=full_env.get("PATH")) is None and not os.path.isfile(args[0]):
         raise CommandNotFound(f"command not found: {args[0]}")
     log.debug("spawn: %s", " ".join(args))

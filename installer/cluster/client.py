@@ -41,7 +41,8 @@ class Conflict(Exception):
 
 
 class NodeClient:
-    """Calls about one node: read and merge-patch it, list and evict its pods, post Events."""
+    """Calls about one node: read and merge-patch it, list and delete its pods (and read the
+    PodDisruptionBudgets that guard them), post Events."""
 
     def __init__(self, node: str, kubeconfig: str | None) -> None:
         self.node = node
@@ -60,25 +61,34 @@ class NodeClient:
                           what=f"patch node {self.node}", node=self.node)[1]
 
     def pods_on_node(self) -> list[Json]:
-        """Every pod bound to this node (field selector spec.nodeName)."""
+        """Every pod bound to this node (field selector spec.nodeName; an answer about another
+        node's pod is dropped, whatever the server sent)."""
         answer = self._call("GET", "/api/v1/pods", {"fieldSelector": f"spec.nodeName={self.node}"},
                             what=f"list the pods on node {self.node}")[1]
-        return list(answer.get("items") or [])
+        return [pod for pod in answer.get("items") or []
+                if isinstance(pod, dict) and (pod.get("spec") or {}).get("nodeName") == self.node]
 
-    def evict(self, namespace: str, name: str) -> str:
-        """Ask the Eviction API to evict a pod: "evicted", "gone" (404) or "blocked" (429: a
-        PodDisruptionBudget forbids it now)."""
-        eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
-                    "metadata": {"name": name, "namespace": namespace}}
-        status, _ = self._call("POST", f"{_pod_path(namespace, name)}/eviction", body=eviction,
-                               what=f"evict pod {namespace}/{name}", passthrough=(404, 429))
-        return {404: "gone", 429: "blocked"}.get(status, "evicted")
+    def pod_disruption_budgets(self, namespace: str) -> list[Json]:
+        """The PodDisruptionBudgets of one namespace, with the status the disruption controller
+        keeps."""
+        answer = self._call("GET", f"/apis/policy/v1/namespaces/{quote(namespace)}/"
+                            "poddisruptionbudgets",
+                            what=f"list the PodDisruptionBudgets of namespace {namespace}")[1]
+        return [pdb for pdb in answer.get("items") or [] if isinstance(pdb, dict)]
 
-    def delete_pod(self, namespace: str, name: str) -> None:
-        """Delete a pod at once (grace period 0), bypassing PodDisruptionBudgets; a pod already
-        gone is no error."""
-        self._call("DELETE", _pod_path(namespace, name), {"gracePeriodSeconds": "0"},
-                   what=f"delete pod {namespace}/{name}", passthrough=(404,))
+    def delete_pod(self, namespace: str, name: str, uid: str,
+                   grace_seconds: int | None = None) -> str:
+        """Delete the pod with this uid (a precondition: a pod of the same name created since is
+        not touched), with its own grace period or `grace_seconds`: "deleted", "gone" (404) or
+        "replaced" (409: the name now belongs to another pod). The admission policy admits it
+        only for a pod on the token's own node."""
+        options: Json = {"apiVersion": "v1", "kind": "DeleteOptions",
+                         "preconditions": {"uid": uid}}
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
+        status, _ = self._call("DELETE", _pod_path(namespace, name), body=options,
+                               what=f"delete pod {namespace}/{name}", passthrough=(404, 409))
+        return {404: "gone", 409: "replaced"}.get(status, "deleted")
 
     def event(self, node_uid: str, reason: str, message: str, warning: bool = False) -> None:
         """A core/v1 Event on the Node (`kubectl describe node` shows it). Best effort: a

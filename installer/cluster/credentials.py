@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from installer.errors import ClusterApiUnavailable
+from installer.errors import ClusterApiUnavailable, KubeconfigInvalid
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -74,43 +74,56 @@ def _from_kubeconfig(path: Path) -> Credentials:
     except OSError as exc:
         raise ClusterApiUnavailable(f"could not read {where}: {exc.strerror}") from exc
     document = _parse(text, where)
-    context_name = document.get("current-context")
+    for section in ("clusters", "contexts", "users"):
+        if document.get(section) is not None and not isinstance(document[section], list):
+            raise KubeconfigInvalid(f"{where}: {section} is {_shown(document[section])}, not a "
+                                    f"list: write {section}: as a list of entries, "
+                                    "`- name: ...`")
+    context_name = _text(document, "current-context", where, "")
     if not context_name:
-        raise ClusterApiUnavailable(f"{where} has no current-context")
+        raise KubeconfigInvalid(f"{where} has no current-context")
     context = _named(document, "contexts", "context", context_name, where)
-    cluster = _named(document, "clusters", "cluster", context.get("cluster"), where)
-    user = _named(document, "users", "user", context.get("user"), where) \
-        if context.get("user") else {}
+    cluster_name = _text(context, "cluster", where, f" of context {context_name!r}")
+    user_name = _text(context, "user", where, f" of context {context_name!r}")
+    cluster = _named(document, "clusters", "cluster", cluster_name, where)
+    user = _named(document, "users", "user", user_name, where) if user_name else {}
+    of_cluster, of_user = f" of cluster {cluster_name!r}", f" of user {user_name!r}"
     for plugin in ("exec", "auth-provider"):
         if user.get(plugin):
-            raise ClusterApiUnavailable(
-                f"{where}: user {context.get('user')!r} authenticates with an {plugin} plugin, "
+            raise KubeconfigInvalid(
+                f"{where}: user {user_name!r} authenticates with an {plugin} plugin, "
                 "which the installer does not run: give it a kubeconfig with a token, a token "
                 "file or a client certificate (a ServiceAccount's token: kubectl create token)")
-    server = str(cluster.get("server") or "")
+    server = _text(cluster, "server", where, of_cluster) or ""
     url = urlsplit(server)
     if url.scheme not in ("http", "https") or not url.hostname:
-        raise ClusterApiUnavailable(f"{where}: cluster {context.get('cluster')!r} has no "
-                                    f"http(s) server URL (server: {server!r})")
+        raise KubeconfigInvalid(f"{where}: cluster {cluster_name!r} has no "
+                                f"http(s) server URL (server: {server!r})")
     try:
         port = url.port or (443 if url.scheme == "https" else 80)
     except ValueError as exc:
-        raise ClusterApiUnavailable(f"{where}: server {server!r}: {exc}") from exc
+        raise KubeconfigInvalid(f"{where}: server {server!r}: {exc}") from exc
     base = path.parent
+    # Every field is read (and its type checked) whatever the scheme: a mistake is reported
+    # the day it is made, not the day the server moves to https.
+    ca_file = _file(cluster, "certificate-authority", base, where, of_cluster)
+    ca_data = _data(cluster, "certificate-authority-data", where, of_cluster)
+    insecure = _flag(cluster, "insecure-skip-tls-verify", where, of_cluster)
+    server_name = _text(cluster, "tls-server-name", where, of_cluster)
+    cert_file = _file(user, "client-certificate", base, where, of_user)
+    cert_data = _data(user, "client-certificate-data", where, of_user)
+    key_file = _file(user, "client-key", base, where, of_user)
+    key_data = _data(user, "client-key-data", where, of_user)
+    token = _text(user, "token", where, of_user, secret=True)
+    token_file = _file(user, "tokenFile", base, where, of_user)
     tls = None
     if url.scheme == "https":
-        tls = _tls_context(
-            ca_file=_file(cluster, "certificate-authority", base),
-            ca_data=_data(cluster, "certificate-authority-data", where),
-            insecure=bool(cluster.get("insecure-skip-tls-verify")),
-            cert_file=_file(user, "client-certificate", base),
-            cert_data=_data(user, "client-certificate-data", where),
-            key_file=_file(user, "client-key", base),
-            key_data=_data(user, "client-key-data", where))
+        tls = _tls_context(ca_file=ca_file, ca_data=ca_data, insecure=insecure,
+                           cert_file=cert_file, cert_data=cert_data, key_file=key_file,
+                           key_data=key_data)
     return Credentials(url.scheme, url.hostname, port, url.path.rstrip("/"),
-                       token=user.get("token") or None,
-                       token_file=_file(user, "tokenFile", base),
-                       tls=tls, server_name=cluster.get("tls-server-name") or None)
+                       token=token or None, token_file=token_file, tls=tls,
+                       server_name=server_name or None)
 
 
 def _parse(text: str, where: str) -> dict[str, Any]:
@@ -122,35 +135,74 @@ def _parse(text: str, where: str) -> dict[str, Any]:
         try:
             document = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ClusterApiUnavailable(f"{where} is neither YAML nor JSON: {exc}") from exc
+            raise KubeconfigInvalid(f"{where} is neither YAML nor JSON: {exc}") from exc
     if not isinstance(document, dict):
-        raise ClusterApiUnavailable(f"{where} is not a kubeconfig (no mapping at its top)")
+        raise KubeconfigInvalid(f"{where} is not a kubeconfig (no mapping at its top)")
     return document
 
 
-def _named(document: dict[str, Any], section: str, key: str, name: Any,
+def _named(document: dict[str, Any], section: str, key: str, name: str | None,
            where: str) -> dict[str, Any]:
     for entry in document.get(section) or []:
         if isinstance(entry, dict) and entry.get("name") == name:
-            value = entry.get(key) or {}
-            if isinstance(value, dict):
-                return value
-    raise ClusterApiUnavailable(f"{where} has no {key} named {name!r} in {section}")
+            value = entry.get(key)
+            if value is None:
+                return {}
+            if not isinstance(value, dict):
+                raise KubeconfigInvalid(f"{where}: {key} {name!r} in {section} is "
+                                        f"{_shown(value)}, not a mapping: write its fields "
+                                        f"under `{key}:`, one `field: value` a line")
+            return value
+    raise KubeconfigInvalid(f"{where} has no {key} named {name!r} in {section}")
 
 
-def _file(section: dict[str, Any], key: str, base: Path) -> Path | None:
+_KINDS = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"),
+          (list, "a list"), (dict, "a mapping"))
+
+
+def _shown(value: Any, secret: bool = False) -> str:
+    """A value as the message shows it, with its YAML kind: `'false' (a string)`; of a
+    credential, its kind alone."""
+    kind = next((name for type_, name in _KINDS if isinstance(value, type_)), "a value")
+    return kind if secret else f"{repr(value)[:80]} ({kind})"
+
+
+def _text(section: dict[str, Any], key: str, where: str, of: str,
+          secret: bool = False) -> str | None:
+    """A string field; None when absent or null. Anything else is refused, as kubectl
+    refuses it: a number or a list there is a mistake, not a value to guess at."""
     value = section.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise KubeconfigInvalid(f"{where}: {key}{of} is {_shown(value, secret)}, not a string: write "
+                            f"{key}: \"<text>\"")
+
+
+def _flag(section: dict[str, Any], key: str, where: str, of: str) -> bool:
+    """A boolean field: a YAML (or JSON) true or false; absent or null is false. A string is
+    refused, whatever it says: "false" is a non-empty string, and treating it as true once
+    switched TLS verification off."""
+    value = section.get(key)
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise KubeconfigInvalid(f"{where}: {key}{of} is {_shown(value)}, not a boolean: write "
+                            f"{key}: true or false, without quotes")
+
+
+def _file(section: dict[str, Any], key: str, base: Path, where: str, of: str) -> Path | None:
+    value = _text(section, key, where, of)
     return base / value if value else None  # relative paths are the kubeconfig's
 
 
-def _data(section: dict[str, Any], key: str, where: str) -> bytes | None:
-    value = section.get(key)
+def _data(section: dict[str, Any], key: str, where: str, of: str) -> bytes | None:
+    value = _text(section, key, where, of, secret=key == "client-key-data")
     if not value:
         return None
     try:
         return base64.b64decode(value, validate=True)
     except ValueError as exc:
-        raise ClusterApiUnavailable(f"{where}: {key} is not base64") from exc
+        raise KubeconfigInvalid(f"{where}: {key}{of} is not base64: write the PEM file's "
+                                f"base64 there (base64 -w0 <file>)") from exc
 
 
 def _port(value: str, name: str) -> int:

@@ -1,4 +1,4 @@
-"""The node-side upgrade protocol: cordon, pause GPU clients, evict GPU pods, wait for
+"""The node-side upgrade protocol: cordon, pause GPU clients, drain GPU pods, wait for
 /dev/nvidia* to be free; afterwards restore exactly what it changed. What to restore lives in a
 node annotation, so a killed run is finished by the next one."""
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from installer import host
+from installer.cluster import disruption
 from installer.cluster.client import FIELD_MANAGER, Conflict, Json, NodeClient
 from installer.config import Config
 from installer.errors import (
@@ -304,8 +305,11 @@ def not_evictable(pod: Json) -> str | None:
 
 
 def _evict_gpu_pods(api: NodeClient, uid: str, config: Config) -> None:
+    """Delete the GPU pods of the node (each by its uid, with its own grace period) once their
+    PodDisruptionBudgets allow it, as an eviction would (installer/cluster/disruption.py)."""
     deadline = time.monotonic() + config.eviction_timeout
-    blocked: set[tuple[str, str]] = set()
+    budgets = disruption.Budgets(api)
+    blocked: dict[tuple[str, str], str] = {}
     waited: dict[tuple[str, str], str] = {}
     forced = False
     while True:
@@ -314,7 +318,8 @@ def _evict_gpu_pods(api: NodeClient, uid: str, config: Config) -> None:
         if not pods:
             log.info("no pod requesting nvidia.com/gpu is left on node %s", api.node)
             return
-        now_blocked: set[tuple[str, str]] = set()
+        budgets.new_pass()
+        now_blocked: dict[tuple[str, str], str] = {}
         for pod in pods:
             ns, name = _name(pod)
             if pod["metadata"].get("deletionTimestamp"):
@@ -328,28 +333,31 @@ def _evict_gpu_pods(api: NodeClient, uid: str, config: Config) -> None:
                     api.event(uid, "GpuPodNotEvicted", f"pod {ns}/{name}: {why}; waiting "
                               "for it to leave", warning=True)
                 continue
-            result = api.evict(ns, name)
-            if result == "evicted":
+            verdict = budgets.verdict(pod)
+            if verdict.blocked is not None:
+                now_blocked[(ns, name)] = verdict.blocked
+                if (ns, name) not in blocked:
+                    log.info("eviction of %s/%s refused for now: %s (retrying)", ns, name,
+                             verdict.blocked)
+                    api.event(uid, "EvictionBlocked", f"pod {ns}/{name}: "
+                              f"{verdict.blocked}; retrying", warning=True)
+                continue
+            if api.delete_pod(ns, name, str(pod["metadata"].get("uid", ""))) == "deleted":
+                budgets.charge(verdict.budget)
                 log.info("evicted GPU pod %s/%s", ns, name)
                 api.event(uid, "GpuPodEvicted", f"evicted pod {ns}/{name} for the driver upgrade")
-            elif result == "blocked":
-                now_blocked.add((ns, name))
-                if (ns, name) not in blocked:
-                    log.info("eviction of %s/%s refused for now: a PodDisruptionBudget forbids "
-                             "it (retrying)", ns, name)
-                    api.event(uid, "EvictionBlocked", f"pod {ns}/{name}: a PodDisruptionBudget "
-                              "forbids its eviction now; retrying", warning=True)
         blocked = now_blocked
         if time.monotonic() >= deadline:
             names = ", ".join(f"{ns}/{n}" + (f" ({waited[(ns, n)]})" if (ns, n) in waited
-                                             else " (PodDisruptionBudget)" if (ns, n) in blocked
+                                             else f" ({blocked[(ns, n)]})" if (ns, n) in blocked
                                              else " (terminating)")
                               for ns, n in map(_name, pods))
             deletable = [p for p in pods if _name(p) not in waited]
             if config.force_eviction and not forced and deletable:
                 for pod in deletable:
                     log.warning("deleting GPU pod %s/%s (force eviction)", *_name(pod))
-                    api.delete_pod(*_name(pod))
+                    api.delete_pod(*_name(pod), str(pod["metadata"].get("uid", "")),
+                                   grace_seconds=0)
                 api.event(uid, "GpuPodsDeleted", f"force-deleted after "
                           f"{config.eviction_timeout:g} s: {names}", warning=True)
                 forced = True

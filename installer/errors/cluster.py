@@ -16,6 +16,18 @@ class ClusterApiUnavailable(InstallerError):
     )
 
 
+class KubeconfigInvalid(ClusterApiUnavailable):
+    """A kubeconfig field of the wrong type or shape: refused before any request is made."""
+
+    reference = "kubeconfig-invalid"
+    exit_code = 100
+    default_hint = (
+        "Fix the kubeconfig named above (NVIDIA_INSTALLER_KUBECONFIG) as the message says: "
+        "kubectl refuses it too (`kubectl --kubeconfig <file> get node <node>` checks it). "
+        "Nothing on the node was changed."
+    )
+
+
 class ClusterApiForbidden(InstallerError):
     reference = "cluster-api-forbidden"
     exit_code = 71

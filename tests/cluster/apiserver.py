@@ -7,9 +7,18 @@ Semantics follow the API reference (kubernetes.io/docs/reference/kubernetes-api)
 - GET /api/v1/pods?fieldSelector=spec.nodeName=<n>: only that field selector (others: 400).
 - POST /api/v1/namespaces/{ns}/pods/{name}/eviction: policy/v1 Eviction. Terminating, terminal
   and pending pods are evicted without a PodDisruptionBudget check; with one matching budget whose
-  disruptions allowed (computed here as the disruption controller does, from minAvailable or
-  maxUnavailable and the Ready pods) is 0 the answer is 429 TooManyRequests; two budgets: 500.
-- DELETE /api/v1/namespaces/{ns}/pods/{name}: graceful, or at once with gracePeriodSeconds=0.
+  disruptions allowed is 0 the answer is 429 TooManyRequests; two budgets: 500. (The shipped
+  RBAC grants no `create` on pods/eviction: a token that tries gets the 403.)
+- DELETE /api/v1/namespaces/{ns}/pods/{name}: graceful (the pod's own grace period), or at once
+  with gracePeriodSeconds=0 (query or DeleteOptions body); DeleteOptions.preconditions.uid and
+  .resourceVersion that do not match the pod: 409 Conflict ("Precondition failed").
+- GET /apis/policy/v1/namespaces/{ns}/poddisruptionbudgets: a PodDisruptionBudgetList whose
+  status is what the disruption controller writes (expectedPods, currentHealthy, desiredHealthy
+  from minAvailable or maxUnavailable, integers or percentages rounded up, disruptionsAllowed,
+  observedGeneration), recomputed on every read (a controller that never lags) with the
+  resourceVersion bumped when it changes. Selectors: matchLabels and matchExpressions (In, NotIn,
+  Exists, DoesNotExist); policy/v1: a null selector selects no pod, an empty one every pod of the
+  namespace.
 - POST /api/v1/namespaces/{ns}/events: core/v1 Event; for a Node the namespace must be default.
 - Bearer-token authentication (401) and, when given, the rules of a ClusterRole (403).
 - Issue 20: when given, ValidatingAdmissionPolicies (their CEL run by cluster.admission, its
@@ -79,6 +88,7 @@ class Request:
     path: str
     query: str
     status: int
+    body: Any = None  # the request's JSON body (a DELETE's DeleteOptions)
 
     @property
     def is_write(self) -> bool:
@@ -157,17 +167,33 @@ class Cluster:
             self.pods[(namespace, name)] = pod
             return pod
 
-    def add_pdb(self, namespace: str, name: str, selector: dict[str, str], *,
-                min_available: Optional[int] = None,
-                max_unavailable: Optional[int] = None) -> None:
-        spec: Json = {"selector": {"matchLabels": dict(selector)}}
+    def add_pdb(self, namespace: str, name: str, selector: Optional[dict[str, str]], *,
+                min_available: Optional[Any] = None, max_unavailable: Optional[Any] = None,
+                expressions: Optional[list[Json]] = None,
+                unhealthy_policy: Optional[str] = None) -> Json:
+        """A PodDisruptionBudget; `selector` None with no `expressions`: a null selector."""
+        spec: Json = {}
+        if selector is not None or expressions is not None:
+            spec["selector"] = {}
+            if selector:
+                spec["selector"]["matchLabels"] = dict(selector)
+            if expressions:
+                spec["selector"]["matchExpressions"] = list(expressions)
         if min_available is not None:
             spec["minAvailable"] = min_available
         if max_unavailable is not None:
             spec["maxUnavailable"] = max_unavailable
+        if unhealthy_policy is not None:
+            spec["unhealthyPodEvictionPolicy"] = unhealthy_policy
         with self.lock:
-            self.pdbs.append({"metadata": {"name": name, "namespace": namespace},
-                              "spec": spec})
+            pdb: Json = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                         "metadata": {"name": name, "namespace": namespace,
+                                      "uid": str(uuid.uuid4()), "generation": 1,
+                                      "resourceVersion": self.next_rv()},
+                         "spec": spec}
+            self.pdbs.append(pdb)
+            self._pdb_status(pdb)
+            return pdb
 
     def node(self, name: str) -> Json:
         with self.lock:
@@ -201,20 +227,57 @@ class Cluster:
         pod["_deleteAt"] = min(pod.get("_deleteAt", float("inf")), time.monotonic() + grace)
         self.kubelet()
 
-    def _matches(self, selector: Json, pod: Json) -> bool:
+    def _matches(self, selector: Optional[Json], pod: Json) -> bool:
+        """policy/v1 selector semantics: null selects nothing, {} everything."""
+        if selector is None:
+            return False
         labels = pod["metadata"].get("labels") or {}
-        return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+        if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+            return False
+        for expression in selector.get("matchExpressions") or []:
+            key, operator = expression["key"], expression["operator"]
+            present, value = key in labels, labels.get(key)
+            values = expression.get("values") or []
+            if not {"In": present and value in values,
+                    "NotIn": not present or value not in values,
+                    "Exists": present, "DoesNotExist": not present}[operator]:
+                return False
+        return True
 
-    def _disruptions_allowed(self, pdb: Json) -> int:
+    @staticmethod
+    def _ready(pod: Json) -> bool:
+        return any(c["type"] == "Ready" and c["status"] == "True"
+                   for c in pod["status"]["conditions"])
+
+    def _pdb_status(self, pdb: Json) -> Json:
+        """The disruption controller's status for the budget (its resourceVersion bumped when
+        the status changes, as the controller's update does)."""
         ns = pdb["metadata"]["namespace"]
         selected = [p for (pns, _), p in self.pods.items()
-                    if pns == ns and self._matches(pdb["spec"]["selector"], p)]
-        healthy = sum(1 for p in selected if not p["metadata"].get("deletionTimestamp") and any(
-            c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"]))
-        spec = pdb["spec"]
+                    if pns == ns and self._matches(pdb["spec"].get("selector"), p)]
+        healthy = sum(1 for p in selected
+                      if not p["metadata"].get("deletionTimestamp") and self._ready(p))
+        spec, expected = pdb["spec"], len(selected)
+
+        def scaled(value: Any) -> int:
+            if isinstance(value, str) and value.endswith("%"):
+                return -(-int(value[:-1]) * expected // 100)  # rounded up, as the controller
+            return int(value)
+
         if "minAvailable" in spec:
-            return healthy - int(spec["minAvailable"])
-        return healthy - (len(selected) - int(spec.get("maxUnavailable", 0)))
+            desired = scaled(spec["minAvailable"])
+        else:
+            desired = max(0, expected - scaled(spec.get("maxUnavailable", 0)))
+        status = {"observedGeneration": pdb["metadata"]["generation"],
+                  "disruptionsAllowed": max(0, healthy - desired), "currentHealthy": healthy,
+                  "desiredHealthy": desired, "expectedPods": expected}
+        if pdb.get("status") != status:
+            pdb["status"] = status
+            pdb["metadata"]["resourceVersion"] = self.next_rv()
+        return status
+
+    def _disruptions_allowed(self, pdb: Json) -> int:
+        return int(self._pdb_status(pdb)["disruptionsAllowed"])
 
     # --- the endpoints ---
 
@@ -290,7 +353,7 @@ class Cluster:
             self._start_deletion(pod, None)
             return _success(201)
         pdbs = [b for b in self.pdbs if b["metadata"]["namespace"] == namespace
-                and self._matches(b["spec"]["selector"], pod)]
+                and self._matches(b["spec"].get("selector"), pod)]
         if len(pdbs) > 1:
             raise ApiError(500, "InternalError", "This pod has more than one "
                            "PodDisruptionBudget, which the eviction subresource does not "
@@ -306,15 +369,40 @@ class Cluster:
         self._start_deletion(pod, None)
         return _success(201)
 
-    def delete_pod(self, namespace: str, name: str, query: dict[str, list[str]]) -> Json:
+    def delete_pod(self, namespace: str, name: str, query: dict[str, list[str]],
+                   options: Any = None) -> Json:
+        self.kubelet()
         pod = self.pods.get((namespace, name))
         if pod is None:
             raise ApiError(404, "NotFound", f'pods "{name}" not found',
                            {"name": name, "kind": "pods"})
-        self.admit("DELETE", "pods", name, namespace=namespace, old=pod)
+        if options is not None and (not isinstance(options, dict) or options.get(
+                "kind", "DeleteOptions") != "DeleteOptions"):
+            raise ApiError(400, "BadRequest", "the body of a DELETE must be DeleteOptions")
+        options = options or {}
+        preconditions = options.get("preconditions") or {}
+        meta = pod["metadata"]
+        for field_name, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+            wanted = preconditions.get(field_name)
+            if wanted is not None and wanted != meta[field_name]:
+                raise ApiError(409, "Conflict", f"Precondition failed: {label} in "
+                               f"precondition: {wanted}, {label} in object meta: "
+                               f"{meta[field_name]}", {"name": name, "kind": "pods"})
+        self.admit("DELETE", "pods", name, namespace=namespace, old=pod, obj=None)
         grace = query.get("gracePeriodSeconds")
-        self._start_deletion(pod, float(grace[0]) if grace else None)
+        seconds = (float(grace[0]) if grace else options.get("gracePeriodSeconds"))
+        self._start_deletion(pod, None if seconds is None else float(seconds))
         return _public(pod)
+
+    def list_pdbs(self, namespace: str) -> Json:
+        self.kubelet()
+        items = []
+        for pdb in self.pdbs:
+            if pdb["metadata"]["namespace"] == namespace:
+                self._pdb_status(pdb)
+                items.append(_public(pdb))
+        return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList",
+                "metadata": {"resourceVersion": str(self._rv)}, "items": items}
 
     def create_event(self, namespace: str, body: Any) -> Json:
         if not isinstance(body, dict) or body.get("kind", "Event") != "Event":
@@ -390,6 +478,8 @@ _ROUTES = [
     ("POST", re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/eviction$"), "create", "",
      "pods/eviction"),
     ("DELETE", re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)$"), "delete", "", "pods"),
+    ("GET", re.compile(r"^/apis/policy/v1/namespaces/([^/]+)/poddisruptionbudgets$"), "list",
+     "policy", "poddisruptionbudgets"),
     ("POST", re.compile(r"^/api/v1/namespaces/([^/]+)/events$"), "create", "", "events"),
 ]
 
@@ -408,6 +498,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         status, answer = 200, None
+        recorded: Any = None
         try:
             if not self._authenticated(cluster):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
@@ -415,13 +506,14 @@ class _Handler(BaseHTTPRequestHandler):
                 match = pattern.match(url.path)
                 if method != self.command or not match:
                     continue
-                path_ns = re.match(r"^/api/v1/namespaces/([^/]+)/", url.path)
+                path_ns = re.match(r"^/apis?/(?:[^/]+/)?v1/namespaces/([^/]+)/", url.path)
                 if not cluster.allowed(verb, group, resource,
                                        path_ns.group(1) if path_ns else ""):
                     raise ApiError(403, "Forbidden", f'{resource} is forbidden: User '
-                                   f'"system:serviceaccount" cannot {verb} resource '
-                                   f'"{resource}"')
+                                   f'"{cluster.username}" cannot {verb} resource '
+                                   f'"{resource}" in API group "{group}"')
                 body = json.loads(raw) if raw else None
+                recorded = body
                 with cluster.lock:
                     status, answer = self._dispatch(cluster, url.path, match.groups(),
                                                     query, body)
@@ -439,7 +531,7 @@ class _Handler(BaseHTTPRequestHandler):
             answer = {"kind": "Status", "status": "Failure", "reason": "BadRequest",
                       "message": "the body is not JSON", "code": 400}
         with cluster.lock:
-            cluster.requests.append(Request(self.command, url.path, url.query, status))
+            cluster.requests.append(Request(self.command, url.path, url.query, status, recorded))
         data = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -466,12 +558,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self.headers.get("User-Agent") or "").split("/", 1)[0]
             return 200, cluster.patch_node(groups[0], self.headers.get("Content-Type", ""),
                                            body, manager)
+        if self.command == "GET" and path.endswith("/poddisruptionbudgets"):
+            return 200, cluster.list_pdbs(groups[0])
         if self.command == "GET":
             return 200, cluster.list_pods(query)
         if path.endswith("/eviction"):
             return 201, cluster.evict(groups[0], groups[1], body)
         if self.command == "DELETE":
-            return 200, cluster.delete_pod(groups[0], groups[1], query)
+            return 200, cluster.delete_pod(groups[0], groups[1], query, body)
         return 201, cluster.create_event(groups[0], body)
 
     do_GET = do_PATCH = do_POST = do_DELETE = _handle

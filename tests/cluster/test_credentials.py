@@ -24,7 +24,7 @@ from cryptography.x509.oid import NameOID
 from cluster.apiserver import ApiServer, Cluster
 from installer.cluster import credentials
 from installer.cluster.client import NodeClient
-from installer.errors import ClusterApiForbidden, ClusterApiUnavailable
+from installer.errors import ClusterApiForbidden, ClusterApiUnavailable, KubeconfigInvalid
 
 NODE = "gpu-node-1"
 SERVICE_NAME = "kubernetes.default.svc"
@@ -298,7 +298,7 @@ def test_in_cluster_without_what_it_needs(tmp_path: Path, monkeypatch: pytest.Mo
      r"cluster 'stand-in' has no http\(s\) server URL \(server: '127.0.0.1:6443'\)"),
     ("    server: https://127.0.0.1:99999", "    token: t", "server 'https://127.0.0.1:99999'"),
     ("    server: https://127.0.0.1:6443\n    certificate-authority-data: not*base64",
-     "    token: t", "certificate-authority-data is not base64"),
+     "    token: t", "certificate-authority-data of cluster 'stand-in' is not base64"),
     ("    server: https://127.0.0.1:6443\n    certificate-authority: missing.crt",
      "    token: t", "could not load the API credentials: .*No such file"),
 ])
@@ -337,3 +337,96 @@ def test_a_server_url_path_prefixes_every_request(tmp_path: Path, pki: Pki,
                            "/k8s/clusters/c-1/api/v1/pods"):
             NodeClient(NODE, str(kubeconfig)).pods_on_node()
         assert [r.path for r in cluster.requests] == ["/k8s/clusters/c-1/api/v1/pods"]
+
+
+@pytest.mark.parametrize("value", ['"false"', "'true'", '"no"', "0", "1", "[true]", "{}",
+                                   '""'])
+def test_insecure_skip_tls_verify_must_be_a_yaml_boolean(tmp_path: Path, pki: Pki,
+                                                         https: ApiServer, value: str) -> None:
+    """kubectl refuses anything but a boolean there; a quoted "false" once turned verification
+    off (a non-empty string is truthy). Refused before a connection is made."""
+    kubeconfig = _kubeconfig(tmp_path / "config",
+                             f"    server: {https.url}\n"
+                             f"    certificate-authority-data: {pki.data('other-ca.crt')}\n"
+                             f"    insecure-skip-tls-verify: {value}",
+                             "    token: stand-in-token")
+    with pytest.raises(KubeconfigInvalid, match=(
+            rf"kubeconfig {tmp_path}/config: insecure-skip-tls-verify of cluster 'stand-in' is "
+            r".*, not a boolean: write insecure-skip-tls-verify: true or false, without quotes"
+    )) as caught:
+        NodeClient(NODE, str(kubeconfig))
+    assert caught.value.exit_code == 100
+    assert caught.value.hint and "kubeconfig" in caught.value.hint
+    assert https.cluster.requests == []
+
+
+@pytest.mark.parametrize(("flag", "verifies"), [("false", True), (None, True), ("true", False)])
+def test_insecure_skip_tls_verify_booleans(tmp_path: Path, pki: Pki, https: ApiServer,
+                                           flag: str | None, verifies: bool) -> None:
+    """`false` and absent verify the server against the CA (here one that did not sign it);
+    `true` is honoured as kubectl honours it."""
+    line = f"\n    insecure-skip-tls-verify: {flag}" if flag else ""
+    kubeconfig = _kubeconfig(tmp_path / "config",
+                             f"    server: {https.url}\n"
+                             f"    certificate-authority-data: {pki.data('other-ca.crt')}{line}",
+                             "    token: stand-in-token")
+    client = NodeClient(NODE, str(kubeconfig))
+    if verifies:
+        with pytest.raises(ClusterApiUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+            client.get_node()
+        assert https.cluster.requests == []
+    else:
+        assert client.get_node()["metadata"]["name"] == NODE
+
+
+@pytest.mark.parametrize(("cluster_block", "user_block", "message"), [
+    ("    server: https://127.0.0.1:6443\n    certificate-authority-data: 12345",
+     "    token: t", "certificate-authority-data of cluster 'stand-in' is 12345 "
+     r"\(a number\), not a string"),
+    ("    server: https://127.0.0.1:6443\n    certificate-authority: [ca.crt]",
+     "    token: t", r"certificate-authority of cluster 'stand-in' is \['ca.crt'\] \(a list\), "
+     "not a string"),
+    ("    server: https://127.0.0.1:6443\n    tls-server-name: 7",
+     "    token: t", "tls-server-name of cluster 'stand-in' is 7"),
+    ("    server: [https://127.0.0.1:6443]", "    token: t",
+     "server of cluster 'stand-in' is .* not a string"),
+    ("    server: https://127.0.0.1:6443", "    token: 12345",
+     "token of user 'installer' is a number, not a string"),
+    ("    server: https://127.0.0.1:6443", "    client-key-data: {a: b}",
+     "client-key-data of user 'installer' is a mapping, not a string"),
+    ("    server: https://127.0.0.1:6443", "    tokenFile: true",
+     r"tokenFile of user 'installer' is True \(a boolean\), not a string"),
+    ("    server: https://127.0.0.1:6443", "    client-certificate-data: 'not base64!'",
+     "client-certificate-data of user 'installer' is not base64"),
+])
+def test_kubeconfig_fields_of_the_wrong_type(tmp_path: Path, cluster_block: str,
+                                             user_block: str, message: str) -> None:
+    kubeconfig = _kubeconfig(tmp_path / "config", cluster_block, user_block)
+    with pytest.raises(KubeconfigInvalid, match=message) as caught:
+        NodeClient(NODE, str(kubeconfig))
+    assert caught.value.exit_code == 100
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("current-context: node\nclusters: 5\ncontexts: []\n", r"clusters is 5 \(a number\), not "
+     "a list"),
+    ("current-context: node\ncontexts: {node: {cluster: c}}\n", r"contexts is .* \(a mapping\), "
+     "not a list"),
+    ("current-context: [node]\ncontexts: []\n", r"current-context is \['node'\] \(a list\), "
+     "not a string"),
+    ("current-context: node\ncontexts:\n- name: node\n  context: [c]\n",
+     r"context 'node' in contexts is \['c'\] \(a list\), not a mapping"),
+    ("current-context: node\ncontexts:\n- name: node\n  context: {cluster: c}\n"
+     "clusters:\n- name: c\n  cluster: https://127.0.0.1:6443\n",
+     r"cluster 'c' in clusters is 'https://127.0.0.1:6443' \(a string\), not a mapping"),
+    ("current-context: node\ncontexts:\n- name: node\n  context: {cluster: c, user: 5}\n"
+     "clusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:6443'}\n",
+     r"user of context 'node' is 5 \(a number\), not a string"),
+])
+def test_kubeconfig_structure_of_the_wrong_shape(tmp_path: Path, text: str,
+                                                 message: str) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(text)
+    with pytest.raises(KubeconfigInvalid, match=message) as caught:
+        NodeClient(NODE, str(kubeconfig))
+    assert caught.value.exit_code == 100

@@ -15,14 +15,12 @@ pytest.importorskip("celpy", reason="pip install cel-python")
 
 import requests
 
-from cluster.apiserver import Cluster, cluster_role_rules
+from cluster.apiserver import Cluster
 from cluster.test_protocol import (
-    FORCE_RBAC,
     LABELS,
     NODE,
     PAUSED,
     PLUGIN,
-    RBAC,
     Env,
     make_room,
 )
@@ -53,12 +51,18 @@ def _raw_patch(env: Env, node: str, patch: dict, manager: str) -> requests.Respo
 # --------------------------------------------------------------------------- finding 2
 
 
+def _raw(env: Env, method: str, path: str, body: dict | None = None) -> requests.Response:
+    """A request with the node's token, as an attacker holding it would send it."""
+    return requests.request(method, f"{env.server.url}{path}", json=body, timeout=10,
+                            headers={"Authorization": f"Bearer {env.cluster.token}"})
+
+
 def test_the_token_of_one_node_cannot_touch_another(env: Env) -> None:
     env.cluster.add_node(OTHER, {"nvidia.com/gpu.deploy.device-plugin": "true"})
     control = env.cluster.add_node(CONTROL_PLANE, {})
     control["spec"]["taints"] = [NO_SCHEDULE]
-    env.cluster.add_pod("kube-system", "coredns-1", OTHER)
-    env.cluster.rules = cluster_role_rules(RBAC, FORCE_RBAC)  # even the force variant
+    coredns = env.cluster.add_pod("kube-system", "coredns-1", OTHER)
+    env.cluster.add_pod("ml", "train-elsewhere", OTHER, gpus=1)
     before = {n: env.cluster.node(n) for n in (OTHER, CONTROL_PLANE)}
 
     other = NodeClient(OTHER, str(env.kubeconfig))
@@ -75,13 +79,27 @@ def test_the_token_of_one_node_cannot_touch_another(env: Env) -> None:
         own.patch_node({"spec": {"taints": [{"key": "evil", "effect": "NoExecute"}]}})
     with pytest.raises(ClusterApiForbidden, match="labels"):
         own.patch_node({"metadata": {"labels": {"kubernetes.io/hostname": "elsewhere"}}})
-    with pytest.raises(ClusterApiForbidden, match="pods on its own node"):
-        own.delete_pod("kube-system", "coredns-1")
+    # Deleting a pod of another node: the role may delete pods, the policy refuses (the
+    # request carries the pod, so its node), with or without the uid.
+    with pytest.raises(ClusterApiForbidden, match=r"may delete only pods on its own node "
+                       rf"\({NODE}\)"):
+        own.delete_pod("kube-system", "coredns-1", coredns["metadata"]["uid"])
+    deleted = _raw(env, "DELETE", "/api/v1/namespaces/kube-system/pods/coredns-1",
+                   {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+    assert deleted.status_code == 403 and "pods on its own node" in deleted.json()["message"]
+    # An Eviction names a pod, not its node, so no policy can scope it: the role grants none.
+    for namespace, name in (("kube-system", "coredns-1"), ("ml", "train-elsewhere")):
+        evicted = _raw(env, "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
+                       {"apiVersion": "policy/v1", "kind": "Eviction",
+                        "metadata": {"name": name, "namespace": namespace}})
+        assert evicted.status_code == 403, evicted.text
+        assert 'cannot create resource "pods/eviction"' in evicted.json()["message"]
     own.event("uid", "Probe", "about my own node")
     other.event("uid", "Forged", "about another node")  # best effort: refused, logged
 
     assert {n: env.cluster.node(n) for n in (OTHER, CONTROL_PLANE)} == before
-    assert ("kube-system", "coredns-1") in env.cluster.pods
+    assert {("kube-system", "coredns-1"), ("ml", "train-elsewhere")} <= set(env.cluster.pods)
+    assert not any(p["metadata"].get("deletionTimestamp") for p in env.cluster.pods.values())
     assert [r for r, _ in env.events()] == ["Probe"]
     # What the protocol itself writes on its own node passes (the other tests run it all).
     own.patch_node({"spec": {"unschedulable": True},
@@ -149,8 +167,8 @@ def test_daemonset_mirror_and_tolerating_pods_are_waited_for_not_evicted(env: En
     env.cluster.on_node_change.append(controllers_react)
     make_room(env, env.config())
 
-    evicted = [r.path for r in env.cluster.requests if r.path.endswith("/eviction")]
-    assert evicted == ["/api/v1/namespaces/ml/pods/train/eviction"]
+    deleted = [r.path for r in env.cluster.requests if r.method == "DELETE"]
+    assert deleted == ["/api/v1/namespaces/ml/pods/train"]
     not_evicted = [m for r, m in env.events() if r == "GpuPodNotEvicted"]
     assert len(not_evicted) == 2
     assert any("DaemonSet pod" in m for m in not_evicted)
@@ -158,7 +176,6 @@ def test_daemonset_mirror_and_tolerating_pods_are_waited_for_not_evicted(env: En
 
 
 def test_a_pod_tolerating_unschedulable_is_named_not_evicted_or_deleted(env: Env) -> None:
-    env.cluster.rules = cluster_role_rules(RBAC, FORCE_RBAC)
     env.cluster.add_pod("ml", "sticky", NODE, gpus=1,
                         tolerations=[{"key": "node.kubernetes.io/unschedulable",
                                       "operator": "Exists", "effect": "NoSchedule"}])

@@ -1,8 +1,8 @@
 """The upgrade protocol with the installer's API client (installer/cluster/client.py) against
-the stand-in API server: the node's cordon, labels, annotation and events, evictions under
-PodDisruptionBudgets, timeouts, an unreachable API, a run killed mid-way. The stand-in enforces
-the shipped RBAC and the ValidatingAdmissionPolicy (issue 20) on every call, with a token bound
-to NODE."""
+the stand-in API server: the node's cordon, labels, annotation and events, GPU pods deleted by
+uid once their PodDisruptionBudgets allow it (the installer checks them, as the Eviction API
+would), timeouts, an unreachable API, a run killed mid-way. The stand-in enforces the shipped
+RBAC and the ValidatingAdmissionPolicy (issue 20) on every call, with a token bound to NODE."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qs
 
 import pytest
 
@@ -36,7 +37,6 @@ from installer.layout import Layout
 REPO = Path(__file__).resolve().parents[2]
 PROTOCOL = REPO / "daemonset" / "components" / "upgrade-protocol"
 RBAC = PROTOCOL / "rbac.yaml"
-FORCE_RBAC = REPO / "daemonset" / "components" / "force-eviction" / "rbac.yaml"
 POLICY = PROTOCOL / "admission-policy.yaml"
 NODE = "gpu-node-1"
 PLUGIN = "nvidia.com/gpu.deploy.device-plugin"
@@ -117,7 +117,7 @@ def make_room(env: Env, config: Config) -> None:
 
 def test_upgrade_cordons_pauses_evicts_waits_then_restores_exactly(env: Env) -> None:
     plugin_exits_when_paused(env)
-    env.cluster.add_pod("ml", "train", NODE, gpus=1)
+    train_uid = env.cluster.add_pod("ml", "train", NODE, gpus=1)["metadata"]["uid"]
     env.cluster.add_pod("ml", "train-elsewhere", "gpu-node-2", gpus=1)
     env.cluster.add_pod("web", "frontend", NODE)
     config = env.config()
@@ -136,6 +136,15 @@ def test_upgrade_cordons_pauses_evicts_waits_then_restores_exactly(env: Env) -> 
     pods = set(env.cluster.pods)
     assert ("ml", "train") not in pods
     assert {("ml", "train-elsewhere"), ("web", "frontend")} <= pods
+    # Drained by a DELETE of that very pod (its uid a precondition, its own grace period),
+    # never through the Eviction API, which the role no longer grants.
+    assert not [r for r in env.cluster.requests if r.path.endswith("/eviction")]
+    assert [(r.path, r.body) for r in env.cluster.requests if r.method == "DELETE"] == [
+        ("/api/v1/namespaces/ml/pods/train",
+         {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": train_uid}})]
+    # Pods are listed only with the field selector of its own node (RBAC cannot enforce it).
+    lists = [parse_qs(r.query) for r in env.cluster.requests if r.path == "/api/v1/pods"]
+    assert lists and all(q == {"fieldSelector": [f"spec.nodeName={NODE}"]} for q in lists)
     reasons = [r for r, _ in env.events()]
     # WaitingForDriverHolders too, unless the plugin was already gone (timing; see below).
     assert reasons[:2] == ["DriverUpgradeStarted", "GpuPodEvicted"]
@@ -176,6 +185,7 @@ def test_nothing_to_restore_means_no_write(env: Env) -> None:
 def test_pdb_blocks_then_allows(env: Env) -> None:
     env.cluster.add_pod("ml", "serve-0", NODE, gpus=1, labels={"app": "serve"})
     env.cluster.add_pdb("ml", "serve", {"app": "serve"}, min_available=1)
+    healthy_at_delete = record_healthy_at_delete(env, {"app": "serve"})
 
     def second_replica_becomes_ready() -> None:
         time.sleep(0.8)
@@ -185,12 +195,101 @@ def test_pdb_blocks_then_allows(env: Env) -> None:
     config = env.config()
     make_room(env, config)
     assert ("ml", "serve-0") not in env.cluster.pods
-    blocked = [r for r in env.cluster.requests if r.path.endswith("/eviction")
-               and r.status == 429]
-    assert blocked, "the budget never blocked"
-    assert [r.status for r in env.cluster.requests if r.path.endswith("/eviction")][-1] == 201
+    # Deleted once, and only when the budget allowed it: two Ready replicas then.
+    assert healthy_at_delete == [("serve-0", 2)]
+    pdb_reads = [r for r in env.cluster.requests
+                 if r.path == "/apis/policy/v1/namespaces/ml/poddisruptionbudgets"]
+    assert len(pdb_reads) > 1, "the budget never blocked"
+    assert not [r for r in env.cluster.requests if r.path.endswith("/eviction")]
     reasons = [r for r, _ in env.events()]
     assert reasons.count("EvictionBlocked") == 1 and "GpuPodEvicted" in reasons
+    blocked = dict(env.events())["EvictionBlocked"]
+    assert blocked == ("pod ml/serve-0: PodDisruptionBudget ml/serve allows no disruption now "
+                       "(it needs 1 healthy pods and has 1); retrying")
+
+
+def test_a_pod_list_that_ignores_the_field_selector_touches_no_other_node(env: Env) -> None:
+    """An API server (or a proxy) answering with every pod of the cluster: the installer still
+    deletes only its own node's GPU pods, and asks to delete nothing else."""
+    env.cluster.add_pod("ml", "train", NODE, gpus=1)
+    env.cluster.add_pod("ml", "train-elsewhere", "gpu-node-2", gpus=1)
+    every_pod = env.cluster.list_pods
+    env.cluster.list_pods = lambda query: every_pod({})  # type: ignore[method-assign]
+    make_room(env, env.config())
+    assert [r.path for r in env.cluster.requests if r.method == "DELETE"] == [
+        "/api/v1/namespaces/ml/pods/train"]
+    assert ("ml", "train-elsewhere") in env.cluster.pods
+
+
+def record_healthy_at_delete(env: Env, labels: dict[str, str]) -> list[tuple[str, int]]:
+    """(pod, Ready pods with `labels` not terminating) at every DELETE the stand-in admits:
+    what a budget protects, seen at the moment each pod is taken."""
+    seen: list[tuple[str, int]] = []
+    original = env.cluster.delete_pod
+
+    def delete_pod(namespace: str, name: str, query: dict, options: object = None) -> dict:
+        with env.cluster.lock:
+            healthy = sum(1 for p in env.cluster.pods.values()
+                          if all(p["metadata"]["labels"].get(k) == v for k, v in labels.items())
+                          and not p["metadata"].get("deletionTimestamp"))
+        answer = original(namespace, name, query, options)
+        seen.append((name, healthy))
+        return answer
+
+    env.cluster.delete_pod = delete_pod  # type: ignore[method-assign]
+    return seen
+
+
+def test_two_pods_of_one_budget_are_not_both_taken_from_one_allowance(env: Env) -> None:
+    """Two replicas on this node, one elsewhere, minAvailable 2: one disruption is allowed.
+    The Eviction API takes it off the budget's status at the first eviction; the installer,
+    deleting, must count it itself until the controller writes a new status."""
+    for name, node_name in (("web-0", NODE), ("web-1", NODE), ("web-2", "gpu-node-2")):
+        env.cluster.add_pod("ml", name, node_name, gpus=1, labels={"app": "web"})
+    env.cluster.add_pdb("ml", "web", {"app": "web"}, min_available=2)
+    healthy_at_delete = record_healthy_at_delete(env, {"app": "web"})
+
+    def replacement_once_one_is_gone() -> None:
+        while ("ml", "web-0") in env.cluster.pods and ("ml", "web-1") in env.cluster.pods:
+            time.sleep(0.02)
+        env.cluster.kubelet()
+        env.cluster.add_pod("ml", "web-3", "gpu-node-3", gpus=1, labels={"app": "web"})
+
+    threading.Thread(target=replacement_once_one_is_gone, daemon=True).start()
+    make_room(env, env.config())
+    assert {("ml", "web-0"), ("ml", "web-1")}.isdisjoint(env.cluster.pods)
+    assert [healthy for _, healthy in healthy_at_delete] == [3, 3]  # never below 2 after
+
+
+@pytest.mark.parametrize(("pdbs", "ready", "deleted"), [
+    # Two budgets select the pod: the Eviction API refuses it (500); so does the installer.
+    ([("a", {"app": "x"}, 0), ("b", {"tier": "gpu"}, 0)], True, False),
+    # No disruption allowed, but the pod is not Ready and the others keep the budget whole:
+    # it goes (unhealthyPodEvictionPolicy IfHealthyBudget, the default).
+    ([("a", {"app": "x"}, 2)], False, True),
+    # policy/v1: an empty selector selects every pod of the namespace.
+    ([("all", {}, 5)], True, False),
+    # A budget of another namespace has nothing to say.
+    ([("elsewhere", {"app": "x"}, 5, "other")], True, True),
+])
+def test_budgets_decide_as_the_eviction_api_does(env: Env, pdbs: list, ready: bool,
+                                                  deleted: bool) -> None:
+    env.cluster.add_pod("ml", "p", NODE, gpus=1, labels={"app": "x", "tier": "gpu"},
+                        ready=ready)
+    env.cluster.add_pod("ml", "q", "gpu-node-2", gpus=1, labels={"app": "x", "tier": "gpu"})
+    env.cluster.add_pod("ml", "r", "gpu-node-3", gpus=1, labels={"app": "x", "tier": "gpu"})
+    for name, selector, minimum, *namespace in pdbs:
+        env.cluster.add_pdb(namespace[0] if namespace else "ml", name, selector,
+                            min_available=minimum)
+    config = env.config(NVIDIA_INSTALLER_EVICTION_TIMEOUT="0.5")
+    if deleted:
+        make_room(env, config)
+        assert ("ml", "p") not in env.cluster.pods
+    else:
+        with pytest.raises(EvictionTimeout, match=r"ml/p \((PodDisruptionBudget|more than "
+                           r"one PodDisruptionBudget selects it \(a, b\))"):
+            make_room(env, config)
+        assert not [r for r in env.cluster.requests if r.method == "DELETE"]
 
 
 def test_pod_that_never_leaves_times_out_and_restores_labels_and_cordon(env: Env) -> None:
@@ -212,19 +311,23 @@ def test_pod_that_never_leaves_times_out_and_restores_labels_and_cordon(env: Env
 
 
 def test_pdb_that_never_allows_is_deleted_only_with_force(env: Env) -> None:
-    env.cluster.add_pod("ml", "solo", NODE, gpus=1, labels={"app": "solo"})
+    solo_uid = env.cluster.add_pod("ml", "solo", NODE, gpus=1,
+                                   labels={"app": "solo"})["metadata"]["uid"]
     env.cluster.add_pdb("ml", "solo", {"app": "solo"}, max_unavailable=0)
-    with pytest.raises(EvictionTimeout, match=r"ml/solo \(PodDisruptionBudget\)"):
+    with pytest.raises(EvictionTimeout, match=r"ml/solo \(PodDisruptionBudget ml/solo allows "
+                       r"no disruption now \(it needs 1 healthy pods and has 1\)\)"):
         make_room(env, env.config(NVIDIA_INSTALLER_EVICTION_TIMEOUT="0.5"))
     assert ("ml", "solo") in env.cluster.pods
     assert not any(r.method == "DELETE" for r in env.cluster.requests)
+    assert "unschedulable" not in env.node()["spec"]  # restored
 
-    env.cluster.rules = cluster_role_rules(RBAC, FORCE_RBAC)  # components/force-eviction
+    # components/force-eviction grants nothing more: the same role, the switch on.
     make_room(env, env.config(NVIDIA_INSTALLER_EVICTION_TIMEOUT="0.5",
                               NVIDIA_INSTALLER_FORCE_EVICTION="true"))
     assert ("ml", "solo") not in env.cluster.pods
-    assert [r.query for r in env.cluster.requests if r.method == "DELETE"] == [
-        "gracePeriodSeconds=0"]
+    assert [r.body for r in env.cluster.requests if r.method == "DELETE"] == [
+        {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": solo_uid},
+         "gracePeriodSeconds": 0}]
 
 
 def test_holders_are_named_in_an_event_until_they_close(env: Env) -> None:
@@ -296,12 +399,13 @@ def test_api_unreachable(env: Env, tmp_path: Path) -> None:
 
 
 def test_missing_permission_is_forbidden(env: Env) -> None:
-    env.cluster.rules = [r for r in cluster_role_rules(RBAC)
-                         if r["resources"] != ["pods/eviction"]]
+    env.cluster.rules = [{**r, "verbs": [v for v in r["verbs"] if v != "delete"]}
+                         for r in cluster_role_rules(RBAC)]
     env.cluster.add_pod("ml", "train", NODE, gpus=1)
     with pytest.raises(ClusterApiForbidden) as caught:
         make_room(env, env.config())
     assert caught.value.exit_code == 71
+    assert "could not delete pod ml/train" in caught.value.message
     assert env.node()["metadata"]["annotations"] == {}  # restored
 
 

@@ -3,7 +3,9 @@ the API server sends them for the installer's pod-bound ServiceAccount token: ev
 upgrade protocol makes on its own node is admitted; what issue 20 finding 2 did with a stolen
 token (cordon and taint another node, strip a control-plane node's taints, delete a pod
 elsewhere) is denied, and so are fields the protocol never writes. The policy's `authorizer`
-answers from the protocol's RBAC (its role bound, the scheduling gate's not)."""
+answers from the protocol's RBAC (its role bound, the scheduling gate's not). The installer
+drains its node by deleting pods because a DELETE carries the pod (its node) and can be held to
+the token's node here; an Eviction cannot, and the role grants none."""
 
 from __future__ import annotations
 
@@ -158,8 +160,15 @@ def test_pods_and_events_of_other_nodes_are_denied() -> None:
     pod = {"metadata": {"name": "coredns-1", "namespace": "kube-system"},
            "spec": {"nodeName": OTHER}}
     denied = check(POLICIES, request("DELETE", "pods", "coredns-1", TOKEN,
-                                     namespace="kube-system", old=pod))
+                                     namespace="kube-system", old=pod), PROTOCOL_ROLE)
     assert denied is not None and f"only pods on its own node ({ME})" in denied.message
+    assert denied.code == 403
+    unscheduled = {"metadata": {"name": "pending-1", "namespace": "ml"}, "spec": {}}
+    assert check(POLICIES, request("DELETE", "pods", "pending-1", TOKEN, namespace="ml",
+                                   old=unscheduled), PROTOCOL_ROLE) is not None
+    assert check(POLICIES, request("DELETE", "pods", "train", user_info(node=None),
+                                   namespace="ml", old={**pod, "spec": {"nodeName": ME}}),
+                 PROTOCOL_ROLE) is not None
     event = {"involvedObject": {"kind": "Node", "name": OTHER}, "reason": "Forged"}
     denied = check(POLICIES, request("CREATE", "events", "x", TOKEN, namespace="default",
                                      obj=event))

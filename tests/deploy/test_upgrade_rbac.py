@@ -1,7 +1,8 @@
 """The DaemonSet side of the upgrade protocol: the base pod has no API rights at all (its
 ServiceAccount, shared by the Components that need one, has nothing bound and no token mounted);
 the protocol's least-privilege RBAC and admission policy come with components/upgrade-protocol
-(pod deletion only with components/force-eviction); NODE_NAME from the downward API; the device
+(pods deleted, never evicted: the policy can hold a DELETE to its own node, an Eviction not;
+components/force-eviction grants nothing more); NODE_NAME from the downward API; the device
 plugin leaving a node whose deploy label says paused-for-driver-upgrade; nodes pull prebuilt
 modules read-only and a builder Job publishes."""
 
@@ -72,9 +73,11 @@ def test_the_protocol_overlay_brings_identity_rbac_and_policy() -> None:
     assert _granted(docs) == {
         ("*", "", "nodes", "get"), ("*", "", "nodes", "patch"),
         ("*", "", "pods", "list"),
-        ("*", "", "pods/eviction", "create"),
+        ("*", "", "pods", "delete"),  # its own node's only: the admission policy
+        ("*", "policy", "poddisruptionbudgets", "list"),  # checked before a delete
         ("default", "", "events", "create"),  # Node events live in default: a Role there
     }
+    assert not any(r.endswith("/eviction") for _, _, r, _ in _granted(docs))
     assert all("*" not in str(rule) for d in docs if "rules" in d for rule in d["rules"])
     policies = {p["metadata"]["name"] for p in kinds["ValidatingAdmissionPolicy"]}
     bound = {b["spec"]["policyName"]: b["spec"]["validationActions"]
@@ -89,10 +92,11 @@ def test_the_protocol_overlay_brings_identity_rbac_and_policy() -> None:
     assert "device-plugin" in config.pause_components
 
 
-def test_pod_deletion_only_in_the_force_eviction_variant() -> None:
+def test_the_force_eviction_variant_grants_nothing_more() -> None:
+    """Force eviction is the installer's decision to stop waiting for budgets, not a right."""
     docs = render(DAEMONSET_DIR / "examples" / "force-eviction")
     plain = _granted(render(DAEMONSET_DIR / "overlays" / "upgrade-protocol"))
-    assert _granted(docs) - plain == {("*", "", "pods", "delete")}
+    assert _granted(docs) == plain
     config = from_env(container_env(installer_container(installer_daemonset(docs))))
     assert config.force_eviction is True and config.upgrade_protocol is True
 
