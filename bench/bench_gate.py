@@ -23,10 +23,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "tests" / "unit"))
 
 from cluster.apiserver import ApiServer, Cluster  # noqa: E402
-from hosttrees import (  # noqa: E402
+from lib.hosttrees import (  # noqa: E402
     H100,
     make_host,
     module_line,

@@ -27,11 +27,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
 
 import kit
-from hostkit import REPO, hidden_headers_argv, installer_env, make_debian_host
-from httpfaults import serve_directory
+from lib.hostkit import REPO, hidden_headers_argv, installer_env, make_debian_host
+from lib.httpfaults import serve_directory
 
 VERSION = "580.105.08"
 STEP_DONE = re.compile(r"step (\S+): done in ([\d.]+) s")

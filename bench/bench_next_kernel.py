@@ -25,12 +25,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
 
 import kit
-from hostkit import hidden_headers_argv, installer_argv, installer_env, make_debian_host
-from httpfaults import serve_directory
-from secondkernel import SECOND, add_headers, mark_installed
+from lib.hostkit import hidden_headers_argv, installer_argv, installer_env, make_debian_host
+from lib.httpfaults import serve_directory
+from lib.secondkernel import SECOND, add_headers, mark_installed
 
 VERSION = "580.105.08"
 STEP_DONE = re.compile(r"step (\S+): done in ([\d.]+) s")

@@ -21,12 +21,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
 
 import kit
-from hostkit import hidden_headers_argv, installer_argv, installer_env, make_debian_host
-from httpfaults import serve_directory
-from registrykit import PASSWORD, USER, Registry, make_key_pair
+from lib.hostkit import hidden_headers_argv, installer_argv, installer_env, make_debian_host
+from lib.httpfaults import serve_directory
+from lib.registrykit import PASSWORD, USER, Registry, make_key_pair
 
 HERE = Path(__file__).resolve().parent
 VERSION = "580.105.08"

@@ -28,13 +28,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
 
-from hostkit import hidden_headers_argv, installer_argv, installer_env, make_debian_host
-from httpfaults import serve_directory
 from kit import real_parts
 from kit.builder import build_real_runfile
-from registrykit import PASSWORD, USER, Registry, make_key_pair
+from lib.hostkit import hidden_headers_argv, installer_argv, installer_env, make_debian_host
+from lib.httpfaults import serve_directory
+from lib.registrykit import PASSWORD, USER, Registry, make_key_pair
 
 STEP_DONE = re.compile(r"step (\S+): done in ([\d.]+) s")
 PHASES = {

@@ -69,7 +69,7 @@ def installer_logger_reset() -> Iterator[None]:
 
 # CI runs the suite on two xdist workers (`-n 2`, README). Each file is a group (its module
 # fixtures, a vm scenario's boots among them, run once), except NVIDIA's real compile, whose three
-# files share one build (tests/realdriver.py). The longest groups are handed out first, longest
+# files share one build (tests/lib/realdriver.py). The longest groups are handed out first, longest
 # first, so that neither worker is left with a long one at the end.
 REAL_DRIVER_FILES = ("integration/test_real_driver.py", "integration/test_real_registry.py",
                      "vm/test_real_driver_vm.py")

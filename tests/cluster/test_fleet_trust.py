@@ -16,7 +16,7 @@ pytest.importorskip("celpy", reason="pip install cel-python")
 import requests
 
 from cluster.apiserver import Cluster
-from cluster.test_protocol import (
+from cluster.nodes import (
     LABELS,
     NODE,
     PAUSED,

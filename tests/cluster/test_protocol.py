@@ -7,23 +7,31 @@ RBAC and the ValidatingAdmissionPolicy (issue 20) on every call, with a token bo
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs
 
 import pytest
 
-from cluster.admission import load_policies
-from cluster.apiserver import ApiServer, Cluster, cluster_role_rules, write_kubeconfig
+from cluster.apiserver import Cluster, cluster_role_rules, write_kubeconfig
+from cluster.nodes import (
+    DCGM_EXPORTER,
+    GFD,
+    LABELS,
+    NODE,
+    PAUSED,
+    PLUGIN,
+    PLUGIN_PID,
+    RBAC,
+    REPO,
+    Env,
+    make_room,
+)
 from installer.cluster import protocol
-from installer.config import Config, build_config
 from installer.errors import (
     ClusterApiForbidden,
     ClusterApiUnavailable,
@@ -31,71 +39,6 @@ from installer.errors import (
     EvictionTimeout,
     InstallerError,
 )
-from installer.hostroot import HostRoot
-from installer.layout import Layout
-
-REPO = Path(__file__).resolve().parents[2]
-PROTOCOL = REPO / "daemonset" / "components" / "upgrade-protocol"
-RBAC = PROTOCOL / "rbac.yaml"
-POLICY = PROTOCOL / "admission-policy.yaml"
-NODE = "gpu-node-1"
-PLUGIN = "nvidia.com/gpu.deploy.device-plugin"
-GFD = "nvidia.com/gpu.deploy.gpu-feature-discovery"
-DCGM_EXPORTER = "nvidia.com/gpu.deploy.dcgm-exporter"
-PAUSED = "paused-for-driver-upgrade"
-LABELS = {PLUGIN: "true", DCGM_EXPORTER: "false", "kubernetes.io/hostname": NODE}
-PLUGIN_PID = 4242
-
-
-@dataclass
-class Env:
-    cluster: Cluster
-    server: ApiServer
-    root: Path
-    kubeconfig: Path
-
-    def config(self, **env: str) -> Config:
-        values = {"NVIDIA_INSTALLER_UPGRADE_PROTOCOL": "true", "NODE_NAME": NODE,
-                  "NVIDIA_INSTALLER_KUBECONFIG": str(self.kubeconfig),
-                  "ROOT_MOUNT_DIR": str(self.root),
-                  "NVIDIA_INSTALL_DIR_CONTAINER": str(self.root / "no-container-mount"),
-                  "NVIDIA_INSTALLER_EVICTION_TIMEOUT": "30",
-                  "NVIDIA_INSTALLER_HOLDERS_TIMEOUT": "30", **env}
-        return build_config(values, {})
-
-    def layout(self, config: Config) -> Layout:
-        layout = Layout.from_config(config, HostRoot(config.root))
-        layout.install_local.mkdir(parents=True, exist_ok=True)
-        return layout
-
-    def hold(self, pid: int, comm: str, device: str = "/dev/nvidia0") -> None:
-        """A process in the host's /proc with an open fd on `device`."""
-        fd_dir = self.root / "proc" / str(pid) / "fd"
-        fd_dir.mkdir(parents=True, exist_ok=True)
-        (self.root / "proc" / str(pid) / "comm").write_text(comm + "\n")
-        os.symlink(device, fd_dir / "3")
-
-    def exit(self, pid: int) -> None:
-        shutil.rmtree(self.root / "proc" / str(pid), ignore_errors=True)
-
-    def node(self) -> dict:
-        return self.cluster.node(NODE)
-
-    def events(self) -> list[tuple[str, str]]:
-        with self.cluster.lock:
-            return [(e["reason"], e["message"]) for e in self.cluster.events]
-
-
-@pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
-    monkeypatch.setattr(protocol, "POLL_SECONDS", 0.05)
-    cluster = Cluster(rules=cluster_role_rules(RBAC), policies=load_policies(POLICY),
-                      token_node=NODE)
-    cluster.add_node(NODE, LABELS)
-    root = tmp_path / "host"
-    (root / "proc").mkdir(parents=True)
-    with ApiServer(cluster) as server:
-        yield Env(cluster, server, root, server.kubeconfig(tmp_path))
 
 
 def plugin_exits_when_paused(env: Env) -> None:
@@ -108,11 +51,6 @@ def plugin_exits_when_paused(env: Env) -> None:
             threading.Timer(0.5, env.exit, (PLUGIN_PID,)).start()
 
     env.cluster.on_node_change.append(react)
-
-
-def make_room(env: Env, config: Config) -> None:
-    protocol.make_room(config, HostRoot(config.root), env.layout(config), "580.105.08",
-                       "580.126.20")
 
 
 def test_upgrade_cordons_pauses_evicts_waits_then_restores_exactly(env: Env) -> None:

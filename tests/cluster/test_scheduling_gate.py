@@ -22,13 +22,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 pytest.importorskip("celpy", reason="pip install cel-python")
 
-from fakes import FakeRunner
-from hosttrees import (
+from lib.fakes import FakeRunner
+from lib.hosttrees import (
     CLASS_BRIDGE,
     H100,
     add_pci_device,
@@ -40,15 +41,16 @@ from hosttrees import (
 
 from cluster.admission import load_policies
 from cluster.apiserver import ApiServer, Cluster, cluster_role_rules, write_kubeconfig
-from cluster.test_protocol import POLICY as PROTOCOL_POLICY
-from cluster.test_protocol import RBAC as PROTOCOL_RBAC
+from cluster.nodes import POLICY as PROTOCOL_POLICY
+from cluster.nodes import RBAC as PROTOCOL_RBAC
+from cluster.nodes import NodeHost
 from installer import app, components, gate_steps, host, pipeline, readiness, state, steps
 from installer import verify as verify_package
 from installer.cluster import gate, protocol
 from installer.components import fabricmanager, supervisor
 from installer.components.fabricmanager import FabricManagerDaemon
 from installer.components.persistenced import PersistencedDaemon
-from installer.config import Config, build_config
+from installer.config import Config
 from installer.errors import (
     FabricManagerMissing,
     NodeNotFound,
@@ -84,23 +86,8 @@ def roles(*components: str) -> tuple[list[dict], list[tuple[dict, str]]]:
 
 
 @dataclass
-class Gate:
-    cluster: Cluster
-    server: ApiServer
-    root: Path
-    kubeconfig: Path
-
-    def config(self, **env: str) -> Config:
-        values = {"NVIDIA_INSTALLER_SCHEDULING_GATE": "true", "NODE_NAME": NODE,
-                  "NVIDIA_INSTALLER_KUBECONFIG": str(self.kubeconfig),
-                  "ROOT_MOUNT_DIR": str(self.root),
-                  "NVIDIA_INSTALL_DIR_CONTAINER": str(self.root / "no-container-mount"),
-                  "NVIDIA_INSTALLER_EVICTION_TIMEOUT": "30",
-                  "NVIDIA_INSTALLER_HOLDERS_TIMEOUT": "30", **env}
-        return build_config(values, {})
-
-    def node(self, name: str = NODE) -> dict:
-        return self.cluster.node(name)
+class Gate(NodeHost):
+    switch: ClassVar[str] = "NVIDIA_INSTALLER_SCHEDULING_GATE"
 
     def taints(self, name: str = NODE) -> list[dict]:
         return list(self.node(name)["spec"].get("taints") or [])

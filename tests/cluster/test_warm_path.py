@@ -17,8 +17,8 @@ def test_protocol_off_imports_no_cluster_code(tmp_path: Path) -> None:
     code = f"""
 import json, sys
 from pathlib import Path
-sys.path[:0] = [{str(REPO / 'tests')!r}, {str(REPO / 'tests' / 'unit')!r}]
-from test_upgrade_hook import held_host
+sys.path[:0] = [{str(REPO / 'tests')!r}]
+from lib.contexts import held_host
 from installer import app, steps
 from installer.errors import DriverInUse
 try:
@@ -39,8 +39,8 @@ def test_gate_off_an_unload_imports_no_cluster_code(tmp_path: Path) -> None:
     code = f"""
 import json, shutil, sys
 from pathlib import Path
-sys.path[:0] = [{str(REPO / 'tests')!r}, {str(REPO / 'tests' / 'unit')!r}]
-from test_upgrade_hook import held_host
+sys.path[:0] = [{str(REPO / 'tests')!r}]
+from lib.contexts import held_host
 from installer import steps
 ctx = held_host(Path({str(tmp_path)!r}))
 shutil.rmtree(Path({str(tmp_path)!r}) / "proc" / "4242")  # nothing holds the driver

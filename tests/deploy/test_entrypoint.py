@@ -112,7 +112,7 @@ def test_run_with_the_daemonset_environment(tmp_path: Path) -> None:
     temp dir), a fake driver from file://; built for the headers' kernel so nothing is loaded
     into this machine's kernel (loading is the vm tier's)."""
     import kit
-    from hostkit import hidden_headers_argv, installer_argv, make_debian_host
+    from lib.hostkit import hidden_headers_argv, installer_argv, make_debian_host
 
     ds = installer_daemonset(load_all(DAEMONSET_DIR / "nvidia-driver-installer.yaml"))
     env = container_env(installer_container(ds))

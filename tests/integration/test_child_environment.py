@@ -13,8 +13,8 @@ from pathlib import Path
 
 import kit
 import pytest
-from hostkit import debian_headers, installer_env, make_debian_host, run_installer
-from httpfaults import serve_directory
+from lib.hostkit import debian_headers, installer_env, make_debian_host, run_installer
+from lib.httpfaults import serve_directory
 
 from installer import runner
 from installer.runner import SubprocessRunner

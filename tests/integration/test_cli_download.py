@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import kit
-from httpfaults import FaultServer
+from lib.httpfaults import FaultServer
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "580.105.08"

@@ -9,8 +9,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-from hostkit import installer_env, make_debian_host, run_installer
-from httpfaults import serve_directory
+from lib.hostkit import installer_env, make_debian_host, run_installer
+from lib.httpfaults import serve_directory
 
 VERSION = "580.105.08"
 # What the Debian 12 image's build writes from `apt-cache --names-only search '^gcc-[0-9]+$'`.

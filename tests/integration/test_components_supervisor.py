@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Union
 
 import pytest
-from hosttrees import CLASS_BRIDGE, H100, add_pci_device, make_host, write_driver_version
+from lib.hosttrees import CLASS_BRIDGE, H100, add_pci_device, make_host, write_driver_version
 
 from installer import runner
 from installer.components import fm_archive, processes

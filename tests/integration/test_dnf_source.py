@@ -23,8 +23,6 @@ from typing import Any
 
 import pytest
 import testinfra
-from hostkit import GCC_LINE, INSTALL_DIR_HOST, RUNNING_KERNEL, installer_env, run_installer
-from hosttrees import CLASS_BRIDGE, add_pci_device, make_host
 from kit.rpm import (
     KERNEL,
     KERNEL8,
@@ -39,7 +37,9 @@ from kit.rpm import (
     precompiled_kmod,
     write_repo_file,
 )
-from tlskit import serve_directory_tls
+from lib.hostkit import GCC_LINE, INSTALL_DIR_HOST, RUNNING_KERNEL, installer_env, run_installer
+from lib.hosttrees import CLASS_BRIDGE, add_pci_device, make_host
+from lib.tlskit import serve_directory_tls
 
 from installer.components.fabricmanager import FabricManagerDaemon
 from installer.components.supervisor import Driver
@@ -456,7 +456,7 @@ def test_a_held_driver_is_refused_before_the_packages_change(
 ) -> None:
     """dnf replaces the host's user space as it installs: with driver A loaded and held, an
     upgrade to B must not run a transaction (A's kernel module under B's libraries)."""
-    from hosttrees import (
+    from lib.hosttrees import (
         add_process,
         module_line,
         write_driver_version,
@@ -601,7 +601,7 @@ def test_a_hostile_repo_file_is_refused_and_the_hosts_repos_stay_as_they_were(
 def test_a_repo_file_over_plain_http_is_refused_before_it_is_fetched(
     root: Path, repo_files: dict[str, str], tmp_path: Path
 ) -> None:
-    from httpfaults import serve_directory
+    from lib.httpfaults import serve_directory
 
     www = tmp_path / "www"
     write_repo_file(www / "cuda-rhel9.repo", "https://127.0.0.1:1/repo", REPO_ID)

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from httpfaults import FaultServer, ForwardProxy
+from lib.httpfaults import FaultServer, ForwardProxy
 
 from installer import delivery
 from installer.delivery import DownloadSettings, fetch_bytes, fetch_file

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from httpfaults import FaultServer
+from lib.httpfaults import FaultServer
 
 from installer.delivery import DownloadSettings, fetch_file
 from installer.errors import DownloadFailed

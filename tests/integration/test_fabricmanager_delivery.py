@@ -13,10 +13,16 @@ from pathlib import Path
 
 import kit
 import pytest
-from hostkit import INSTALL_DIR_HOST, debian_headers, installer_env, make_debian_host, run_installer
-from hosttrees import CLASS_BRIDGE, add_pci_device
-from httpfaults import serve_directory
 from kit.fabricmanager import archive_name, build_fabricmanager, relative_path
+from lib.hostkit import (
+    INSTALL_DIR_HOST,
+    debian_headers,
+    installer_env,
+    make_debian_host,
+    run_installer,
+)
+from lib.hosttrees import CLASS_BRIDGE, add_pci_device
+from lib.httpfaults import serve_directory
 
 pytestmark = pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import kit
 import pytest
-from headerrepos import (
+from lib.headerrepos import (
     Key,
     apt_sources,
     kernel_devel_rpm,
@@ -24,7 +24,7 @@ from headerrepos import (
     rocky_repos,
     ubuntu_shape_debs,
 )
-from hostkit import (
+from lib.hostkit import (
     INSTALL_DIR_HOST,
     RUNNING_KERNEL,
     debian_headers,
@@ -32,8 +32,8 @@ from hostkit import (
     make_debian_host,
     run_installer,
 )
-from hosttrees import make_host
-from httpfaults import serve_directory
+from lib.hosttrees import make_host
+from lib.httpfaults import serve_directory
 
 from installer import compiler
 from installer.config import from_env

@@ -12,7 +12,7 @@ from shutil import which
 
 import kit
 import pytest
-from hostkit import debian_headers
+from lib.hostkit import debian_headers
 
 VERSION = "550.54.15"
 # This machine's Debian headers (linux-headers-amd64: 6.1.0-56-amd64 when written).

@@ -16,11 +16,17 @@ from typing import Any
 
 import kit
 import pytest
-from headerrepos import apt_sources, make_key, publish_apt, real_debian_debs
-from hostkit import INSTALL_DIR_HOST, debian_headers, installer_env, make_debian_host, run_installer
-from httpfaults import serve_directory
-from registrykit import PASSWORD, USER, Registry, make_key_pair
-from secondkernel import SECOND, add_headers, mark_installed
+from lib.headerrepos import apt_sources, make_key, publish_apt, real_debian_debs
+from lib.hostkit import (
+    INSTALL_DIR_HOST,
+    debian_headers,
+    installer_env,
+    make_debian_host,
+    run_installer,
+)
+from lib.httpfaults import serve_directory
+from lib.registrykit import PASSWORD, USER, Registry, make_key_pair
+from lib.secondkernel import SECOND, add_headers, mark_installed
 
 from installer.sources.prebuilt_key import vermagic
 

@@ -13,9 +13,15 @@ from pathlib import Path
 
 import kit
 import pytest
-from hostkit import INSTALL_DIR_HOST, debian_headers, installer_env, make_debian_host, run_installer
-from httpfaults import serve_directory
-from registrykit import PASSWORD, USER, Registry, http_push, make_key_pair
+from lib.hostkit import (
+    INSTALL_DIR_HOST,
+    debian_headers,
+    installer_env,
+    make_debian_host,
+    run_installer,
+)
+from lib.httpfaults import serve_directory
+from lib.registrykit import PASSWORD, USER, Registry, http_push, make_key_pair
 
 pytestmark = pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
 

@@ -18,8 +18,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hostkit import INSTALL_DIR_HOST, debian_headers, make_debian_host, tree_snapshot
-from realdriver import (
+from lib.hostkit import INSTALL_DIR_HOST, debian_headers, make_debian_host, tree_snapshot
+from lib.realdriver import (
     VERSION,
     RealInstall,
     elf,

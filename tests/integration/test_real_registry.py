@@ -9,8 +9,8 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from hostkit import debian_headers, make_debian_host
-from realdriver import (
+from lib.hostkit import debian_headers, make_debian_host
+from lib.realdriver import (
     VERSION,
     RealInstall,
     env_for,
@@ -22,7 +22,7 @@ from realdriver import (
     same_bytes,
     seed_modules,
 )
-from registrykit import PASSWORD, USER, Registry, make_key_pair
+from lib.registrykit import PASSWORD, USER, Registry, make_key_pair
 
 pytestmark = pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from registrykit import PASSWORD, USER, Registry, http_push, make_key_pair
+from lib.registrykit import PASSWORD, USER, Registry, http_push, make_key_pair
 
 from installer.delivery import artifact, registry, trust
 from installer.delivery.artifact import ArtifactKey, ModuleFile, Policy

@@ -16,7 +16,7 @@ from typing import Any
 import kit
 import pytest
 import testinfra
-from hostkit import (
+from lib.hostkit import (
     INSTALL_DIR_HOST,
     debian_headers,
     installer_env,
@@ -25,7 +25,7 @@ from hostkit import (
     run_installer,
     tree_snapshot,
 )
-from httpfaults import serve_directory
+from lib.httpfaults import serve_directory
 
 pytestmark = pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
 
@@ -350,7 +350,7 @@ def test_read_only_lib_modules_falls_back_without_failing(tmp_path: Path, served
     kernel = make_debian_host(root)
     modules_dir = root / "lib/modules" / kernel
     env = env_for((root, kernel), served)
-    from hostkit import hidden_headers_argv, installer_argv, private_mounts_argv
+    from lib.hostkit import hidden_headers_argv, installer_argv, private_mounts_argv
 
     read_only = [f"mount --bind {modules_dir} {modules_dir}",
                  f"mount -o remount,ro,bind {modules_dir}"]
@@ -370,7 +370,7 @@ def test_read_only_lib_modules_falls_back_without_failing(tmp_path: Path, served
 def test_concurrent_runs_wait_for_each_other_and_build_once(
     host: tuple[Path, str], served: Any
 ) -> None:
-    from hostkit import hidden_headers_argv, installer_argv
+    from lib.hostkit import hidden_headers_argv, installer_argv
 
     env = env_for(host, served)
     procs = [

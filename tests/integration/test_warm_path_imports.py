@@ -11,7 +11,7 @@ from pathlib import Path
 
 import kit
 import pytest
-from hostkit import (
+from lib.hostkit import (
     REPO,
     debian_headers,
     hidden_headers_argv,
@@ -19,7 +19,7 @@ from hostkit import (
     make_debian_host,
     run_installer,
 )
-from httpfaults import serve_directory
+from lib.httpfaults import serve_directory
 
 VERSION = "580.105.08"
 

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from fakes import FakeRunner
-from hosttrees import make_host, root_env
+from lib.fakes import FakeRunner
+from lib.hosttrees import make_host, root_env
 
 from installer import app
 from installer.config import from_env

@@ -7,20 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from hosttrees import make_host, root_env
+from lib.cli import invoke
+from lib.hosttrees import make_host, root_env
 
 from installer import cli
-
-
-def invoke(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str]) -> int:
-    for key in list(os.environ):
-        if key.startswith(("NVIDIA_", "ROOT_MOUNT_DIR")):
-            monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    with pytest.raises(SystemExit) as info:
-        cli.main(args)
-    return int(info.value.code or 0)
 
 
 def test_known_errors_print_reference_and_hint_and_fill_the_termination_log(

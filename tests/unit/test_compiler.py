@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fakes import FakeRunner
+from lib.fakes import FakeRunner
 
 from installer import compiler
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fakes import FakeRunner
-from hosttrees import (
+from lib.cli import invoke as cli_invoke
+from lib.contexts import V, our_process
+from lib.fakes import FakeRunner
+from lib.hosttrees import (
     H100,
     add_process,
     make_host,
@@ -17,8 +19,6 @@ from hosttrees import (
     write_driver_version,
     write_proc_modules,
 )
-from test_cli import invoke as cli_invoke
-from test_components import V, our_process
 
 from installer import components, planner, readiness, steps
 from installer.components import fabricmanager, persistenced
@@ -92,7 +92,7 @@ def test_a_registered_component_is_asked_for_its_decision_and_steps(
 
 
 def test_prune_keeps_a_registered_components_download(tmp_path: Path, extra: Extra) -> None:
-    from test_steps import context
+    from lib.contexts import context
 
     ctx = context(tmp_path, FakeRunner())
     downloads = ctx.layout.downloads

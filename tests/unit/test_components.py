@@ -10,8 +10,9 @@ import os
 from pathlib import Path, PurePosixPath
 
 import pytest
-from fakes import FakeRunner
-from hosttrees import (
+from lib.contexts import V, our_process
+from lib.fakes import FakeRunner
+from lib.hosttrees import (
     CLASS_3D,
     CLASS_AUDIO,
     CLASS_BRIDGE,
@@ -46,7 +47,6 @@ from installer.errors import (
 from installer.hostroot import HostRoot
 from installer.layout import READY_FILE, Layout
 
-V = "580.105.08"
 H100_SWITCH = 0x22A3
 A100_SWITCH = 0x1AF1
 
@@ -207,7 +207,7 @@ def test_the_daemons_argv() -> None:
 
 
 def test_prune_keeps_the_installed_versions_fabric_manager_archive(tmp_path: Path) -> None:
-    from test_steps import context
+    from lib.contexts import context
 
     ctx = context(tmp_path, FakeRunner())
     downloads = ctx.layout.downloads
@@ -224,15 +224,6 @@ def test_prune_keeps_the_installed_versions_fabric_manager_archive(tmp_path: Pat
     step.apply()
     assert sorted(p.name for p in downloads.iterdir()) == sorted(keep)
     assert step.is_satisfied()
-
-
-def our_process(root: Path, pid: int, install: str, name: str, *, script: bool = False) -> None:
-    # A script's comm is its interpreter's (what the kit's Python stand-ins show).
-    proc = add_process(root, pid, "python3" if script else name[:15], {4: "/dev/nvidia0"},
-                       cmdline=f"/usr/bin/python3\0{install}/versions/{V}/bin/{name}" if script
-                       else f"{install}/versions/{V}/bin/{name}")
-    exe = "/usr/bin/python3.11" if script else f"{install}/versions/{V}/bin/{name}"
-    os.symlink(exe, proc / "exe")
 
 
 def test_our_daemons_are_known_by_their_program_in_the_install_dir(tmp_path: Path) -> None:
@@ -270,7 +261,7 @@ def test_status_shows_what_the_daemons_said(tmp_path: Path) -> None:
 
 
 def test_a_driver_held_only_by_our_daemons_is_free_to_replace(tmp_path: Path) -> None:
-    from test_steps import context
+    from lib.contexts import context
 
     ctx = context(tmp_path, FakeRunner())
     write_proc_modules(tmp_path, [module_line("nvidia", refcount=2)])

@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 import pytest
-from hosttrees import make_host, write_os_release
+from lib.hosttrees import make_host, write_os_release
 
 from installer import compiler, distros, host, kernel
 from installer.config import from_env

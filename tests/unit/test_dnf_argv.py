@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hosttrees import make_host
+from lib.hosttrees import make_host
 
 from installer.errors import RepoFileRefused
 from installer.host import Distro
@@ -236,7 +236,7 @@ def test_nvidia_repo_url_is_per_major() -> None:
 
 
 def test_installed_versions_parses_rpm_and_skips_missing(tmp_path: Path) -> None:
-    from fakes import FakeRunner
+    from lib.fakes import FakeRunner
 
     runner = FakeRunner().on(
         "rpm",

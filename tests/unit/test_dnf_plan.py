@@ -3,14 +3,21 @@ and how dnf's failures map to errors (FakeRunner: no process runs)."""
 
 from __future__ import annotations
 
-import gzip
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from fakes import FakeRunner
-from hosttrees import CLASS_BRIDGE, add_pci_device, make_host, root_env
-from kit.rpm import DEFAULT_SPEC, RepoSpec, modules_yaml
+from lib.dnfplans import (
+    KERNEL,
+    add_repo_file,
+    cache_metadata,
+    decision,
+    plan_for,
+    rpm_answer,
+    step,
+)
+from lib.fakes import FakeRunner
+from lib.hosttrees import CLASS_BRIDGE, add_pci_device, make_host, root_env
 
 from installer import pipeline, planner
 from installer.config import from_env
@@ -23,40 +30,6 @@ from installer.errors import (
 )
 from installer.plan import Plan, Step
 from installer.runner import Result
-
-KERNEL = "5.14.0-427.13.1.el9_4.x86_64"
-
-
-def plan_for(
-    tmp_path: Path, runner: FakeRunner, distro: str = "rocky-9", kernel: str = KERNEL, **env: str
-) -> Plan:
-    make_host(tmp_path, distro=distro, kernel=kernel, gpus=[0x2330])
-    config = from_env(root_env(tmp_path, **env))
-
-    def no_fetch(*args: object) -> Path:
-        raise AssertionError("no download expected")
-
-    return planner.make_plan(config, runner, fetch_bytes=lambda url: b"", fetch_runfile=no_fetch)  # type: ignore[arg-type]
-
-
-def decision(plan: Plan, topic: str) -> tuple[str, str]:
-    found = next(d for d in plan.decisions if d.topic == topic)
-    return found.value, found.reason
-
-
-def step(plan: Plan, name: str) -> Step:
-    return next(s for s in plan.steps if s.name == name)
-
-
-def add_repo_file(root: Path, name: str = "cuda-rhel9.repo") -> None:
-    repos = root / "etc/yum.repos.d"
-    repos.mkdir(parents=True, exist_ok=True)
-    (repos / name).write_text(
-        "[cuda-rhel9-x86_64]\n"
-        "baseurl=https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64\n"
-        "enabled=1\ngpgcheck=1\n"
-        "gpgkey=https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64/D42D0685.pub\n"
-    )
 
 
 def test_auto_on_rocky_without_nvidia_repo_keeps_the_runfile(tmp_path: Path) -> None:
@@ -140,21 +113,6 @@ def test_el10_plans_packages_with_a_version_lock(tmp_path: Path) -> None:
     assert "cuda-rhel10.repo" in step(plan, "add-dnf-repo").summary
 
 
-def rpm_answer(installed: dict[str, str]) -> FakeRunner:
-    def answer(argv: Sequence[str]) -> Result:
-        names = argv[argv.index("--qf") + 2 :] if "--qf" in argv else argv[argv.index("-q") + 1 :]
-        lines = [
-            f"{n} {installed[n]}" if n in installed else f"package {n} is not installed"
-            for n in names
-        ]
-        code = 0 if all(n in installed for n in names) else 1
-        return Result(tuple(argv), code, "\n".join(lines) + "\n")
-
-    runner = FakeRunner()
-    runner.answers.append((("rpm",), answer))
-    return runner
-
-
 def enable_stream(root: Path, stream: str) -> None:
     state = root / "etc/dnf/modules.d/nvidia-driver.module"
     state.parent.mkdir(parents=True, exist_ok=True)
@@ -212,14 +170,6 @@ def test_probe_wants_a_transaction(
         NVIDIA_KERNEL_MODULE_TYPE="proprietary",
     )
     assert not step(plan, "install-driver-packages").is_satisfied()
-
-
-def cache_metadata(root: Path, spec: RepoSpec = DEFAULT_SPEC) -> None:
-    """The modules.yaml dnf caches for the kit's repo, gzipped as createrepo_c writes it."""
-    repodata = root / "var/lib/nvidia/cache/dnf/cuda-rhel9-x86_64-1f2e3d4c5b6a7980/repodata"
-    repodata.mkdir(parents=True, exist_ok=True)
-    with gzip.open(repodata / "0123abcd-modules.yaml.gz", "wt") as handle:
-        handle.write(modules_yaml(spec))
 
 
 def makecache_ok(runner: FakeRunner) -> None:
@@ -333,7 +283,7 @@ OLD = "550.127.05"
 def held_rocky_plan(tmp_path: Path, **env: str) -> Plan:
     """Rocky 9 with NVIDIA's repo, driver OLD loaded and /dev/nvidia0 held by the device
     plugin; the plan asks for 580."""
-    from hosttrees import add_process, module_line, write_driver_version, write_proc_modules
+    from lib.hosttrees import add_process, module_line, write_driver_version, write_proc_modules
 
     add_repo_file(tmp_path)
     plan = plan_for(tmp_path, FakeRunner(), NVIDIA_DRIVER_VERSION="580.105.08",
@@ -388,7 +338,7 @@ def test_with_the_protocol_the_room_is_made_before_the_packages_change(
 
 def test_packages_already_on_the_target_need_no_free_driver(tmp_path: Path) -> None:
     plan = held_rocky_plan(tmp_path)
-    from hosttrees import write_driver_version
+    from lib.hosttrees import write_driver_version
 
     write_driver_version(tmp_path, "580.105.08")  # the planned version is the loaded one
     assert step(plan, "check-driver-free").is_satisfied()

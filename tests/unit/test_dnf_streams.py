@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from fakes import FakeRunner
 from kit.rpm import DEFAULT_SPEC, KERNEL, V565, V580A, V580B, modules_yaml, precompiled_kmod
-from test_dnf_plan import add_repo_file, cache_metadata, decision, plan_for, rpm_answer, step
+from lib.dnfplans import add_repo_file, cache_metadata, decision, plan_for, rpm_answer, step
+from lib.fakes import FakeRunner
 
 from installer import pipeline
 from installer.errors import ModuleBuildFailed, ModuleMetadataMissing, RepoUnavailable

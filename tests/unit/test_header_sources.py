@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FakeRunner
-from hosttrees import make_host
+from lib.fakes import FakeRunner
+from lib.hosttrees import make_host
 
 from installer.config import from_env
 from installer.distros import apt, dnf

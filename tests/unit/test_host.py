@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from unit.hosttrees import (
+from lib.hosttrees import (
     A100,
     B200,
     CLASS_AUDIO,

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from fakes import FakeRunner
-from hosttrees import make_host, root_env
+from lib.fakes import FakeRunner
+from lib.hosttrees import make_host, root_env
 
 from installer import planner
 from installer.config import from_env

@@ -9,8 +9,8 @@ import struct
 from pathlib import Path, PurePosixPath
 
 import pytest
-from fakes import FakeRunner
-from hosttrees import host_root
+from lib.fakes import FakeRunner
+from lib.hosttrees import host_root
 
 from installer import ldcache
 

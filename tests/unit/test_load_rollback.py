@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
-from fakes import FakeRunner
-from test_steps import context
+from lib.contexts import context
+from lib.fakes import FakeRunner
 
 from installer import dirs, kmsg, modules, state, steps
 from installer.errors import ModuleLoadFailed
@@ -45,7 +45,7 @@ def test_a_refused_load_quotes_the_kernel(tmp_path: Path, monkeypatch: pytest.Mo
     log = tmp_path / "kmsg"
     log.touch()
     monkeypatch.setattr(kmsg, "KMSG", log)
-    from hosttrees import make_host
+    from lib.hosttrees import make_host
 
     root = make_host(tmp_path / "host", distro="debian-12", kernel=K)
     runner = FakeRunner().on("modprobe", returncode=1, output=REFUSED,

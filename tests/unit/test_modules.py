@@ -4,8 +4,8 @@ import os
 from pathlib import Path
 
 import pytest
-from fakes import FakeRunner
-from hosttrees import write_proc_modules
+from lib.fakes import FakeRunner
+from lib.hosttrees import write_proc_modules
 
 from installer import modules
 from installer.errors import DriverInUse, ModuleLoadFailed

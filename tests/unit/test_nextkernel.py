@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fakes import FakeRunner
-from hosttrees import make_host, root_env
+from lib.fakes import FakeRunner
+from lib.hosttrees import make_host, root_env
 
 from installer import app, nextkernel, pipeline
 from installer.config import from_env

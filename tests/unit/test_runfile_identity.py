@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fakes import FakeRunner
-from hosttrees import make_host, root_env
+from lib.fakes import FakeRunner
+from lib.hosttrees import make_host, root_env
 
 from installer import planner
 from installer.config import from_env

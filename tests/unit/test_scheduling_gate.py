@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FakeRunner
-from hosttrees import make_host, module_line, root_env, write_driver_version, write_proc_modules
-from test_steps import context
+from lib.contexts import context
+from lib.fakes import FakeRunner
+from lib.hosttrees import make_host, module_line, root_env, write_driver_version, write_proc_modules
 
 from installer import components, gate_steps, planner, readiness, sources
 from installer.cluster import gate

@@ -3,53 +3,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fakes import FakeRunner
-from hosttrees import make_host, root_env, write_proc_modules
+from lib.contexts import context
+from lib.fakes import FakeRunner
+from lib.hosttrees import write_proc_modules
 
 from installer import pipeline, steps
-from installer.config import from_env
 from installer.errors import InstallFailed, NouveauActive, SecureBootKeysMissing
-from installer.layout import Layout
-from installer.plan import Context, Plan, Step, Target
-
-
-def context(
-    tmp_path: Path,
-    runner: FakeRunner,
-    *,
-    secure_boot: bool = False,
-    modules: tuple[str, ...] = (),
-    **env: str,
-) -> Context:
-    from installer import host
-
-    root = make_host(
-        tmp_path,
-        distro="ubuntu-22.04",
-        kernel="5.15.0-105-generic",
-        gpus=[0x2330],
-        modules=list(modules),
-        secure_boot=secure_boot,
-    )
-    config = from_env(root_env(tmp_path, **env))
-    layout = Layout.from_config(config, root)
-    facts = host.gather(root, free_space_path=tmp_path)
-    target = Target(
-        "580.105.08",
-        580,
-        "open",
-        "5.15.0-105-generic",
-        "runfile",
-        [],
-        None,
-        True,
-        ("0000:00:04.0",),
-    )
-
-    def no_fetch(urls: list[str], dest: Path, name: str) -> Path:
-        raise AssertionError("no download expected")
-
-    return Context(config, root, layout, runner, facts, target, no_fetch)
+from installer.plan import Plan, Step
 
 
 def test_secure_boot_without_keys_stops_the_plan(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FakeRunner
-from hosttrees import make_host, root_env
-from test_upgrade_hook import NEW, OLD, held_host
+from lib.contexts import NEW, OLD, held_host
+from lib.fakes import FakeRunner
+from lib.hosttrees import make_host, root_env
 
 from installer import app, pipeline, planner, upgrade_gate
 from installer.cluster import protocol

@@ -7,47 +7,19 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fakes import FakeRunner
-from hosttrees import (
-    add_process,
-    make_host,
-    module_line,
-    root_env,
-    write_driver_version,
-    write_proc_modules,
-)
+from lib.contexts import NEW, OLD, held_host
+from lib.fakes import FakeRunner
 
 from installer import host, steps
-from installer.config import build_config, from_env
+from installer.config import build_config
 from installer.errors import (
     ClusterApiUnavailable,
     ConfigError,
     DriverHoldersTimeout,
     DriverInUse,
 )
-from installer.layout import READY_FILE, Layout
-from installer.plan import Context, Target
-
-OLD, NEW = "550.127.05", "580.105.08"
-
-
-def held_host(tmp_path: Path, **env: str) -> Context:
-    from installer import host
-
-    root = make_host(tmp_path, gpus=[0x2330])
-    write_proc_modules(tmp_path, [module_line("nvidia_uvm"), module_line("nvidia")])
-    write_driver_version(tmp_path, OLD)
-    add_process(tmp_path, 4242, "nvidia-device-p", {3: "/dev/nvidia0"})
-    ready = root.local(READY_FILE)
-    ready.parent.mkdir(parents=True)
-    ready.write_text(f"DRIVER_VERSION={OLD}\n")
-    config = from_env(root_env(tmp_path, **env))
-    layout = Layout.from_config(config, root)
-    facts = host.gather(root, free_space_path=tmp_path)
-    target = Target(NEW, 580, "open", "5.15.0-105-generic", "runfile", [], None, True,
-                    ("0000:00:04.0",))
-    return Context(config, root, layout, FakeRunner().on("rmmod"), facts, target,
-                   lambda *a: Path())
+from installer.layout import READY_FILE
+from installer.plan import Context
 
 
 def test_protocol_off_keeps_driver_in_use(tmp_path: Path) -> None:

@@ -4,30 +4,19 @@ a remote catalog never names a local file (issue 9, items 3, 4 and 11)."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 from pathlib import Path
 
 import pytest
-from hosttrees import make_host
+from lib.cli import invoke
+from lib.hosttrees import make_host
 
-from installer import catalog, cli
+from installer import catalog
 from installer.config import from_env
 from installer.delivery import fetch_bytes, redact_url
 from installer.errors import CatalogUnavailable, ConfigError, DownloadFailed
 
 SECRETS = ("s3cr3t", "robot", "T0KEN")
-
-
-def invoke(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str]) -> int:
-    for key in list(os.environ):
-        if key.startswith(("NVIDIA_", "ROOT_MOUNT_DIR")):
-            monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    with pytest.raises(SystemExit) as info:
-        cli.main(args)
-    return int(info.value.code or 0)
 
 
 def closed_port() -> int:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from unit.hosttrees import (
+from lib.hosttrees import (
     A10,
     A30,
     A100,

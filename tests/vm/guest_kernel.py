@@ -13,7 +13,7 @@ class GuestKernel:
     image: Path
     modules_dir: Path
     # Where its /boot and /lib/modules live: this machine's /, or a kernel's packages unpacked
-    # elsewhere (tests/secondkernel.py), which the guest sees through the 9p root.
+    # elsewhere (tests/lib/secondkernel.py), which the guest sees through the 9p root.
     base: Path = Path("/")
 
     @property

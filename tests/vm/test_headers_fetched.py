@@ -12,8 +12,8 @@ from pathlib import Path
 
 import kit
 import pytest
-from headerrepos import make_key, publish_apt, real_debian_debs
-from hostkit import debian_headers
+from lib.headerrepos import make_key, publish_apt, real_debian_debs
+from lib.hostkit import debian_headers
 
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
-from realdriver import parts
+from lib.realdriver import parts
 
 from vm.fake_modules import build_fake_modules, expected_gpu_uuid
 from vm.guest_kernel import GuestKernel

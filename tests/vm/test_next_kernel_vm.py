@@ -21,9 +21,9 @@ from pathlib import Path
 
 import kit
 import pytest
-from hostkit import installer_env, make_debian_host, run_installer
-from httpfaults import serve_directory
-from secondkernel import SECOND, add_headers, unpacked
+from lib.hostkit import installer_env, make_debian_host, run_installer
+from lib.httpfaults import serve_directory
+from lib.secondkernel import SECOND, add_headers, unpacked
 
 from installer.nextkernel import is_newer
 from vm.guest_kernel import GuestKernel, unpacked_guest_kernel

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import kit
 import pytest
-from hostkit import installer_env, make_debian_host, run_installer
-from httpfaults import serve_directory
-from registrykit import PASSWORD, USER, Registry, make_key_pair
+from lib.hostkit import installer_env, make_debian_host, run_installer
+from lib.httpfaults import serve_directory
+from lib.registrykit import PASSWORD, USER, Registry, make_key_pair
 
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run

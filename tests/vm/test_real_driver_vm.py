@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from realdriver import VERSION, RealInstall, proprietary_install
+from lib.realdriver import VERSION, RealInstall, proprietary_install
 
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hostkit import (
+from kit import real_parts
+from kit.builder import build_real_runfile
+
+from lib.hostkit import (
     GCC_LINE,
     INSTALL_DIR_HOST,
     RUNNING_KERNEL,
@@ -25,9 +28,7 @@ from hostkit import (
     installer_env,
     make_debian_host,
 )
-from hosttrees import make_host
-from kit import real_parts
-from kit.builder import build_real_runfile
+from lib.hosttrees import make_host
 
 VERSION = real_parts.VERSION
 BUILD_TIMEOUT = 2400  # a real compile: 2-5 min on 2 cores, more under load

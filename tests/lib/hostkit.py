@@ -13,9 +13,9 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from hosttrees import make_host
+from lib.hosttrees import make_host
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUNNING_KERNEL = "6.18.0-test-running"
 INSTALL_DIR_HOST = "/home/kubernetes/bin/nvidia"
 GCC_LINE = (

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hostkit import debian_headers
+from lib.hostkit import debian_headers
 
 DEB_DIRS = (Path(os.environ.get("INSTALLER_TEST_DEBS", "/var/cache/installer-test/debs")),
             Path("/var/cache/apt/archives"))
