@@ -68,15 +68,8 @@ def _installer(args: list[str], env: dict[str, str], home: Path) -> subprocess.C
         "NO_PROXY": "",
         **env,
     }
-    return subprocess.run(
-        [sys.executable, "-m", "installer", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=full_env,
-        cwd=home,
-    )
+    return subprocess.run([sys.executable, "-m", "installer", *args], capture_output=True,
+                          text=True, timeout=120, check=False, env=full_env, cwd=home)
 
 
 def test_python_m_installer_is_the_image_entrypoint() -> None:

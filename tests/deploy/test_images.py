@@ -209,15 +209,8 @@ def test_dockerignore_keeps_what_pip_wheel_needs(family: str) -> None:
 def _build_sh(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     # DOCKER points nowhere: --dry-run must not need a docker client, let alone an engine.
     full_env = {"PATH": os.environ["PATH"], "DOCKER": "/nonexistent/docker", **env}
-    return subprocess.run(
-        ["bash", str(IMAGES_DIR / "build.sh"), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=full_env,
-        cwd=REPO,
-    )
+    return subprocess.run(["bash", str(IMAGES_DIR / "build.sh"), *args], capture_output=True,
+                          text=True, timeout=60, check=False, env=full_env, cwd=REPO)
 
 
 SUFFIXES = ("debian12", "ubuntu20.04", "ubuntu22.04", "ubuntu24.04", "rocky8", "rocky9")

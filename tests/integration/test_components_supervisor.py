@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import Union
+from typing import NamedTuple, Union
 
 import pytest
 from lib.hosttrees import CLASS_BRIDGE, H100, add_pci_device, make_host, write_driver_version
@@ -133,6 +133,26 @@ while True:
 """
 
 
+class Serving(NamedTuple):
+    root: HostRoot
+    done: Path  # written by SERVE's SIGTERM handler
+    daemon: ScriptDaemon
+    running: InThread
+    marker: Path  # the daemon's ready file
+
+
+def serving(tmp_path: Path, **supervisor: object) -> Serving:
+    """SERVE under a Supervisor (no restarts) on a host with a verified driver, once it is
+    marked ready (up, its SIGTERM handler set)."""
+    root = host(tmp_path)
+    done = tmp_path / "done"
+    daemon = ScriptDaemon(SERVE.format(done=str(done)))
+    running = InThread(Supervisor(daemon, root, restarts=0, poll=0.02, **supervisor))
+    marker = root.local(ready_file("fakedaemon"))
+    eventually(marker.exists)
+    return Serving(root, done, daemon, running, marker)
+
+
 def test_a_dying_daemon_is_restarted_with_backoff_then_given_up(tmp_path: Path) -> None:
     root = host(tmp_path)
     daemon = ScriptDaemon("import sys; print('boom'); sys.exit(3)")
@@ -150,12 +170,7 @@ def test_a_dying_daemon_is_restarted_with_backoff_then_given_up(tmp_path: Path) 
 
 
 def test_a_running_daemon_is_marked_ready_and_stopped_with_sigterm(tmp_path: Path) -> None:
-    root = host(tmp_path)
-    done = tmp_path / "done"
-    daemon = ScriptDaemon(SERVE.format(done=str(done)))
-    running = InThread(Supervisor(daemon, root, restarts=0, poll=0.02))
-    marker = root.local(ready_file("fakedaemon"))
-    eventually(marker.exists)
+    _, done, daemon, running, marker = serving(tmp_path)
     assert marker.read_text() == "STATE=running\n"
     running.stop()
     assert running.error is None
@@ -165,12 +180,7 @@ def test_a_running_daemon_is_marked_ready_and_stopped_with_sigterm(tmp_path: Pat
 
 def test_the_daemon_follows_the_verified_driver_without_counting_failures(
         tmp_path: Path) -> None:
-    root = host(tmp_path)
-    done = tmp_path / "done"
-    daemon = ScriptDaemon(SERVE.format(done=str(done)))
-    running = InThread(Supervisor(daemon, root, restarts=0, poll=0.02))
-    marker = root.local(ready_file("fakedaemon"))
-    eventually(marker.exists)
+    root, done, daemon, running, marker = serving(tmp_path)
     root.local(READY_FILE).unlink()  # an installer replaces the driver
     eventually(lambda: done.exists() and not marker.exists())
     time.sleep(0.3)
@@ -182,12 +192,8 @@ def test_the_daemon_follows_the_verified_driver_without_counting_failures(
 
 
 def test_an_installers_pause_holds_while_it_has_the_lock(tmp_path: Path) -> None:
-    root = host(tmp_path)
     lock = tmp_path / "installer.lock"
-    done = tmp_path / "done"
-    daemon = ScriptDaemon(SERVE.format(done=str(done)))
-    running = InThread(Supervisor(daemon, root, restarts=0, poll=0.02, lock_file=lock))
-    eventually(root.local(ready_file("fakedaemon")).exists)  # up, its SIGTERM handler set
+    root, done, daemon, running, _ = serving(tmp_path, lock_file=lock)
     with open(lock, "a+") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         root.write_atomic(PAUSE_FILE, "INSTALLER_PID=1\n")

@@ -40,21 +40,10 @@ pytestmark = pytest.mark.skipif(_missing_tools() is not None, reason=str(_missin
 @pytest.fixture(scope="module")
 def install_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """nvidia-smi and the kit's NVML of VERSION in <install>/bin and lib64 (soname linked)."""
-    from kit import build_runfile
+    from kit import extract_runfile, install_nvml
 
     work = tmp_path_factory.mktemp("runfile")
-    runfile = build_runfile(VERSION, work)
-    extracted = work / "tree"
-    subprocess.run(["sh", str(runfile), "--extract-only", "--target", str(extracted)],
-                   check=True, capture_output=True)
-    install = work / "install"
-    (install / "bin").mkdir(parents=True)
-    (install / "lib64").mkdir()
-    shutil.copy2(extracted / "nvidia-smi", install / "bin")
-    shutil.copy2(extracted / f"libnvidia-ml.so.{VERSION}", install / "lib64")
-    ldconfig = shutil.which("ldconfig") or shutil.which("ldconfig", path="/sbin:/usr/sbin")
-    subprocess.run([str(ldconfig), "-n", str(install / "lib64")], check=True)
-    return install
+    return install_nvml(extract_runfile(VERSION, work), work / "install", VERSION)
 
 
 def node(root: Path, gpus: list[FakeGpu], *, state: int | None, persistence: bool = False,

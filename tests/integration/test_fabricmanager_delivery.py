@@ -14,17 +14,12 @@ from pathlib import Path
 import kit
 import pytest
 from kit.fabricmanager import archive_name, build_fabricmanager, relative_path
-from lib.hostkit import (
-    INSTALL_DIR_HOST,
-    debian_headers,
-    installer_env,
-    make_debian_host,
-    run_installer,
-)
+from lib.hostkit import INSTALL_DIR_HOST, installer_env, make_debian_host, run_installer
 from lib.hosttrees import CLASS_BRIDGE, add_pci_device
 from lib.httpfaults import serve_directory
+from lib.marks import needs_headers
 
-pytestmark = pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
+pytestmark = needs_headers
 
 A = "580.105.08"
 B = "580.126.20"

@@ -115,6 +115,23 @@ def cache_of(root: Path, kernel: str) -> Path:
     return root / INSTALL_DIR_HOST.lstrip("/") / "cache/headers" / kernel
 
 
+def ubuntu_host(tmp_path: Path, release: str, kernel: str, base: str, suite: str, key: Key, *,
+                deb822: bool = False) -> Path:
+    """An Ubuntu `release` node on `kernel` whose apt sources name the archive's `suite`."""
+    root = tmp_path / "host"
+    make_host(root, distro=f"ubuntu-{release}", kernel=kernel)
+    apt_sources(root, f"{base}/ubuntu", suite, key, deb822=deb822)
+    return root
+
+
+def fetching_env(root: Path, kernel: str, base: str, **settings: str) -> dict[str, str]:
+    """The installer's settings on `root` for `kernel`: the driver from the archive's runfiles,
+    the kernel's headers fetched when missing."""
+    return installer_env(root, kernel, NVIDIA_DRIVER_VERSION=VERSION,
+                         NVIDIA_DRIVER_MIRRORS=f"{base}/runfiles",
+                         NVIDIA_INSTALLER_FETCH_HEADERS="true", **settings)
+
+
 def assert_host_package_state_untouched(root: Path) -> None:
     for path in ("var/lib/dpkg", "var/lib/apt", "var/cache/apt", "var/lib/rpm", "var/lib/dnf",
                  "var/cache/dnf", "var/log"):
@@ -124,9 +141,7 @@ def assert_host_package_state_untouched(root: Path) -> None:
 def test_ubuntu_2204_both_packages_from_the_hosts_one_line_sources(archive: Any,
                                                                    tmp_path: Path) -> None:
     base, _, key, requests = archive
-    root = tmp_path / "host"
-    make_host(root, distro="ubuntu-22.04", kernel=JAMMY_K)
-    apt_sources(root, f"{base}/ubuntu", "jammy", key, deb822=False)
+    root = ubuntu_host(tmp_path, "22.04", JAMMY_K, base, "jammy", key)
     requests.clear()
     headers = obtain(root, JAMMY_K)
     cache = cache_of(root, JAMMY_K)
@@ -148,9 +163,7 @@ def test_ubuntu_2004_both_packages_and_gcc_9_from_the_headers(archive: Any,
     """Ubuntu 20.04 (seeds/001's nodes): focal's one-line sources, both packages; the fetched
     headers say gcc 9, which the ubuntu20.04 image carries."""
     base, _, key, requests = archive
-    root = tmp_path / "host"
-    make_host(root, distro="ubuntu-20.04", kernel=FOCAL_K)
-    apt_sources(root, f"{base}/ubuntu", "focal", key, deb822=False)
+    root = ubuntu_host(tmp_path, "20.04", FOCAL_K, base, "focal", key)
     requests.clear()
     headers = obtain(root, FOCAL_K)
     cache = cache_of(root, FOCAL_K)
@@ -165,9 +178,7 @@ def test_ubuntu_2004_both_packages_and_gcc_9_from_the_headers(archive: Any,
 
 def test_ubuntu_2404_deb822_sources_with_signed_by(archive: Any, tmp_path: Path) -> None:
     base, _, key, _ = archive
-    root = tmp_path / "host"
-    make_host(root, distro="ubuntu-24.04", kernel=NOBLE_K)
-    apt_sources(root, f"{base}/ubuntu", "noble", key, deb822=True)
+    root = ubuntu_host(tmp_path, "24.04", NOBLE_K, base, "noble", key, deb822=True)
     obtain(root, NOBLE_K)
     cache = cache_of(root, NOBLE_K)
     assert (cache / ".complete").read_text().split() == [f"linux-headers-{NOBLE_K}", NOBLE_BASE]
@@ -176,10 +187,8 @@ def test_ubuntu_2404_deb822_sources_with_signed_by(archive: Any, tmp_path: Path)
 
 def test_a_source_signed_by_an_unknown_key_gives_nothing(archive: Any, tmp_path: Path) -> None:
     base, _, _, _ = archive
-    root = tmp_path / "host"
-    make_host(root, distro="ubuntu-22.04", kernel=JAMMY_K)
     other = make_key(tmp_path / "other-key")
-    apt_sources(root, f"{base}/ubuntu", "jammy", other, deb822=False)
+    root = ubuntu_host(tmp_path, "22.04", JAMMY_K, base, "jammy", other)
     with pytest.raises(KernelHeadersMissing) as info:
         obtain(root, JAMMY_K)
     assert "NO_PUBKEY" in info.value.message or "not signed" in info.value.message
@@ -190,9 +199,7 @@ def test_a_source_signed_by_an_unknown_key_gives_nothing(archive: Any, tmp_path:
 def test_headers_that_exist_nowhere_name_package_kernel_and_sources(archive: Any,
                                                                     tmp_path: Path) -> None:
     base, _, key, _ = archive
-    root = tmp_path / "host"
-    make_host(root, distro="ubuntu-22.04", kernel="5.15.0-999-generic")
-    apt_sources(root, f"{base}/ubuntu", "jammy", key, deb822=False)
+    root = ubuntu_host(tmp_path, "22.04", "5.15.0-999-generic", base, "jammy", key)
     with pytest.raises(KernelHeadersMissing) as info:
         obtain(root, "5.15.0-999-generic")
     message = info.value.message
@@ -315,10 +322,8 @@ def test_air_gapped_debian_node_builds_with_headers_from_the_mirror(archive: Any
     against, cached for the next run (which asks the archive for nothing)."""
     base, _, key, requests = archive
     root = debian_host(tmp_path, key, f"{UNREACHABLE}/debian")
-    env = installer_env(root, DEBIAN_K, NVIDIA_DRIVER_VERSION=VERSION,
-                        NVIDIA_DRIVER_MIRRORS=f"{base}/runfiles",
-                        NVIDIA_INSTALLER_FETCH_HEADERS="true",
-                        NVIDIA_INSTALLER_HEADERS_MIRROR=f"{base}/debian")
+    env = fetching_env(root, DEBIAN_K, base,
+                       NVIDIA_INSTALLER_HEADERS_MIRROR=f"{base}/debian")
     plan = run_installer(env, "plan")
     assert plan.returncode == 0, plan.stderr
     assert f"kernel-headers: fetch linux-headers-{DEBIAN_K}" in plan.stdout
@@ -357,10 +362,8 @@ def test_prebuild_gets_the_headers_of_a_kernel_not_running_as_a_node_does(
     and installs nothing on the host."""
     base, _, key, requests = archive
     root = debian_host(tmp_path, key, f"{UNREACHABLE}/debian")
-    env = installer_env(root, DEBIAN_K, NVIDIA_DRIVER_VERSION=VERSION,
-                        NVIDIA_DRIVER_MIRRORS=f"{base}/runfiles",
-                        NVIDIA_INSTALLER_FETCH_HEADERS="true",
-                        NVIDIA_INSTALLER_HEADERS_MIRROR=f"{base}/debian")
+    env = fetching_env(root, DEBIAN_K, base,
+                       NVIDIA_INSTALLER_HEADERS_MIRROR=f"{base}/debian")
     env.pop("NVIDIA_KERNEL_RELEASE")
     requests.clear()
     result = run_installer(env, "prebuild", "--kernel", DEBIAN_K, timeout=600)
@@ -381,9 +384,7 @@ def test_headers_nowhere_fail_before_the_driver_download(archive: Any, tmp_path:
     root = debian_host(tmp_path, key, f"{base}/debian")
     kernel = "6.1.0-99-amd64"
     (root / "lib/modules" / kernel).mkdir(parents=True)
-    env = installer_env(root, kernel, NVIDIA_DRIVER_VERSION=VERSION,
-                        NVIDIA_DRIVER_MIRRORS=f"{base}/runfiles",
-                        NVIDIA_INSTALLER_FETCH_HEADERS="true")
+    env = fetching_env(root, kernel, base)
     requests.clear()
     result = run_installer(env, "run")
     assert result.returncode == 30, result.stderr[-3000:]
@@ -423,9 +424,7 @@ def test_host_release_other_than_the_images_names_compiler_and_tag(
     make_host(root, distro=distro, kernel=kernel, gpus=(0x2330,))
     (root / "proc/version").write_text(proc_version)
     apt_sources(root, f"{base}/ubuntu", "noble", key, deb822=distro == "ubuntu-24.04")
-    env = installer_env(root, kernel, NVIDIA_DRIVER_VERSION=VERSION,
-                        NVIDIA_DRIVER_MIRRORS=f"{base}/runfiles",
-                        NVIDIA_INSTALLER_FETCH_HEADERS="true")
+    env = fetching_env(root, kernel, base)
     plan = run_installer(env, "plan")
     assert "compiler: missing" in plan.stdout, plan.stdout
     assert f"use the installer image tag {tag}" in plan.stdout
@@ -445,9 +444,7 @@ def test_jammy_headers_fetched_then_compiler_missing_before_the_driver(archive: 
     root = tmp_path / "host"
     make_host(root, distro="ubuntu-22.04", kernel=RUNNING_KERNEL, gpus=(0x2330,))
     apt_sources(root, f"{base}/ubuntu", "jammy", key, deb822=False)
-    env = installer_env(root, JAMMY_K, NVIDIA_DRIVER_VERSION=VERSION,
-                        NVIDIA_DRIVER_MIRRORS=f"{base}/runfiles",
-                        NVIDIA_INSTALLER_FETCH_HEADERS="true")
+    env = fetching_env(root, JAMMY_K, base)
     requests.clear()
     result = run_installer(env, "run")
     assert result.returncode == 43, result.stderr[-3000:]

@@ -13,17 +13,12 @@ from pathlib import Path
 
 import kit
 import pytest
-from lib.hostkit import (
-    INSTALL_DIR_HOST,
-    debian_headers,
-    installer_env,
-    make_debian_host,
-    run_installer,
-)
+from lib.hostkit import INSTALL_DIR_HOST, installer_env, make_debian_host, run_installer
 from lib.httpfaults import serve_directory
+from lib.marks import needs_headers
 from lib.registrykit import PASSWORD, USER, Registry, http_push, make_key_pair
 
-pytestmark = pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
+pytestmark = needs_headers
 
 A = "580.105.08"
 
@@ -40,13 +35,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     where = tmp_path_factory.mktemp("keys")
     return {"builder": make_key_pair(where, "builder"), "other": make_key_pair(where, "other")}
-
-
-@pytest.fixture(scope="module")
-def reg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    server = Registry(tmp_path_factory.mktemp("registry")).start()
-    yield server
-    server.stop()
 
 
 def node_env(root: Path, kernel: str, base: str, repository: str, **extra: str) -> dict[str, str]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from lib.hostkit import INSTALL_DIR_HOST, debian_headers, make_debian_host, tree_snapshot
+from lib.marks import needs_headers
 from lib.realdriver import (
     VERSION,
     RealInstall,
@@ -35,7 +36,7 @@ from lib.realdriver import (
     same_bytes,
 )
 
-pytestmark = pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
+pytestmark = needs_headers
 
 # This machine's Debian headers: 6.1.0-56-amd64 when written, which NVIDIA's 535.261.03 open
 # sources do not compile for.

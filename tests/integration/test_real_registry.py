@@ -6,10 +6,10 @@ headers that trusts that key pulls, verifies and installs them without compiling
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 
 import pytest
-from lib.hostkit import debian_headers, make_debian_host
+from lib.hostkit import make_debian_host
+from lib.marks import needs_headers
 from lib.realdriver import (
     VERSION,
     RealInstall,
@@ -24,14 +24,7 @@ from lib.realdriver import (
 )
 from lib.registrykit import PASSWORD, USER, Registry, make_key_pair
 
-pytestmark = pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
-
-
-@pytest.fixture(scope="module")
-def reg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    server = Registry(tmp_path_factory.mktemp("registry")).start()
-    yield server
-    server.stop()
+pytestmark = needs_headers
 
 
 @pytest.fixture(scope="module")

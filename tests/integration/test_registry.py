@@ -38,13 +38,6 @@ KEY = ArtifactKey("580.95.05", "6.1.0-26-amd64", "open", "x86_64")
 
 
 @pytest.fixture(scope="module")
-def reg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    server = Registry(tmp_path_factory.mktemp("registry")).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     where = tmp_path_factory.mktemp("keys")
     return {"builder": make_key_pair(where, "builder"), "other": make_key_pair(where, "other")}

@@ -18,7 +18,6 @@ import pytest
 import testinfra
 from lib.hostkit import (
     INSTALL_DIR_HOST,
-    debian_headers,
     installer_env,
     make_debian_host,
     run_and_kill_at,
@@ -26,8 +25,9 @@ from lib.hostkit import (
     tree_snapshot,
 )
 from lib.httpfaults import serve_directory
+from lib.marks import needs_headers
 
-pytestmark = pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
+pytestmark = needs_headers
 
 A = "580.105.08"
 B = "580.126.20"

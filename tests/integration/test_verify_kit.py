@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from installer.errors import VerificationFailed
 from installer.runner import SubprocessRunner
 from installer.verify import require_ok, verify
+from installer.verify.report import VerifyReport
 
 TEST_ROOT_ENV = "NVFAKE_TEST_ROOT"  # the kit's test-only root (tests/kit/payload/native/kstate.c)
 
@@ -48,32 +48,18 @@ pytestmark = pytest.mark.skipif(_missing_tools() is not None, reason=str(_missin
 @pytest.fixture(scope="module")
 def extracted_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The kit's NVIDIA-Linux-x86_64-<ver>.run, built and unpacked like the real one."""
-    from kit import build_runfile
+    from kit import extract_runfile
 
-    work = tmp_path_factory.mktemp("runfile")
-    runfile = build_runfile(VERSION, work)
-    target = work / f"NVIDIA-Linux-x86_64-{VERSION}"
-    subprocess.run(
-        ["sh", str(runfile), "--extract-only", "--target", str(target)],
-        check=True,
-        capture_output=True,
-    )
-    return target
+    return extract_runfile(VERSION, tmp_path_factory.mktemp("runfile"))
 
 
 @pytest.fixture
 def install_dir(tmp_path: Path, extracted_driver: Path) -> Path:
     """`<tmp>/install` holding the driver's nvidia-smi and NVML, after `ldconfig -n`."""
-    install = tmp_path / "install"
-    (install / "bin").mkdir(parents=True)
-    (install / "lib64").mkdir()
-    shutil.copy2(extracted_driver / "nvidia-smi", install / "bin" / "nvidia-smi")
-    library = f"libnvidia-ml.so.{VERSION}"
-    shutil.copy2(extracted_driver / library, install / "lib64" / library)
-    ldconfig = _ldconfig()
-    assert ldconfig is not None
-    subprocess.run([ldconfig, "-n", str(install / "lib64")], check=True)
-    assert os.readlink(install / "lib64" / "libnvidia-ml.so.1") == library
+    from kit import install_nvml
+
+    install = install_nvml(extracted_driver, tmp_path / "install", VERSION)
+    assert os.readlink(install / "lib64" / "libnvidia-ml.so.1") == f"libnvidia-ml.so.{VERSION}"
     return install
 
 
@@ -113,15 +99,17 @@ def runner_for(root: Path) -> SubprocessRunner:
     return SubprocessRunner(base_env={**os.environ, TEST_ROOT_ENV: str(root)})
 
 
+def verify_on(root: Path, install_dir: Path) -> VerifyReport:
+    """installer.verify of `install_dir` expecting VERSION on GPUS, the driver state under
+    `root`."""
+    return verify(install_dir=install_dir, expected_version=VERSION,
+                  expected_gpus=sorted(GPUS), runner=runner_for(root))
+
+
 def test_loaded_driver_with_two_gpus_passes(install_dir: Path, tmp_path: Path) -> None:
     root = loaded_driver(tmp_path / "host")
 
-    report = verify(
-        install_dir=install_dir,
-        expected_version=VERSION,
-        expected_gpus=sorted(GPUS),
-        runner=runner_for(root),
-    )
+    report = verify_on(root, install_dir)
 
     assert report.problems == ()
     require_ok(report)
@@ -172,12 +160,7 @@ def test_no_driver_state_fails_with_driver_not_loaded(install_dir: Path, tmp_pat
     empty_root = tmp_path / "host"
     empty_root.mkdir()
 
-    report = verify(
-        install_dir=install_dir,
-        expected_version=VERSION,
-        expected_gpus=sorted(GPUS),
-        runner=runner_for(empty_root),
-    )
+    report = verify_on(empty_root, install_dir)
 
     assert report.problems == (
         "nvidia-smi could not communicate with the driver (exit 9)",
@@ -191,12 +174,7 @@ def test_module_of_another_version_still_loaded(install_dir: Path, tmp_path: Pat
     # An upgrade whose old module could not be unloaded: the new library refuses the old module.
     root = loaded_driver(tmp_path / "host", version="535.183.01")
 
-    report = verify(
-        install_dir=install_dir,
-        expected_version=VERSION,
-        expected_gpus=sorted(GPUS),
-        runner=runner_for(root),
-    )
+    report = verify_on(root, install_dir)
 
     assert report.problems == (
         "nvidia-smi failed with exit 18: "
@@ -211,12 +189,7 @@ def test_missing_soname_link_is_explained(install_dir: Path, tmp_path: Path) -> 
     lib64 = install_dir / "lib64"
     (lib64 / "libnvidia-ml.so.1").unlink()  # as nvidia-installer leaves it before ldconfig
 
-    report = verify(
-        install_dir=install_dir,
-        expected_version=VERSION,
-        expected_gpus=sorted(GPUS),
-        runner=runner_for(root),
-    )
+    report = verify_on(root, install_dir)
 
     assert report.problems[0] == "nvidia-smi could not load libnvidia-ml.so.1 (exit 12)"
     assert report.problems[1].startswith(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
 from kit.builder import build_runfile, runfile_name
 
-__all__ = ["build_runfile", "make_signing_key", "runfile_name"]
+__all__ = ["build_runfile", "extract_runfile", "install_nvml", "make_signing_key", "runfile_name"]
 
 
 def make_signing_key(directory: Path) -> tuple[Path, Path]:
@@ -21,3 +22,27 @@ def make_signing_key(directory: Path) -> tuple[Path, Path]:
         check=True, capture_output=True,
     )
     return key, cert
+
+
+def extract_runfile(version: str, work: Path) -> Path:
+    """The kit's .run of `version` built under `work` and unpacked there like the real one."""
+    runfile = build_runfile(version, work)
+    target = work / f"NVIDIA-Linux-x86_64-{version}"
+    subprocess.run(["sh", str(runfile), "--extract-only", "--target", str(target)],
+                   check=True, capture_output=True)
+    return target
+
+
+def install_nvml(extracted: Path, install: Path, version: str) -> Path:
+    """nvidia-smi and the kit's NVML of `version` from an unpacked .run in <install>/bin and
+    lib64, with the soname link `ldconfig -n` makes."""
+    (install / "bin").mkdir(parents=True)
+    (install / "lib64").mkdir()
+    shutil.copy2(extracted / "nvidia-smi", install / "bin" / "nvidia-smi")
+    library = f"libnvidia-ml.so.{version}"
+    shutil.copy2(extracted / library, install / "lib64" / library)
+    ldconfig = shutil.which("ldconfig") or shutil.which("ldconfig", path="/sbin:/usr/sbin")
+    if ldconfig is None:
+        raise FileNotFoundError("ldconfig is not installed")
+    subprocess.run([ldconfig, "-n", str(install / "lib64")], check=True)
+    return install

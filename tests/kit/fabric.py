@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
+from kit.fake_host import write_pci_function
+
 # PCI class 0x0680 ("bridge: other"): how the driver recognises an NVIDIA NVSwitch.
 NVSWITCH_CLASS = "0x068000"
 H100_NVSWITCH = 0x22A3  # LS10, HGX H100/H200
@@ -24,13 +26,7 @@ class FakeSwitch(NamedTuple):
 
 def write_pci_switch(devices_dir: Path, switch: FakeSwitch) -> None:
     """A /sys/bus/pci/devices/<address> entry for an NVSwitch function."""
-    device = devices_dir / switch.address
-    device.mkdir(parents=True, exist_ok=True)
-    (device / "vendor").write_text("0x10de\n")
-    (device / "device").write_text(f"0x{switch.device_id:04x}\n")
-    (device / "class").write_text(f"{NVSWITCH_CLASS}\n")
-    (device / "subsystem_vendor").write_text("0x10de\n")
-    (device / "subsystem_device").write_text("0x1796\n")
+    write_pci_function(devices_dir, switch.address, switch.device_id, NVSWITCH_CLASS, "0x1796")
 
 
 def write_driver_switches(root: Path, switches: list[FakeSwitch]) -> None:

@@ -28,15 +28,21 @@ class FakeGpu(NamedTuple):
     minor: int = 0
 
 
-def write_pci_gpu(devices_dir: Path, gpu: FakeGpu, pci_class: str = "0x030200") -> None:
-    """A /sys/bus/pci/devices/<address> entry for an NVIDIA display controller."""
-    device = devices_dir / gpu.address
+def write_pci_function(devices_dir: Path, address: str, device_id: int, pci_class: str,
+                       subsystem_device: str) -> None:
+    """A /sys/bus/pci/devices/<address> entry for an NVIDIA PCI function."""
+    device = devices_dir / address
     device.mkdir(parents=True, exist_ok=True)
     (device / "vendor").write_text("0x10de\n")
-    (device / "device").write_text(f"0x{gpu.device_id:04x}\n")
+    (device / "device").write_text(f"0x{device_id:04x}\n")
     (device / "class").write_text(f"{pci_class}\n")
     (device / "subsystem_vendor").write_text("0x10de\n")
-    (device / "subsystem_device").write_text("0x16c1\n")
+    (device / "subsystem_device").write_text(f"{subsystem_device}\n")
+
+
+def write_pci_gpu(devices_dir: Path, gpu: FakeGpu, pci_class: str = "0x030200") -> None:
+    """A /sys/bus/pci/devices/<address> entry for an NVIDIA display controller."""
+    write_pci_function(devices_dir, gpu.address, gpu.device_id, pci_class, "0x16c1")
 
 
 def gpu_uuid(gpu: FakeGpu) -> str:

@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import http.client
 import socket
+import ssl
 import struct
 import sys
 import termios
@@ -417,9 +418,11 @@ class ForwardProxy:
 
 
 @contextlib.contextmanager
-def serve_directory(directory: Path) -> Iterator[tuple[str, list[str]]]:
-    """A plain static server for `directory` on 127.0.0.1: yields its base URL and the list of
-    request paths it receives (tests assert that a warm run asks for nothing)."""
+def static_server(
+    directory: Path, tls: ssl.SSLContext | None = None
+) -> Iterator[tuple[int, list[str]]]:
+    """A plain static server for `directory` on 127.0.0.1 (over TLS with `tls`): yields its port
+    and the list of request paths it receives."""
     requests: list[str] = []
 
     class Handler(SimpleHTTPRequestHandler):
@@ -430,10 +433,20 @@ def serve_directory(directory: Path) -> Iterator[tuple[str, list[str]]]:
             requests.append(self.path)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", requests
+        yield server.server_address[1], requests
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def serve_directory(directory: Path) -> Iterator[tuple[str, list[str]]]:
+    """A plain static server for `directory` on 127.0.0.1: yields its base URL and the list of
+    request paths it receives (tests assert that a warm run asks for nothing)."""
+    with static_server(directory) as (port, requests):
+        yield f"http://127.0.0.1:{port}", requests

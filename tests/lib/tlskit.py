@@ -7,11 +7,11 @@ from __future__ import annotations
 import contextlib
 import ssl
 import subprocess
-import threading
 from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
+
+from lib.httpfaults import static_server
 
 
 class Served(NamedTuple):
@@ -37,23 +37,7 @@ def make_certificate(directory: Path) -> tuple[Path, Path]:
 def serve_directory_tls(directory: Path, certs: Path) -> Iterator[Served]:
     """`directory` over HTTPS on 127.0.0.1 with a certificate made under `certs`."""
     cert, key = make_certificate(certs)
-    requests: list[str] = []
-
-    class Handler(SimpleHTTPRequestHandler):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, directory=str(directory), **kwargs)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            requests.append(self.path)
-
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield Served(f"https://127.0.0.1:{server.server_address[1]}", cert, requests)
-    finally:
-        server.shutdown()
-        server.server_close()
+    with static_server(directory, context) as (port, requests):
+        yield Served(f"https://127.0.0.1:{port}", cert, requests)

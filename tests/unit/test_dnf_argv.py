@@ -43,9 +43,7 @@ def test_pinned_target_pins_every_package() -> None:
     target = cmd.dnf_target(EL9, "exact", "580.105.08", "580.105.08", 580, "proprietary")
     assert target.stream == "580-dkms"
     assert target.specs() == [
-        "nvidia-driver-580.105.08",
-        "nvidia-driver-cuda-580.105.08",
-        "nvidia-modprobe-580.105.08",
+        "nvidia-driver-580.105.08", "nvidia-driver-cuda-580.105.08", "nvidia-modprobe-580.105.08",
         "kmod-nvidia-latest-dkms-580.105.08",
     ]
     assert target.other_kmod == "kmod-nvidia-open-dkms"
@@ -55,10 +53,7 @@ def test_branch_target_leaves_the_version_to_the_stream() -> None:
     target = cmd.dnf_target(EL9, "branch", "580", "580.126.20", 580, "open")
     assert (target.stream, target.pinned) == ("580-open", None)
     assert target.specs() == [
-        "nvidia-driver",
-        "nvidia-driver-cuda",
-        "nvidia-modprobe",
-        "kmod-nvidia-open-dkms",
+        "nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe", "kmod-nvidia-open-dkms",
     ]
 
 
@@ -66,45 +61,30 @@ def test_el10_has_no_stream_and_globs_the_branch() -> None:
     target = cmd.dnf_target(EL10, "branch", "580", "580.126.20", 580, "open")
     assert target.stream is None
     assert target.specs() == [
-        "nvidia-open-580.*",
-        "nvidia-driver-580.*",
-        "nvidia-driver-cuda-580.*",
-        "nvidia-modprobe-580.*",
-        "kmod-nvidia-open-dkms-580.*",
+        "nvidia-open-580.*", "nvidia-driver-580.*", "nvidia-driver-cuda-580.*",
+        "nvidia-modprobe-580.*", "kmod-nvidia-open-dkms-580.*",
     ]
     latest = cmd.dnf_target(EL10, "alias", "latest", "610.43.02", 610, "proprietary")
     assert latest.specs() == [
-        "nvidia-driver",
-        "nvidia-driver-cuda",
-        "nvidia-modprobe",
-        "kmod-nvidia-latest-dkms",
+        "nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe", "kmod-nvidia-latest-dkms",
     ]
 
 
 def test_dnf_base_acts_on_the_host_root(tmp_path: Path) -> None:
     root = HostRoot(tmp_path)
     assert cmd.dnf_base(root, EL9, CACHE) == [
-        "dnf",
-        f"--installroot={tmp_path}",
-        "--releasever=9.4",
-        f"--setopt=reposdir={tmp_path}/etc/yum.repos.d",
-        f"--setopt=cachedir={CACHE}",
-        "--setopt=module_platform_id=platform:el9",
-        "--setopt=install_weak_deps=False",
-        "--setopt=skip_if_unavailable=False",
-        "--disableplugin=local",
-        "-y",
+        "dnf", f"--installroot={tmp_path}", "--releasever=9.4",
+        f"--setopt=reposdir={tmp_path}/etc/yum.repos.d", f"--setopt=cachedir={CACHE}",
+        "--setopt=module_platform_id=platform:el9", "--setopt=install_weak_deps=False",
+        "--setopt=skip_if_unavailable=False", "--disableplugin=local", "-y",
     ]
     assert "--setopt=module_platform_id=platform:el10" not in cmd.dnf_base(root, EL10, CACHE)
 
 
 def test_dnf_base_is_plain_dnf_on_a_bare_host() -> None:
     assert cmd.dnf_base(HostRoot(Path("/")), EL8, CACHE) == [
-        "dnf",
-        "--setopt=install_weak_deps=False",
-        "--setopt=skip_if_unavailable=False",
-        "--disableplugin=local",
-        "-y",
+        "dnf", "--setopt=install_weak_deps=False", "--setopt=skip_if_unavailable=False",
+        "--disableplugin=local", "-y",
     ]
 
 
@@ -114,27 +94,16 @@ BASE = ["dnf", "-y"]
 def test_unpinned_stream_is_one_switch_to() -> None:
     target = cmd.dnf_target(EL9, "branch", "580", "580.126.20", 580, "proprietary")
     assert cmd.transaction_argv(BASE, target) == [
-        "dnf",
-        "-y",
-        "module",
-        "switch-to",
-        "--allowerasing",
-        "nvidia-driver:580-dkms/default",
+        "dnf", "-y", "module", "switch-to", "--allowerasing", "nvidia-driver:580-dkms/default",
     ]
 
 
 def test_pinned_stream_is_one_install_that_may_switch_streams() -> None:
     target = cmd.dnf_target(EL9, "exact", "580.105.08", "580.105.08", 580, "open")
     assert cmd.transaction_argv(BASE, target) == [
-        "dnf",
-        "-y",
-        "install",
-        "--allowerasing",
-        "--setopt=module_stream_switch=True",
-        "@nvidia-driver:580-open/default",
-        "nvidia-driver-580.105.08",
-        "nvidia-driver-cuda-580.105.08",
-        "nvidia-modprobe-580.105.08",
+        "dnf", "-y", "install", "--allowerasing", "--setopt=module_stream_switch=True",
+        "@nvidia-driver:580-open/default", "nvidia-driver-580.105.08",
+        "nvidia-driver-cuda-580.105.08", "nvidia-modprobe-580.105.08",
         "kmod-nvidia-open-dkms-580.105.08",
     ]
 
@@ -142,31 +111,19 @@ def test_pinned_stream_is_one_install_that_may_switch_streams() -> None:
 def test_el10_installs_packages_and_the_versionlock_plugin_when_missing() -> None:
     target = cmd.dnf_target(EL10, "exact", "580.105.08", "580.105.08", 580, "proprietary")
     assert cmd.transaction_argv(BASE, target, with_versionlock=True) == [
-        "dnf",
-        "-y",
-        "install",
-        "--allowerasing",
-        "nvidia-driver-580.105.08",
-        "nvidia-driver-cuda-580.105.08",
-        "nvidia-modprobe-580.105.08",
-        "kmod-nvidia-latest-dkms-580.105.08",
-        "python3-dnf-plugin-versionlock",
+        "dnf", "-y", "install", "--allowerasing", "nvidia-driver-580.105.08",
+        "nvidia-driver-cuda-580.105.08", "nvidia-modprobe-580.105.08",
+        "kmod-nvidia-latest-dkms-580.105.08", "python3-dnf-plugin-versionlock",
     ]
     assert cmd.versionlock_argv(BASE, target.packages, "580.105.08") == [
-        "dnf",
-        "-y",
-        "versionlock",
-        "add",
+        "dnf", "-y", "versionlock", "add",
         *target.specs(),
     ]
 
 
 def test_kernel_and_rpm_argv(tmp_path: Path) -> None:
     assert cmd.kernel_argv(BASE, "5.14.0-427.13.1.el9_4.x86_64") == [
-        "dnf",
-        "-y",
-        "install",
-        "kernel-devel-5.14.0-427.13.1.el9_4.x86_64",
+        "dnf", "-y", "install", "kernel-devel-5.14.0-427.13.1.el9_4.x86_64",
         "kernel-headers-5.14.0-427.13.1.el9_4.x86_64",
     ]
     root = HostRoot(tmp_path)

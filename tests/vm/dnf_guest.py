@@ -8,7 +8,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kit.rpm.builder import _SPEC_HEAD, _rpmbuild
+from kit.rpm.builder import _rpmbuild, spec_head
 
 OS_RELEASE = """\
 NAME="Rocky Linux"
@@ -34,14 +34,7 @@ def build_kernel_repo(release: str, out: Path) -> Path:
             (marker / "README").write_text(
                 f"{name}: the guest's headers are /lib/modules/{release}/build (test kit)\n"
             )
-            text = _SPEC_HEAD.format(
-                name=name,
-                version="1",
-                release="1",
-                epoch="",
-                summary=f"{name} marker for the vm guest",
-                requires="",
-            )
+            text = spec_head(name, "1", f"{name} marker for the vm guest")
             text += f"\n%install\ncp -a %{{_sourcedir}}/{name}/. %{{buildroot}}/\n"
             text += f"\n%files\n/usr/share/doc/{name}/README\n"
             _rpmbuild(name, text, stage, work, out)

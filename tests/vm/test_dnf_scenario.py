@@ -24,6 +24,7 @@ from kit.rpm.extras import base_rpm
 from vm.dnf_guest import OS_RELEASE, build_kernel_repo
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
+from vm.scripts import assert_libraries_cached, exit_of
 
 pytestmark = pytest.mark.vm
 
@@ -112,12 +113,6 @@ def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> I
     yield Boots(first, second)
 
 
-def exit_of(section: str) -> int:
-    match = re.search(r"^exit=(\d+)$", section, re.MULTILINE)
-    assert match, section
-    return int(match.group(1))
-
-
 def assert_loaded(section: str) -> None:
     lines = section.splitlines()
     assert {"nvidia", "nvidia_modeset", "nvidia_uvm"} <= set(lines), section
@@ -125,9 +120,7 @@ def assert_loaded(section: str) -> None:
     for node in ("/dev/nvidiactl character special file", "/dev/nvidia0 character special file",
                  "/dev/nvidia-uvm character special file"):
         assert node in lines, section
-    assert re.search(rf"libnvidia-ml.so.1 \(libc6,x86-64\) => {INSTALL}/lib64/libnvidia-ml.so.1",
-                     section), section
-    assert re.search(rf"libcuda.so.1 \(libc6,x86-64\) => {INSTALL}/lib64/libcuda.so.1", section)
+    assert_libraries_cached(section, INSTALL)
 
 
 def test_dkms_stream_install_loads_the_modules_dkms_built(boots: Boots) -> None:

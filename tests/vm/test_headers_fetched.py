@@ -5,7 +5,6 @@ database is left as it was."""
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from lib.hostkit import debian_headers
 
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
+from vm.scripts import SERVE_WWW, exit_of
 
 pytestmark = pytest.mark.vm
 
@@ -24,13 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 VERSION = "580.105.08"
 INSTALL = "/home/kubernetes/bin/nvidia"
 
-SCENARIO = """
-ip link set lo up
-python3 -m http.server --bind 127.0.0.1 8000 --directory "$VM_FILES/www" >/dev/null 2>&1 &
-for _ in $(seq 100); do
-  python3 -c 'import socket; socket.create_connection(("127.0.0.1", 8000))' 2>/dev/null && break
-  sleep 0.1
-done
+SCENARIO = "\n" + SERVE_WWW + """\
 step() {{ echo "@@ $1"; rc=0; shift; "$@" 2>&1 || rc=$?; echo "exit=$rc"; }}
 # No headers on this node, and its sources (Debian's archive, unreachable here) trust the
 # archive key that the mirror's Release is signed with.
@@ -82,12 +76,6 @@ def boot(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> It
                              python=sys.executable)
     yield boot_and_run(script, gpus=[FakeGpu("0000:00:04.0", "0x2330")],
                        files={"www": www, "keyring": key.keyring}, timeout=2400)
-
-
-def exit_of(section: str) -> int:
-    match = re.search(r"^exit=(\d+)$", section, re.MULTILINE)
-    assert match, section
-    return int(match.group(1))
 
 
 def test_plan_names_the_mirror_as_the_headers_source(boot: VmResult) -> None:

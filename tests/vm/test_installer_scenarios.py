@@ -29,6 +29,7 @@ import pytest
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
 from vm.prebuild import prebuild_modules
+from vm.scripts import SERVE_WWW, assert_libraries_cached, exit_of
 
 pytestmark = pytest.mark.vm
 
@@ -42,13 +43,7 @@ INSTALL = "/home/kubernetes/bin/nvidia"
 KEPT = sorted({Path(p).parts[2] for p in (sys.executable, str(REPO))
                if len(Path(p).parts) > 2 and Path(p).parts[1] == "root"})
 
-PRELUDE = f"""
-ip link set lo up
-python3 -m http.server --bind 127.0.0.1 8000 --directory "$VM_FILES/www" >/dev/null 2>&1 &
-for _ in $(seq 100); do
-  python3 -c 'import socket; socket.create_connection(("127.0.0.1", 8000))' 2>/dev/null && break
-  sleep 0.1
-done
+PRELUDE = "\n" + SERVE_WWW + f"""\
 export PYTHONPATH={REPO} NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000
 export NVIDIA_INSTALL_DIR_HOST={INSTALL}
 installer() {{ {sys.executable} -m installer "$@"; }}
@@ -143,12 +138,6 @@ def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> I
     yield Boots(first, second, third)
 
 
-def exit_of(section: str) -> int:
-    match = re.search(r"^exit=(\d+)$", section, re.MULTILINE)
-    assert match, section
-    return int(match.group(1))
-
-
 def assert_driver_state(section: str, version: str) -> None:
     lines = section.splitlines()
     assert {"nvidia_modeset 0", "nvidia_uvm 0"} <= set(lines), section
@@ -165,9 +154,7 @@ def assert_driver_state(section: str, version: str) -> None:
     major = f"{int(uvm_major.group(1)):x}"
     assert f"/dev/nvidia-uvm character special file {major}:0" in lines
     assert f"/dev/nvidia-uvm-tools character special file {major}:1" in lines
-    assert re.search(rf"libnvidia-ml.so.1 \(libc6,x86-64\) => {INSTALL}/lib64/libnvidia-ml.so.1",
-                     section), section
-    assert re.search(rf"libcuda.so.1 \(libc6,x86-64\) => {INSTALL}/lib64/libcuda.so.1", section)
+    assert_libraries_cached(section, INSTALL)
 
 
 def test_cold_install_loads_verifies_and_signals_ready(boots: Boots) -> None:

@@ -28,6 +28,7 @@ from lib.secondkernel import SECOND, add_headers, unpacked
 from installer.nextkernel import is_newer
 from vm.guest_kernel import GuestKernel, unpacked_guest_kernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
+from vm.scripts import NO_COMPILERS, SERVE_WWW, exit_of
 
 pytestmark = pytest.mark.vm
 
@@ -57,12 +58,7 @@ for path in boot/vmlinuz-{k} lib/modules/{k} usr/src/linux-headers-{k} \\
             usr/src/linux-headers-{abi}-common; do
   ln -s "{unpacked}/$path" "/$path"
 done
-ip link set lo up
-python3 -m http.server --bind 127.0.0.1 8000 --directory "$VM_FILES/www" >/dev/null 2>&1 &
-for _ in $(seq 100); do
-  python3 -c 'import socket; socket.create_connection(("127.0.0.1", 8000))' 2>/dev/null && break
-  sleep 0.1
-done
+""" + SERVE_WWW + """\
 mkdir -p {cache}/{k}
 cp -a "$VM_FILES/modules-{k}" {cache}/{k}/open
 step plan installer plan
@@ -73,16 +69,8 @@ echo "@@ cache"; ls {cache}
 """
 
 # Every compiler, assembler, linker and make a build could reach records its call and fails
-# (tests/vm/test_prebuilt_vm.py); no server answers on 127.0.0.1:8000.
-SECOND_BOOT = PRELUDE + """
-printf '#!/bin/sh\\necho "$0 $*" >> /tmp/compiler-calls\\nexit 1\\n' > /tmp/no-compiler
-chmod +x /tmp/no-compiler
-for p in /usr/bin/gcc /usr/bin/gcc-[0-9]* /usr/bin/cc /usr/bin/x86_64-linux-gnu-gcc-[0-9]* \\
-         /usr/bin/make /usr/bin/ld /usr/bin/ld.bfd /usr/bin/ld.gold /usr/bin/as \\
-         /usr/bin/x86_64-linux-gnu-as /usr/bin/x86_64-linux-gnu-ld \\
-         /usr/bin/x86_64-linux-gnu-ld.bfd /usr/lib/gcc/x86_64-linux-gnu/*/cc1; do
-  if [ -e "$p" ]; then mount --bind /tmp/no-compiler "$(readlink -f "$p")"; fi
-done
+# (NO_COMPILERS); no server answers on 127.0.0.1:8000.
+SECOND_BOOT = PRELUDE + "\n" + NO_COMPILERS + """\
 # The guest's depmod over this machine's ~4000 modules of 6.1.0-56 through 9p takes minutes
 # under TCG: a read-only /lib/modules (as on COS-like hosts) makes the run load with insmod from
 # the cache, which is where the prepared modules are.
@@ -127,12 +115,6 @@ def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> I
     second = boot_and_run(SECOND_BOOT, state_dir=state, gpus=GPUS, timeout=900,
                           kernel=vm_kernel.release)
     yield Boots(first, second, vm_kernel.release)
-
-
-def exit_of(section: str) -> int:
-    match = re.search(r"^exit=(\d+)$", section, re.MULTILINE)
-    assert match, section
-    return int(match.group(1))
 
 
 def test_the_run_on_the_old_kernel_installs_first_then_prepares_the_next(boots: Boots) -> None:

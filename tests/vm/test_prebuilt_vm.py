@@ -17,6 +17,7 @@ from lib.registrykit import PASSWORD, USER, Registry, make_key_pair
 
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
+from vm.scripts import NO_COMPILERS, exit_of
 
 pytestmark = pytest.mark.vm
 
@@ -38,15 +39,7 @@ for port in 8000 {port}; do
     sleep 0.1
   done
 done
-printf '#!/bin/sh\\necho "$0 $*" >> /tmp/compiler-calls\\nexit 1\\n' > /tmp/no-compiler
-chmod +x /tmp/no-compiler
-# (Named one by one: a glob such as ld* would also catch /usr/bin/ld.so, the dynamic loader.)
-for p in /usr/bin/gcc /usr/bin/gcc-[0-9]* /usr/bin/cc /usr/bin/x86_64-linux-gnu-gcc-[0-9]* \\
-         /usr/bin/make /usr/bin/ld /usr/bin/ld.bfd /usr/bin/ld.gold /usr/bin/as \\
-         /usr/bin/x86_64-linux-gnu-as /usr/bin/x86_64-linux-gnu-ld \\
-         /usr/bin/x86_64-linux-gnu-ld.bfd /usr/lib/gcc/x86_64-linux-gnu/*/cc1; do
-  if [ -e "$p" ]; then mount --bind /tmp/no-compiler "$(readlink -f "$p")"; fi
-done
+""" + NO_COMPILERS + """\
 export PYTHONPATH={repo} NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000
 export NVIDIA_INSTALL_DIR_HOST={install} NVIDIA_DRIVER_VERSION={version}
 export NVIDIA_MODULE_REGISTRY=127.0.0.1:{port}/{path} NVIDIA_MODULE_REGISTRY_PLAIN_HTTP=true
@@ -95,12 +88,6 @@ def node_b(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> 
     )
     yield boot_and_run(script, gpus=[FakeGpu("0000:00:04.0", "0x2330")], files={"www": www},
                        timeout=1500)
-
-
-def exit_of(section: str) -> int:
-    match = re.search(r"^exit=(\d+)$", section, re.MULTILINE)
-    assert match, section
-    return int(match.group(1))
 
 
 def test_node_b_loads_the_published_modules_with_no_compiler_process(node_b: VmResult) -> None:

@@ -26,6 +26,7 @@ from installer.layout import READY_FILE
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
 from vm.prebuild import prebuild_modules
+from vm.scripts import exit_of
 
 pytestmark = pytest.mark.vm
 
@@ -139,12 +140,6 @@ def boot(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> It
     modules = prebuild_modules([A, B], www, vm_kernel.release, tmp_path_factory.mktemp("prebuilt"))
     yield boot_and_run(SCENARIO, gpus=GPUS, files={"www": www, "modules": modules},
                        timeout=2400)
-
-
-def exit_of(section: str) -> int:
-    match = re.search(r"^exit=(\d+)$", section, re.MULTILINE)
-    assert match, section
-    return int(match.group(1))
 
 
 def cluster_state(boot: VmResult, name: str) -> dict:

@@ -331,9 +331,8 @@ def _stage_fabricmanager(version: str, package: Path) -> None:
 
 def _fabricmanager_spec(version: str, stage: Path) -> str:
     name = fabricmanager_package(version)
-    text = _SPEC_HEAD.format(name=name, version=version, release=FM_RELEASE, epoch="",
-                             summary="Fabric Manager for NVSwitch based systems (fake)",
-                             requires="")
+    text = spec_head(name, version, "Fabric Manager for NVSwitch based systems (fake)",
+                     release=FM_RELEASE)
     text += f"\n%install\ncp -a %{{_sourcedir}}/{name}/. %{{buildroot}}/\n"
     modes = {"/usr/bin/nv-fabricmanager": "0755", "/usr/bin/nvswitch-audit": "0755"}
     return text + "\n%files\n" + _files(stage / name, modes)
@@ -385,6 +384,13 @@ AutoReqProv: no
 """
 
 
+def spec_head(name: str, version: str, summary: str, *, release: str = "1", epoch: str = "",
+              requires: str = "") -> str:
+    """_SPEC_HEAD filled in; `epoch` and `requires` are whole lines ("Epoch: 1\\n") or empty."""
+    return _SPEC_HEAD.format(name=name, version=version, release=release, epoch=epoch,
+                             summary=summary, requires=requires)
+
+
 def _files(root: Path, modes: dict[str, str] | None = None) -> str:
     lines = []
     for path in sorted(p for p in root.rglob("*") if not p.is_dir()):
@@ -399,14 +405,8 @@ def _driver_spec(release: Release, kernels: tuple[str, ...], stage: Path) -> str
     v = release.version
     evr = f"{EPOCH}:{v}-{RELEASE}"
     req_kmod = f"Requires: nvidia-kmod = {evr}\nRequires: nvidia-driver-cuda = {evr}\n"
-    text = _SPEC_HEAD.format(
-        name="nvidia-driver",
-        version=v,
-        release=RELEASE,
-        epoch=f"Epoch: {EPOCH}\n",
-        summary="NVIDIA driver (fake)",
-        requires=req_kmod,
-    )
+    text = spec_head("nvidia-driver", v, "NVIDIA driver (fake)", release=RELEASE,
+                     epoch=f"Epoch: {EPOCH}\n", requires=req_kmod)
     subs = [
         ("nvidia-driver-cuda", "CUDA driver and nvidia-smi (fake)", ""),
         ("nvidia-modprobe", "nvidia-modprobe (fake)", ""),
@@ -495,14 +495,8 @@ def _conflict_spec(release: Release) -> str:
     """A second build of nvidia-modprobe whose /usr/bin/nvidia-smi differs from the one in
     nvidia-driver-cuda: dnf's test transaction refuses the pair before touching anything."""
     v = release.version
-    text = _SPEC_HEAD.format(
-        name="nvidia-modprobe",
-        version=v,
-        release=RELEASE,
-        epoch=f"Epoch: {EPOCH}\n",
-        summary="nvidia-modprobe (fake)",
-        requires="",
-    )
+    text = spec_head("nvidia-modprobe", v, "nvidia-modprobe (fake)", release=RELEASE,
+                     epoch=f"Epoch: {EPOCH}\n")
     text += "\n%install\ncp -a %{_sourcedir}/nvidia-modprobe-conflict/. %{buildroot}/\n"
     return text + (
         "\n%files\n%attr(4755,root,root) /usr/bin/nvidia-modprobe\n/usr/bin/nvidia-smi\n"
@@ -512,14 +506,7 @@ def _conflict_spec(release: Release) -> str:
 def _kernel_spec(kernel: str, stage: Path) -> str:
     version, _, rest = kernel.partition("-")
     release = rest.rsplit(".", 1)[0]
-    text = _SPEC_HEAD.format(
-        name="kernel-devel",
-        version=version,
-        release=release,
-        epoch="",
-        summary=f"kernel-devel marker for {kernel}",
-        requires="",
-    )
+    text = spec_head("kernel-devel", version, f"kernel-devel marker for {kernel}", release=release)
     text += (
         f"\n%package -n kernel-headers\nSummary: kernel-headers marker\n\n"
         f"%description -n kernel-headers\nkernel-headers marker for {kernel}.\n"

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from .. import cache
-from .builder import _SPEC_HEAD, RPM_DIR, _files, _rpmbuild
+from .builder import RPM_DIR, _files, _rpmbuild, spec_head
 
 BUSYBOX = Path("/bin/busybox")
 XZ = Path("/usr/bin/xz")
@@ -91,26 +91,14 @@ def _libraries(binary: Path) -> list[str]:
 
 
 def _base_spec(stage: Path) -> str:
-    text = _SPEC_HEAD.format(
-        name="kit-base",
-        version="1",
-        release="1",
-        epoch="",
-        summary="a shell and xz for the scriptlets of a test root",
-        requires="Provides: /bin/sh\n",
-    )
+    text = spec_head("kit-base", "1", "a shell and xz for the scriptlets of a test root",
+                     requires="Provides: /bin/sh\n")
     text += "\n%install\ncp -a %{_sourcedir}/kit-base/. %{buildroot}/\n"
     return text + "\n%files\n" + _files(stage / "kit-base")
 
 
 def _dkms_spec(stage: Path) -> str:
-    text = _SPEC_HEAD.format(
-        name="dkms",
-        version=DKMS_VERSION,
-        release="1.el9",
-        epoch="",
-        summary="Dynamic Kernel Module Support (test-kit stand-in)",
-        requires="Requires: /bin/sh\nBuildArch: noarch\n",
-    )
+    text = spec_head("dkms", DKMS_VERSION, "Dynamic Kernel Module Support (test-kit stand-in)",
+                     release="1.el9", requires="Requires: /bin/sh\nBuildArch: noarch\n")
     text += "\n%install\ncp -a %{_sourcedir}/dkms/. %{buildroot}/\n"
     return text + "\n%files\n%attr(0755,root,root) /usr/sbin/dkms\n%dir /var/lib/dkms\n"

@@ -45,6 +45,17 @@ static nvmlReturn_t lookup(nvmlDevice_t device, const struct kstate_gpu **gpu)
 	return *gpu ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
 }
 
+/* lookup() for a query that writes to `out`: a NULL `out` is refused only once the handle is
+ * known good (an uninitialized library or a bad handle is reported first). */
+static nvmlReturn_t lookup_for(nvmlDevice_t device, const void *out, const struct kstate_gpu **gpu)
+{
+	nvmlReturn_t ret = lookup(device, gpu);
+
+	if (ret)
+		return ret;
+	return out ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count)
 {
 	if (!nvml_is_initialized())
@@ -94,12 +105,10 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsi
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor)
 {
 	const struct kstate_gpu *gpu;
-	nvmlReturn_t ret = lookup(device, &gpu);
+	nvmlReturn_t ret = lookup_for(device, minor, &gpu);
 
 	if (ret)
 		return ret;
-	if (!minor)
-		return NVML_ERROR_INVALID_ARGUMENT;
 	*minor = gpu->minor;
 	return NVML_SUCCESS;
 }
@@ -107,12 +116,10 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
 {
 	const struct kstate_gpu *gpu;
-	nvmlReturn_t ret = lookup(device, &gpu);
+	nvmlReturn_t ret = lookup_for(device, pci, &gpu);
 
 	if (ret)
 		return ret;
-	if (!pci)
-		return NVML_ERROR_INVALID_ARGUMENT;
 	memset(pci, 0, sizeof(*pci));
 	pci->domain = gpu->domain;
 	pci->bus = gpu->bus;
@@ -136,35 +143,32 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t
 	return nvmlDeviceGetPciInfo_v3(device, pci);
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
-{
-	const struct kstate_gpu *gpu;
-	nvmlReturn_t ret = lookup(device, &gpu);
-
-	if (ret)
-		return ret;
-	if (!memory)
-		return NVML_ERROR_INVALID_ARGUMENT;
-	memory->total = total_bytes(gpu->device_id);
-	memory->used = 0;
-	memory->free = memory->total;
-	return NVML_SUCCESS;
-}
-
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
 	const struct kstate_gpu *gpu;
-	nvmlReturn_t ret = lookup(device, &gpu);
+	nvmlReturn_t ret = lookup_for(device, memory, &gpu);
 
 	if (ret)
 		return ret;
-	if (!memory)
-		return NVML_ERROR_INVALID_ARGUMENT;
 	if (memory->version != nvmlMemory_v2)
 		return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
 	memory->total = total_bytes(gpu->device_id);
 	memory->reserved = 0;
 	memory->used = 0;
 	memory->free = memory->total;
+	return NVML_SUCCESS;
+}
+
+/* The first layout, answered from the versioned one (the same checks, the same figures). */
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+	nvmlMemory_v2_t full = { .version = nvmlMemory_v2 };
+	nvmlReturn_t ret = nvmlDeviceGetMemoryInfo_v2(device, memory ? &full : NULL);
+
+	if (ret)
+		return ret;
+	memory->total = full.total;
+	memory->used = full.used;
+	memory->free = full.free;
 	return NVML_SUCCESS;
 }
