@@ -1,4 +1,4 @@
-"""The first run on a new kernel: with its modules prepared before the reboot (issue 21) versus
+"""The first run on a new kernel: with its modules prepared before the reboot versus
 today's cold compile on the same kernel, side by side in one run.
 
 Each host root is Debian 12 with two of Debian's kernels installed, 6.1.0-47 (the one the

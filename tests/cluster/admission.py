@@ -9,7 +9,7 @@ ones before; one that fails to evaluate makes any expression using it fail), val
 first false one denies with its message or messageExpression; an evaluation error denies under
 failurePolicy Fail), the reason's HTTP code (Forbidden 403, Invalid 422, Unauthorized 401), and
 the message the API server writes: `ValidatingAdmissionPolicy '<policy>' with binding
-'<binding>' denied request: <message>`. Issue 21: the `authorizer` variable (k8s.io/apiserver
+'<binding>' denied request: <message>`. The `authorizer` variable (k8s.io/apiserver
 pkg/cel/library Authz: group, resource, subresource, namespace, name, check, allowed, reason,
 errored) asks an Authorizer, which answers for the request's user from RBAC rules; without one
 every check is denied, as for a user nothing is bound to. `<list>.join(<sep>)` of the Kubernetes

@@ -21,7 +21,7 @@ Semantics follow the API reference (kubernetes.io/docs/reference/kubernetes-api)
   namespace.
 - POST /api/v1/namespaces/{ns}/events: core/v1 Event; for a Node the namespace must be default.
 - Bearer-token authentication (401) and, when given, the rules of a ClusterRole (403).
-- Issue 20: when given, ValidatingAdmissionPolicies (their CEL run by cluster.admission, its
+- When given, ValidatingAdmissionPolicies (their CEL run by cluster.admission, its
   `authorizer` answering from the same ClusterRole rules) on every write, with the token's
   userInfo as the API server builds it for a pod-bound ServiceAccount token (the node claim in
   `extra`): a denial is 403 `... is forbidden: ValidatingAdmissionPolicy
@@ -102,7 +102,7 @@ class Cluster:
     # None: clients prove who they are with a client certificate (ApiServer's tls)
     token: Optional[str] = "stand-in-token"
     rules: Optional[list[Json]] = None  # a ClusterRole's rules; None: everything allowed
-    # issue 20: bound ValidatingAdmissionPolicies (cluster.admission.load_policies) and the node
+    # bound ValidatingAdmissionPolicies (cluster.admission.load_policies) and the node
     # claim of the token (None: a token without one, such as a long-lived Secret token)
     policies: Optional[list[tuple[Json, str]]] = None
     token_node: Optional[str] = None

@@ -1,8 +1,8 @@
-"""Issue 20 in tests/cluster: the token reaches only its own node (the stand-in API server runs
-the shipped RBAC and ValidatingAdmissionPolicy), and the protocol fixes: an admin's cordon made
-during an upgrade is never undone (3); DaemonSet, mirror and unschedulable-tolerating GPU pods
-are waited for, not evicted (4); a malformed annotation is a clear error naming it (7); a node
-left mid-upgrade is restored even once the protocol is switched off (8)."""
+"""A node's token against the fleet: it reaches only its own node (the stand-in API server runs
+the shipped RBAC and ValidatingAdmissionPolicy), an admin's cordon made during an upgrade is
+never undone, DaemonSet, mirror and unschedulable-tolerating GPU pods are waited for, not
+evicted, a malformed annotation is a clear error naming it, and a node left mid-upgrade is
+restored even once the protocol is switched off."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _raw_patch(env: Env, node: str, patch: dict, manager: str) -> requests.Respo
                                    "Content-Type": "application/merge-patch+json"})
 
 
-# --------------------------------------------------------------------------- finding 2
+# ------------------------------------------------------------- a token reaches its own node only
 
 
 def _raw(env: Env, method: str, path: str, body: dict | None = None) -> requests.Response:
@@ -114,7 +114,7 @@ def test_a_token_without_a_node_claim_changes_no_node(env: Env) -> None:
     assert "unschedulable" not in env.node()["spec"]
 
 
-# --------------------------------------------------------------------------- finding 3
+# ---------------------------------------------------------------- an admin's cordon is theirs
 
 
 def test_an_admins_cordon_made_during_the_upgrade_is_never_undone(env: Env) -> None:
@@ -146,7 +146,7 @@ def test_the_installers_own_cordon_is_undone(env: Env) -> None:
     assert "unschedulable" not in env.node()["spec"]
 
 
-# --------------------------------------------------------------------------- finding 4
+# ------------------------------------------------- pods that would come back are waited for
 
 
 def test_daemonset_mirror_and_tolerating_pods_are_waited_for_not_evicted(env: Env) -> None:
@@ -189,7 +189,7 @@ def test_a_pod_tolerating_unschedulable_is_named_not_evicted_or_deleted(env: Env
     assert "unschedulable" not in env.node()["spec"]  # restored
 
 
-# --------------------------------------------------------------------------- finding 7
+# ----------------------------------------------------------------- a malformed annotation
 
 
 @pytest.mark.parametrize("annotation", ['{"labels":{}}', "not json", '{"from": 1}',
@@ -211,9 +211,10 @@ def test_a_malformed_upgrade_annotation_is_a_clear_error_naming_it(env: Env,
     assert env.node() == before  # nothing was changed
 
 
-# --------------------------------------------------------------------------- finding 8
+# -------------------------------------------------- a node left mid-upgrade, protocol now off
 
-# The install itself is stubbed out; _execute still splits the plan's steps (issue 21).
+# The install itself is stubbed out; _execute still splits the plan's steps, so it gets an
+# empty plan.
 NO_STEPS = Plan(None, [], [])  # type: ignore[arg-type]
 
 

@@ -2,7 +2,7 @@
 the stand-in API server: the node's cordon, labels, annotation and events, GPU pods deleted by
 uid once their PodDisruptionBudgets allow it (the installer checks them, as the Eviction API
 would), timeouts, an unreachable API, a run killed mid-way. The stand-in enforces the shipped
-RBAC and the ValidatingAdmissionPolicy (issue 20) on every call, with a token bound to NODE."""
+RBAC and the ValidatingAdmissionPolicy on every call, with a token bound to NODE."""
 
 from __future__ import annotations
 

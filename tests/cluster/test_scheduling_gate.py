@@ -1,4 +1,4 @@
-"""The scheduling gate's life cycle (issue 21) with the installer's API client against the
+"""The scheduling gate's life cycle with the installer's API client against the
 stand-in API server, which enforces the shipped RBAC and admission policies of the Components
 applied (components/scheduling-gate alone, or with components/upgrade-protocol) for a token
 bound to NODE: a tainted node stays tainted through a run until verify passes; a failing verify
@@ -277,7 +277,7 @@ def test_a_ready_node_makes_no_write_at_the_start(env: Gate,
 
 def test_a_component_not_up_keeps_the_gate_closed(env: Gate, monkeypatch: pytest.MonkeyPatch,
                                                   caplog: pytest.LogCaptureFixture) -> None:
-    """With components to wait for (issue 21 part 1's containers), the run's end leaves the
+    """With components to wait for (their containers' readiness), the run's end leaves the
     taint on while one has not reported ready; the scheduling-gate container opens it."""
     caplog.set_level(logging.INFO, "installer")
     registered_tainted(env.cluster)

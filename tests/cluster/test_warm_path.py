@@ -34,7 +34,7 @@ print(json.dumps(sorted(loaded)))
 
 
 def test_gate_off_an_unload_imports_no_cluster_code(tmp_path: Path) -> None:
-    """Issue 21: with the scheduling gate (and the protocol) off, an unload that goes ahead
+    """With the scheduling gate (and the protocol) off, an unload that goes ahead
     passes the gate's hook without loading installer.cluster."""
     code = f"""
 import json, shutil, sys

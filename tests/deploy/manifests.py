@@ -55,7 +55,7 @@ def manifest_files() -> list[Path]:
         DAEMONSET_DIR / "base" / "daemonset.yaml",
         DAEMONSET_DIR / "nvidia-driver-installer.yaml",
         *sorted((DAEMONSET_DIR / "extras").glob("*.yaml")),
-        *sorted((DAEMONSET_DIR / "builder").glob("*.yaml")),  # issue 20
+        *sorted((DAEMONSET_DIR / "builder").glob("*.yaml")),  # the CI job that signs modules
     ]
     return files
 

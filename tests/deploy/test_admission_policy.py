@@ -1,7 +1,7 @@
 """The shipped ValidatingAdmissionPolicy's CEL (cel-python) against admission requests shaped as
 the API server sends them for the installer's pod-bound ServiceAccount token: every write the
-upgrade protocol makes on its own node is admitted; what issue 20 finding 2 did with a stolen
-token (cordon and taint another node, strip a control-plane node's taints, delete a pod
+upgrade protocol makes on its own node is admitted; what a stolen node token could do before
+the policy (cordon and taint another node, strip a control-plane node's taints, delete a pod
 elsewhere) is denied, and so are fields the protocol never writes. The policy's `authorizer`
 answers from the protocol's RBAC (its role bound, the scheduling gate's not). The installer
 drains its node by deleting pods because a DELETE carries the pod (its node) and can be held to
@@ -176,7 +176,7 @@ def test_pods_and_events_of_other_nodes_are_denied() -> None:
 
 
 def test_the_fields_the_installer_writes_are_named_in_one_place() -> None:
-    """The place a new field of a feature (the gate's taint and label, issue 21) goes."""
+    """The place a new field of a feature (as the gate's taint and label did) goes."""
     (own_node,) = [p for p, _ in POLICIES
                    if p["metadata"]["name"] == "nvidia-driver-installer-own-node"]
     names = [v["name"] for v in own_node["spec"]["variables"]]

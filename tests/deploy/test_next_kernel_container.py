@@ -1,4 +1,4 @@
-"""The DaemonSet's next-kernel container (issue 21): the initContainer leaves the next kernel to
+"""The DaemonSet's next-kernel container: the initContainer leaves the next kernel to
 it (the pod turns Ready without that compile), and it sees the host and the install dir exactly
 as the initContainer does, with settings the installer accepts."""
 
@@ -51,7 +51,8 @@ def test_the_module_registry_overlay_gives_the_container_the_registry_too() -> N
     assert registry and {k: v for k, v in container_env(watcher).items()
                          if "REGISTRY" in k or "TRUST" in k} == registry
     config = from_env(container_env(watcher))
-    # Pulls what the builder signed, like the initContainer; nodes never publish (issue 20).
+    # Pulls what the builder signed, like the initContainer; nodes never publish: a node's
+    # credentials must not be able to put modules on other nodes.
     assert config.module_trusted_keys is not None and config.module_registry_push is False
     for path in (str(config.module_trusted_keys.parent),
                  str(config.module_registry_password_file.parent)):  # type: ignore[union-attr]

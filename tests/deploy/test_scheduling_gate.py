@@ -1,4 +1,4 @@
-"""The DaemonSet side of the scheduling gate (issue 21): components/scheduling-gate brings a
+"""The DaemonSet side of the scheduling gate: components/scheduling-gate brings a
 ClusterRole that reads and patches nodes only, the base's ServiceAccount token, its copy of the
 node admission policy and the `installer gate` container; the taint key agrees everywhere it is
 named; and the policy's CEL (cel-python), with its authorizer answering from the roles bound,

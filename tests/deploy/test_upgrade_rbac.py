@@ -46,8 +46,8 @@ def _granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
 @pytest.mark.parametrize("overlay", ["ubuntu", "rocky", "debian", "module-registry"])
 def test_without_the_protocol_the_pod_has_no_api_identity(overlay: str) -> None:
     docs = render(DAEMONSET_DIR / "overlays" / overlay)
-    # No RBAC, no policy: the ServiceAccount is there only for the Components to share (issue
-    # 21: two Components each shipping it would collide in kustomize), with nothing bound.
+    # No RBAC, no policy: the ServiceAccount is there only for the Components to share (two
+    # Components each shipping it would collide in kustomize), with nothing bound.
     assert {d["kind"] for d in docs} == {"DaemonSet", "ServiceAccount"}
     spec = pod_spec(installer_daemonset(docs))
     assert spec["automountServiceAccountToken"] is False

@@ -1,4 +1,4 @@
-"""The kernel's gcc from the image's own package sources (issue 12): a kernel built with a gcc
+"""The kernel's gcc from the image's own package sources: a kernel built with a gcc
 the image lacks gets it installed in the container, before the driver download, when the image's
 list of its sources' compilers (written at image build time) names it; never on a bare host."""
 

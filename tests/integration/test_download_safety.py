@@ -1,5 +1,5 @@
-"""Downloads that must not leave a node worse off: a full disk, cached files' modes
-(issue 9, items 4 and 10)."""
+"""Downloads that must not leave a node worse off: a full disk, cached files' modes (a cache
+another user could write to would let them swap what root runs next)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Kernel headers from the host's own package sources (issue 12): real apt-get and dnf against
+"""Kernel headers from the host's own package sources: real apt-get and dnf against
 signed local archives on 127.0.0.1 shaped like Debian's, Ubuntu's and Rocky's, real dpkg-deb and
 rpm2cpio, and `installer plan`/`run` that fail before the driver download when they cannot."""
 
@@ -357,7 +357,7 @@ def test_air_gapped_debian_node_builds_with_headers_from_the_mirror(archive: Any
 
 def test_prebuild_gets_the_headers_of_a_kernel_not_running_as_a_node_does(
         archive: Any, tmp_path: Path) -> None:
-    """Issue 14: `installer prebuild --kernel K` (a CI job ahead of a kernel rollout) on a
+    """`installer prebuild --kernel K` (a CI job ahead of a kernel rollout) on a
     machine without K's headers fetches them the way a node does (here from the mirror), builds,
     and installs nothing on the host."""
     base, _, key, requests = archive
@@ -457,7 +457,8 @@ def test_jammy_headers_fetched_then_compiler_missing_before_the_driver(archive: 
 
 def test_headers_in_the_image_are_used_at_their_own_paths() -> None:
     """The installer's own image (here: this machine, Debian's headers installed): no bind
-    mounts, and Debian's split trees as source and output (issue 19)."""
+    mounts, and Debian's split trees as source and output (nvidia-installer looks for kernel.h
+    in the source tree and the configuration in the output tree)."""
     from installer import kernel
 
     found = debian_headers()

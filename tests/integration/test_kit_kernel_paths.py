@@ -79,7 +79,8 @@ def test_default_source_is_lib_modules_source_and_output_is_build(
 def test_the_output_tree_as_source_path_fails_the_kernel_h_check(
     payload: Path, tmp_path: Path
 ) -> None:
-    """What the installer passed on Debian before issue 19: exit 1 and NVIDIA's message."""
+    """What the installer once passed on Debian (the output tree as the source path): exit 1
+    and NVIDIA's message."""
     result, _ = install(payload, tmp_path, f"--kernel-source-path={AMD64}")
     assert result.returncode == 1
     assert (

@@ -1,5 +1,5 @@
-"""installer.ldcache reads an ld.so.cache as the real `ldconfig -p` prints it (issue 22: the warm
-run's ld cache probe reads the file instead of running ldconfig): caches the real ldconfig writes
+"""installer.ldcache reads an ld.so.cache as the real `ldconfig -p` prints it (the warm run's ld
+cache probe reads the file instead of spawning ldconfig): caches the real ldconfig writes
 in each of glibc's formats, and this machine's own cache."""
 
 from __future__ import annotations

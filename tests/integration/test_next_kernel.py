@@ -1,4 +1,4 @@
-"""The next kernel before the reboot (issue 21) on host roots with two of Debian's 6.1 kernels:
+"""The next kernel before the reboot, on host roots with two of Debian's 6.1 kernels:
 the run installs for 6.1.0-47 (its headers on the host) while 6.1.0-56 is installed too; the
 modules for 6.1.0-56 reach the cache after the install, compiled against headers fetched from
 the host's own (signed, local) package sources, or pulled from a real registry, and the first

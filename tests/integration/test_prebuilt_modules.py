@@ -1,8 +1,9 @@
 """Compile once per kernel: node A compiles and publishes to a real registry (docker-registry
 on 127.0.0.1), node B of the same kernel pulls, verifies and installs with no headers and no
 compile; a registry that is down only costs a compile; `prebuild` builds ahead and pushes.
-Issue 20: only what the builder's key signed is ever installed; a forgery pushed with valid
-push credentials makes the node compile, and nothing of it reaches /lib/modules."""
+Only what the builder's key signed is ever installed (push credentials are not trust): a
+forgery pushed with valid push credentials makes the node compile, and nothing of it reaches
+/lib/modules."""
 
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ def test_node_a_publishes_and_node_b_installs_without_compiling(
 def test_a_forged_artifact_pushed_without_the_key_never_reaches_the_kernel(
     tmp_path: Path, served: str, reg: Registry, keys: dict[str, tuple[Path, Path]]
 ) -> None:
-    """Finding 1 of issue 20, end to end: the builder publishes; someone with valid push
+    """The attack end to end: the builder publishes; someone with valid push
     credentials but without the builder's key re-pushes the tag through the registry's HTTP
     API with a tampered nvidia.ko and an extra overlay.ko; a node compiles instead."""
     repository = reg.repository("fleet/nvidia-modules")
@@ -208,5 +209,5 @@ def test_prebuild_pushes_for_a_kernel_that_is_not_running(
     nowhere = {k: v for k, v in env.items() if k != "NVIDIA_MODULE_REGISTRY"}
     for argv in (("prebuild", "--kernel", kernel, "--push"), ("run",)):
         silent = run_installer({**nowhere, "NVIDIA_MODULE_REGISTRY_PUSH": "true"}, *argv)
-        assert silent.returncode == 10, silent.stderr[-2000:]  # finding 9: not a silent no-op
+        assert silent.returncode == 10, silent.stderr[-2000:]  # not a silent no-op
         assert "needs NVIDIA_MODULE_REGISTRY: there is nowhere to publish" in silent.stderr

@@ -250,7 +250,8 @@ def test_sigkill_during_an_upgrade_leaves_a_whole_install_and_the_next_run_finis
 def test_a_run_of_another_version_changes_nothing_and_is_dropped_from_the_cache(
     host: tuple[Path, str], served: Any
 ) -> None:
-    """A DaemonSet that bumps the version but not the URL (issue 9)."""
+    """A DaemonSet that bumps the version but not the URL: the .run it fetches is not the
+    version asked for."""
     root, _ = host
     base, _, _ = served
     ok(run_installer(env_for(host, served, A), "run"))

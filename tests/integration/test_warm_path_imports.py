@@ -45,7 +45,7 @@ NOT_ON_THE_WARM_PATH = (
     "yaml",
     "pynvml",
     "sqlite3",
-    "click",  # a bare `installer run` needs no flag parsing (issue 22)
+    "click",  # a bare `installer run` needs no flag parsing, and click is slow to import
 )
 
 

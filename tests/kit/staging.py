@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 PAYLOAD = Path(__file__).with_name("payload")
 DESCRIPTION = "NVIDIA Accelerated Graphics Driver for Linux-x86_64"
 SCRIPTED_TOOLS = ("nvidia-smi", "nvidia-modprobe")
-# Scripts that carry their version (@VERSION@ in the payload file): issue 21.
+# Scripts that carry their version (@VERSION@ in the payload file): nvidia-persistenced shows it
+# to the kit's nvidia.ko, which refuses a daemon of another driver version, as NVIDIA's does.
 VERSIONED_TOOLS = ("nvidia-persistenced",)
 STUB_TOOLS = (
     "nvidia-debugdump",

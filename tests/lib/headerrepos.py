@@ -176,7 +176,7 @@ def ubuntu_shape_debs(work: Path, kernel: str, base_package: str, gcc_version: i
 def _link_into(common: Path, flavour: Path, common_top: Path, flavour_top: Path) -> None:
     """Ubuntu links the common tree's entries into the flavour's own dirs (`include/linux ->
     ../../linux-headers-<base>/include/linux` beside the flavour's `include/generated`), so
-    the flavour tree alone is a whole tree: kernel.h is found in it (issue 19). Links are
+    the flavour tree alone is a whole tree: kernel.h is found in it. Links are
     relative between the two trees as installed side by side in /usr/src."""
     for entry in sorted(common.iterdir()):
         dest = flavour / entry.name

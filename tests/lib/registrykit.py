@@ -98,7 +98,7 @@ class Registry:
         return self.storage / "docker/registry/v2/blobs/sha256" / hexdigest[:2] / hexdigest / "data"
 
 
-# --- issue 20: publisher keys and an attacker who can push but holds no key ---
+# --- publisher keys, and an attacker who can push but holds no key (push is not trust) ---
 
 
 def make_key_pair(directory: Path, name: str = "publisher") -> tuple[Path, Path]:

@@ -1,5 +1,5 @@
 """A refused plan changes nothing: `run` creates no install dir and no lock file when planning
-already says no (issue 9)."""
+already says no (a node that refuses must be left as it was)."""
 
 from __future__ import annotations
 

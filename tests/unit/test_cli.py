@@ -131,8 +131,8 @@ def test_termination_log_keeps_the_reference_of_a_long_message_within_4096_bytes
     assert "option 399\nhint:" in capsys.readouterr().err  # stderr keeps everything
 
 
-# Issue 22: a bare `installer run` (the images' command) runs without importing click; with any
-# flag it goes through click's `run` command. Both must end alike.
+# A bare `installer run` (the images' command) runs without importing click (the warm path's
+# cost); with any flag it goes through click's `run` command. Both must end alike.
 BARE_RUN = ["run"]
 CLICK_RUN = ["run", "--verbose"]
 

@@ -73,7 +73,7 @@ def test_no_matching_gcc_names_the_compiler_and_the_tag(monkeypatch: pytest.Monk
         f"carries gcc-{major}."
 
 
-# The image's package sources (issue 12): the list the image's build writes, the install argv.
+# The image's package sources: the list the image's build writes, the install argv.
 SOURCES = "11 gcc-11 /usr/bin/gcc-11\n12 gcc-12 /usr/bin/gcc-12\n13 gcc-13 /usr/bin/gcc-13\n"
 TOOLSETS = ("12 gcc-toolset-12-gcc /opt/rh/gcc-toolset-12/root/usr/bin/gcc\n"
             "13 gcc-toolset-13-gcc /opt/rh/gcc-toolset-13/root/usr/bin/gcc\n")

@@ -123,7 +123,7 @@ def test_mirrors_and_module_args_are_parsed() -> None:
         ({"NVIDIA_KERNEL_RELEASE": "6.1; rm -rf /"}, "NVIDIA_KERNEL_RELEASE"),
         ({"NVIDIA_INSTALLER_ALLOW_NO_GPU": "maybe"}, "NVIDIA_INSTALLER_ALLOW_NO_GPU"),
         ({"NVIDIA_MODULE_SIGNING_KEY": "/k.priv"}, "NVIDIA_MODULE_SIGNING_CERT"),
-        # Paths that reach make's M=/--tmpdir (issue 9): make would evaluate $(...).
+        # Paths that reach make's M=/--tmpdir: make would evaluate $(...).
         ({"NVIDIA_INSTALL_DIR_HOST": "/var/lib/$(reboot)"}, "NVIDIA_INSTALL_DIR_HOST"),
         ({"NVIDIA_INSTALL_DIR_HOST": "/var/lib/nvidia driver"}, "NVIDIA_INSTALL_DIR_HOST"),
         ({"NVIDIA_INSTALL_DIR_CONTAINER": "/usr/local/`id`"}, "NVIDIA_INSTALL_DIR_CONTAINER"),

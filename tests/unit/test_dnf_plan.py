@@ -352,7 +352,7 @@ CATALOG_550 = "550.163.01"  # the shipped catalog's newest 550; the repo's strea
 def test_before_the_first_run_plan_names_no_version_dnf_will_not_install(
     tmp_path: Path, distro: str, kernel: str
 ) -> None:
-    """Issue 19: without the repo's module metadata the catalog's version is a guess: neither
+    """Without the repo's module metadata the catalog's version is a guess: neither
     the plan nor prune-cache may promise it."""
     from installer.app import describe_plan
 

@@ -1,5 +1,5 @@
 """What the private apt and dnf read of the host: sources, keys, repos, vault; and the plan's
-account of where headers and the compiler come from (issue 12)."""
+account of where headers and the compiler come from."""
 
 from __future__ import annotations
 

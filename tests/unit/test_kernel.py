@@ -1,5 +1,5 @@
 """Header trees as nvidia-installer needs them: the source path (include/linux/kernel.h) and the
-output path (the configured tree) for every layout (issue 19)."""
+output path (the configured tree) for every layout."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ld cache probe reads the host's /etc/ld.so.cache itself (issue 22: a warm run spawns no
+"""The ld cache probe reads the host's /etc/ld.so.cache itself (a warm run spawns no
 ldconfig) and asks `ldconfig -p` only about a file it does not know. The real ldconfig's files,
 in each of its formats: tests/integration/test_ld_cache_file.py."""
 

@@ -1,4 +1,4 @@
-"""A load the kernel refuses (issue 19): the kernel's own words in the error, and the node as
+"""A load the kernel refuses: the kernel's own words in the error, and the node as
 it was before the run (links, module files, firmware, ld drop-in; no readiness file)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The next kernel before the reboot (issue 21): which installed kernel is pending, what plan and
+"""The next kernel before the reboot: which installed kernel is pending, what plan and
 status say about it, and that preparing it never fails the run."""
 
 from __future__ import annotations

@@ -51,12 +51,12 @@ def test_registry_settings_are_validated_and_the_password_is_never_shown() -> No
             from_env({"NVIDIA_MODULE_REGISTRY": bad})
 
 
-# --- issue 20: the settings of fleet trust ---
+# --- the settings of fleet trust: who may publish modules, whose signatures a node accepts ---
 
 
 def test_asking_to_push_without_a_registry_or_a_publisher_key_is_an_error() -> None:
     with pytest.raises(ConfigError, match="there is nowhere to publish"):
-        from_env({"NVIDIA_MODULE_REGISTRY_PUSH": "true"})  # finding 9: not a silent no-op
+        from_env({"NVIDIA_MODULE_REGISTRY_PUSH": "true"})  # not a silent no-op
     with pytest.raises(ConfigError, match="needs NVIDIA_MODULE_PUBLISHER_KEY"):
         from_env({"NVIDIA_MODULE_REGISTRY_PUSH": "true",
                   "NVIDIA_MODULE_REGISTRY": "registry.example.com/gpu/m"})

@@ -1,4 +1,4 @@
-"""The scheduling gate's pieces without an API server (issue 21): its settings, where the planner
+"""The scheduling gate's pieces without an API server: its settings, where the planner
 puts its steps, what readiness means, and the patch that gives a node the gate's state while
 leaving an admin's taints and labels alone. The life cycle against the stand-in API server is
 tests/cluster/test_scheduling_gate.py."""

@@ -1,4 +1,4 @@
-"""Where the upgrade protocol (issue 13) meets the unload step: off, today's driver-in-use with
+"""Where the upgrade protocol meets the unload step: off, today's driver-in-use with
 no cluster code imported; on, room is made first and the holders are then gone."""
 
 from __future__ import annotations

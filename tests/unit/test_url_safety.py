@@ -1,5 +1,6 @@
 """URLs from settings and catalogs: credentials never shown, control characters refused,
-a remote catalog never names a local file (issue 9, items 3, 4 and 11)."""
+a remote catalog never names a local file (URLs reach logs, and a catalog from a server must not
+make root read or run a file of the node)."""
 
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ def test_parse_request(text: str, kind: str, value: str) -> None:
         "055",
         "v550",
         "550.x",
-        "5\u0665\u0660.\u0665\u0664.\u0661\u0665",  # Arabic-Indic digits (issue 9)
+        "5\u0665\u0660.\u0665\u0664.\u0661\u0665",  # Arabic-Indic digits: int() takes them
         "\uff15\uff15\uff10",  # fullwidth 550
         "R\u0665\u0665\u0660",
     ],

@@ -1,4 +1,4 @@
-"""One boot (issue 12): the node has no headers for its kernel and no route to its package
+"""One boot: the node has no headers for its kernel and no route to its package
 sources; the headers come from the mirror setting (Debian's real header packages in a signed
 archive on 127.0.0.1), the modules are built against them and loaded, and the host's package
 database is left as it was."""

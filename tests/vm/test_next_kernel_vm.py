@@ -1,4 +1,4 @@
-"""The next kernel before the reboot (issue 21), for real: one boot pair on one state disk.
+"""The next kernel before the reboot, for real: one boot pair on one state disk.
 
 1. The guest boots Debian's 6.1.0-47 (its packages unpacked outside the clone, its files put in
    place in the guest as installing it leaves them) while this machine's newer 6.1.0-56 is

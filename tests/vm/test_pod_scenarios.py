@@ -178,7 +178,7 @@ state held-state
 exec 3<&-
 pod stop ours-no-protocol >/dev/null
 
-# An HGX board (issue 21): two NVSwitch functions; the driver registers them once reloaded.
+# An HGX board: two NVSwitch functions; the driver registers them once reloaded.
 for a in 0000:00:08.0 0000:00:09.0; do
   mkdir -p /run/vm-pci/$a
   echo 0x10de > /run/vm-pci/$a/vendor; echo 0x22a3 > /run/vm-pci/$a/device
@@ -326,7 +326,7 @@ def test_the_image_is_built_by_buildah_on_the_mmdebstrap_base(boots: Boots) -> N
     assert built.image.config["Cmd"] == ["run"]
     rootfs = built.image.rootfs
     assert (rootfs / "usr/bin/gcc-12").exists()  # Debian 12's kernels are built with gcc-12
-    # The compilers its apt sources offer, for kernels built with another gcc (issue 12).
+    # The compilers its apt sources offer, for kernels built with another gcc.
     listed = (rootfs / "usr/share/nvidia-driver-installer/compiler-packages").read_text()
     assert "12 gcc-12 /usr/bin/gcc-12" in listed.splitlines(), listed
     assert built.image.config["Env"].count(
@@ -341,7 +341,8 @@ def test_our_pod_installs_the_driver_then_its_probe_passes_unprivileged(boots: B
     (init,) = report["init"]
     assert init["exit_code"] == 0, init["log"]
     assert "step build-modules: compile open modules" in init["log"]
-    # next-kernel: `installer prepare-next-kernel --watch` (issue 21), no readiness probe.
+    # next-kernel: `installer prepare-next-kernel --watch`, no readiness probe (the pod is
+    # ready without it).
     assert report["started"] == ["driver-ready", "fabricmanager", "persistenced", "next-kernel"]
     assert set(report["probes"]) == {"driver-ready", "fabricmanager", "persistenced"}
     probe = report["probes"]["driver-ready"]

@@ -1,4 +1,4 @@
-"""The upgrade protocol in a booted kernel (issue 13): driver A is loaded and held by a process
+"""The upgrade protocol in a booted kernel: driver A is loaded and held by a process
 standing for NVIDIA's device plugin (it keeps /dev/nvidia0 and /dev/nvidiactl open, as NVML's
 health checker does); a version bump to B with the protocol on cordons the node, pauses the
 plugin by label (the stand-in API server plays the DaemonSet controller and kubelet: the plugin's
