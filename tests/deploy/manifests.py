@@ -85,6 +85,14 @@ def render(kustomize_dir: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
+def shipped(source: str) -> list[dict[str, Any]]:
+    """What a user applies: the base DaemonSet file as it is ("base"), or the ubuntu overlay as
+    kustomize renders it ("rendered")."""
+    if source == "base":
+        return load_all(DAEMONSET_DIR / "base" / "daemonset.yaml")
+    return render(DAEMONSET_DIR / "overlays" / "ubuntu")
+
+
 def daemonsets(docs: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     return (d for d in docs if d.get("kind") == "DaemonSet")
 

@@ -10,13 +10,11 @@ from typing import Any
 import pytest
 
 from deploy.manifests import (
-    DAEMONSET_DIR,
     container_env,
     installer_container,
     installer_daemonset,
-    load_all,
     pod_spec,
-    render,
+    shipped,
 )
 from installer.components import persistenced
 from installer.components.supervisor import ready_file
@@ -31,9 +29,7 @@ def daemon_containers(ds: dict[str, Any]) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("source", ["base", "rendered"])
 def test_each_daemon_runs_its_installer_command_with_the_installers_settings(
         source: str) -> None:
-    docs = (load_all(DAEMONSET_DIR / "base" / "daemonset.yaml") if source == "base"
-            else render(DAEMONSET_DIR / "overlays" / "ubuntu"))
-    ds = installer_daemonset(docs)
+    ds = installer_daemonset(shipped(source))
     init = installer_container(ds)
     init_env = container_env(init)
     spec = pod_spec(ds)

@@ -220,17 +220,22 @@ def rocky_host(tmp_path: Path, base: str, key: Key, minor: str) -> Path:
     return root
 
 
+def assert_kernel_devel_cached(root: Path, headers: Any, kernel: str) -> None:
+    """kernel-devel of `kernel` unpacked into the cache, one tree as source and output path."""
+    tree = cache_of(root, kernel) / "root/usr/src/kernels" / kernel
+    assert str(headers.output_path) == str(headers.source_path) == f"/usr/src/kernels/{kernel}"
+    assert (tree / "Makefile").is_file() and (tree / "scripts/mod/modpost").is_file()
+    assert (cache_of(root, kernel) / ".complete").read_text().split() == [
+        f"kernel-devel-{kernel}"]
+
+
 def test_rocky_9_kernel_devel_from_the_hosts_repos_signature_checked(archive: Any,
                                                                      tmp_path: Path) -> None:
     base, _, key, requests = archive
     root = rocky_host(tmp_path, base, key, "9.4")
     requests.clear()
     headers = obtain(root, ROCKY9_K, NVIDIA_INSTALLER_ROCKY_VAULT=UNREACHABLE)
-    tree = cache_of(root, ROCKY9_K) / "root/usr/src/kernels" / ROCKY9_K
-    assert str(headers.output_path) == str(headers.source_path) == f"/usr/src/kernels/{ROCKY9_K}"
-    assert (tree / "Makefile").is_file() and (tree / "scripts/mod/modpost").is_file()
-    assert (cache_of(root, ROCKY9_K) / ".complete").read_text().split() == [
-        f"kernel-devel-{ROCKY9_K}"]
+    assert_kernel_devel_cached(root, headers, ROCKY9_K)
     assert any(r.startswith("/rocky/9.4/AppStream/x86_64/os/") and r.endswith(".rpm")
                for r in requests)
     assert_host_package_state_untouched(root)
@@ -254,11 +259,7 @@ def test_rocky_8_node_one_minor_behind_gets_kernel_devel_from_the_vault(
     root = rocky_host(tmp_path, base, key, "8.10")
     requests.clear()
     headers = obtain(root, ROCKY8_K, NVIDIA_INSTALLER_ROCKY_VAULT=f"{base}/vault")
-    assert str(headers.output_path) == str(headers.source_path) == f"/usr/src/kernels/{ROCKY8_K}"
-    tree = cache_of(root, ROCKY8_K) / "root/usr/src/kernels" / ROCKY8_K
-    assert (tree / "Makefile").is_file() and (tree / "scripts/mod/modpost").is_file()
-    assert (cache_of(root, ROCKY8_K) / ".complete").read_text().split() == [
-        f"kernel-devel-{ROCKY8_K}"]
+    assert_kernel_devel_cached(root, headers, ROCKY8_K)
     assert any(r.startswith("/vault/8.9/AppStream/x86_64/os/") and r.endswith(".rpm")
                for r in requests)
     assert_host_package_state_untouched(root)

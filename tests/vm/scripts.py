@@ -3,7 +3,9 @@ and how their output reads."""
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 # The scenario's www folder (files={"www": ...}) on 127.0.0.1:8000; the script goes on once the
 # server answers.
@@ -43,3 +45,12 @@ def assert_libraries_cached(section: str, install: str) -> None:
     assert re.search(rf"libnvidia-ml.so.1 \(libc6,x86-64\) => {install}/lib64/libnvidia-ml.so.1",
                      section), section
     assert re.search(rf"libcuda.so.1 \(libc6,x86-64\) => {install}/lib64/libcuda.so.1", section)
+
+
+def passed_verify(section: str) -> dict[str, Any]:
+    """The report `installer verify --json` printed in `section`, once the step exited 0 and
+    the report says ok."""
+    assert exit_of(section) == 0, section
+    report: dict[str, Any] = json.loads(section[section.index("{"): section.rindex("}") + 1])
+    assert report["ok"] is True
+    return report

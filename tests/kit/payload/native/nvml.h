@@ -68,22 +68,21 @@ typedef struct {
 	nvmlGpuFabricState_t state;
 } nvmlGpuFabricInfo_t;
 
-typedef struct {
-	unsigned int version;
-	unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
-	nvmlReturn_t status;
-	unsigned int cliqueId;
-	nvmlGpuFabricState_t state;
+/* The fields of nvmlGpuFabricInfo_v2_t, in order: v3 adds healthSummary after them. */
+#define NVML_GPU_FABRIC_INFO_V2_FIELDS \
+	unsigned int version; \
+	unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN]; \
+	nvmlReturn_t status; \
+	unsigned int cliqueId; \
+	nvmlGpuFabricState_t state; \
 	unsigned int healthMask;
+
+typedef struct {
+	NVML_GPU_FABRIC_INFO_V2_FIELDS
 } nvmlGpuFabricInfo_v2_t;
 
 typedef struct {
-	unsigned int version;
-	unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
-	nvmlReturn_t status;
-	unsigned int cliqueId;
-	nvmlGpuFabricState_t state;
-	unsigned int healthMask;
+	NVML_GPU_FABRIC_INFO_V2_FIELDS
 	unsigned char healthSummary;
 } nvmlGpuFabricInfo_v3_t;
 
