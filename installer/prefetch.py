@@ -32,7 +32,7 @@ def download_urls(config: Config, version: str, arch: str, default_url: str) -> 
     return urls
 
 
-def download_settings(config: Config) -> Any:
+def download_settings(config: Config, *, keep_cached: bool = True) -> Any:
     from installer import delivery
 
     return delivery.DownloadSettings(
@@ -40,6 +40,7 @@ def download_settings(config: Config) -> Any:
         connect_timeout=config.connect_timeout,
         read_timeout=config.read_timeout,
         allow_unverified=config.allow_unverified,
+        keep_cached=keep_cached,
     )
 
 
@@ -52,12 +53,16 @@ def fetch_bytes_for(config: Config) -> FetchBytes:
     return fetch
 
 
-def fetch_runfile_for(config: Config) -> FetchRunfile:
+def fetch_runfile_for(config: Config, *, keep_cached: bool = True) -> FetchRunfile:
+    """`keep_cached=False` where nothing reads the file soon after (the node extracts its .run
+    at once, from the page cache; a prefetch for a mirror does not)."""
+
     def fetch(urls: list[str], dest_dir: Path, filename: str) -> Path:
         from installer import delivery
 
+        settings = download_settings(config, keep_cached=keep_cached)
         fetched = delivery.fetch_file(urls, dest_dir, filename, sha256=config.sha256,
-                                      checksum_urls=None, settings=download_settings(config))
+                                      checksum_urls=None, settings=settings)
         return Path(fetched.path)
 
     return fetch
@@ -74,4 +79,4 @@ def download_runfile(config: Config, dest: Path, arch: str) -> Path:
     urls = download_urls(config, resolution.version, arch, default_url)
     name = runfile_name(resolution.version, arch)
     log.info("downloading %s (%s)", name, "; ".join(resolution.reasons))
-    return fetch_runfile_for(config)(urls, dest, name)
+    return fetch_runfile_for(config, keep_cached=False)(urls, dest, name)

@@ -270,7 +270,7 @@ def fetch_file(
         return cached
 
     http = Http(settings)
-    part = Part(dest_dir / (filename + PART_SUFFIX))
+    part = Part(dest_dir / (filename + PART_SUFFIX), keep_cached=settings.keep_cached)
     try:
         expected: Optional[Expected] = (
             Expected(pin, "pin", "the pinned value") if pin is not None else None

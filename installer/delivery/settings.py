@@ -19,6 +19,8 @@ class DownloadSettings:
     transfer. Backoff before retry n is drawn from [b/2, b], b = min(backoff_max,
     backoff_initial * 2**(n-1)), unless the server's Retry-After (at most retry_after_max) says
     otherwise. `progress`: "auto" (bar on a terminal, else log lines), "log", "bar", "none".
+    `keep_cached=False`: the file leaves the page cache as it reaches the disk (for a file
+    nothing reads soon after, as `installer download`'s).
     """
 
     retries: int = 5
@@ -32,6 +34,7 @@ class DownloadSettings:
     # A file that no pin or published .sha256sum vouches for is refused unless this is set;
     # a file:// source (named only in the operator's settings) needs no vouching.
     allow_unverified: bool = False
+    keep_cached: bool = True
 
     def __post_init__(self) -> None:
         if self.retries < 0:
