@@ -75,14 +75,16 @@ def cached_runfile(config: Config, dest_dir: Path, name: str) -> bool:
                                  download_settings(config)) is not None
 
 
-def digest_source(config: Config, name: str, checksum_urls: list[str]) -> str:
-    """Where the SHA-256 of `name` will come from, for `installer plan`: the pin, the digests
-    file, the first checksum URL on a trusted origin, or nothing (the run would refuse)."""
+def digest_source(config: Config, name: str, checksum_urls: list[str], *,
+                  pinned: bool = True) -> str:
+    """Where the SHA-256 of `name` will come from, for `installer plan`: the pin (`pinned`:
+    the .run's), the digests file, the first checksum URL on a trusted origin, or nothing (the
+    run would refuse)."""
     from installer.delivery import digests
     from installer.delivery.urls import redact_url
     from installer.errors import DigestsFileInvalid
 
-    if config.sha256:
+    if pinned and config.sha256:
         return "NVIDIA_DRIVER_SHA256 (pin)"
     if config.digests_file is not None:
         try:
@@ -93,6 +95,9 @@ def digest_source(config: Config, name: str, checksum_urls: list[str]) -> str:
     for url in checksum_urls:
         if digests.is_trusted(url, config.trusted_origins):
             return f"{redact_url(url)} (trusted origin, over TLS)"
+        if url.startswith("file:"):
+            return (f"{redact_url(url)} when present (a file:// source is the operator's own "
+                    "and needs none)")
     if config.allow_unverified:
         return "none: NVIDIA_DRIVER_ALLOW_UNVERIFIED=true (used unverified)"
     return ("none: no pin, no digests-file entry, no trusted https origin among the sources: "

@@ -113,7 +113,7 @@ def digest_source(config: Config, version: str, arch: str) -> str:
 
     return prefetch.digest_source(
         config, archive_name(version, arch),
-        [manifest_url(base, version) for base in config.fabricmanager_redist])
+        [manifest_url(base, version) for base in config.fabricmanager_redist], pinned=False)
 
 
 def locate(config: Config, version: str, arch: str, *,

@@ -88,3 +88,55 @@ def test_settings_default_to_nvidia_and_refuse_plain_http(tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match="NVIDIA_DRIVER_DIGESTS_FILE"):
         from_env({"NVIDIA_DRIVER_DIGESTS_FILE": "digests"})
     assert from_env({"NVIDIA_DRIVER_TRUSTED_ORIGINS": ""}).trusted_origins == ()
+
+
+# ------------------------------------------------------------- `installer plan` says who vouches
+
+def plan_decisions(tmp_path: Path, **env: str) -> dict[str, str]:
+    from fakes import FakeRunner
+    from hosttrees import CLASS_BRIDGE, add_pci_device, make_host, root_env
+
+    from installer import planner
+
+    make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64", gpus=[0x2330, 0x2330])
+    for address in ("0000:05:00.0", "0000:06:00.0"):  # NVSwitch: Fabric Manager is planned
+        add_pci_device(tmp_path, address, device=0x22A3, klass=CLASS_BRIDGE)
+    config = from_env(root_env(tmp_path, NVIDIA_DRIVER_VERSION="580.105.08", **env))
+    plan = planner.make_plan(config, FakeRunner(), fetch_bytes=lambda url: b"",
+                             fetch_runfile=lambda *a: tmp_path)
+    return {d.topic: f"{d.value} ({d.reason})" for d in plan.decisions}
+
+
+def test_plan_names_nvidias_origin_by_default(tmp_path: Path) -> None:
+    said = plan_decisions(tmp_path / "host")
+    assert said["runfile-digest"] == (
+        f"{RUN} (its SHA-256 from https://us.download.nvidia.com/tesla/580.105.08/{RUN}"
+        ".sha256sum (trusted origin, over TLS))")
+    assert said["fabric-manager"].endswith(
+        "its SHA-256 from https://developer.download.nvidia.com/compute/nvidia-driver/redist/"
+        "redistrib_580.105.08.json (trusted origin, over TLS))")
+
+
+def test_plan_names_the_pin_and_the_digests_file(tmp_path: Path) -> None:
+    digests = tmp_path / "digests"
+    digests.write_text(f"{A}  {FM}  42\n")
+    said = plan_decisions(tmp_path / "host", NVIDIA_DRIVER_SHA256=B,
+                          NVIDIA_DRIVER_DIGESTS_FILE=str(digests))
+    assert said["runfile-digest"].endswith("(its SHA-256 from NVIDIA_DRIVER_SHA256 (pin))")
+    assert said["fabric-manager"].endswith(f"its SHA-256 from digests file {digests})")
+
+
+def test_plan_says_a_mirror_alone_vouches_for_nothing(tmp_path: Path) -> None:
+    said = plan_decisions(tmp_path / "host", NVIDIA_DRIVER_DOWNLOAD_URL="http://mirror.local/x.run",
+                          NVIDIA_FABRICMANAGER_REDIST="http://mirror.local/redist")
+    refused = ("none: no pin, no digests-file entry, no trusted https origin among the "
+               "sources: the run refuses (download-unverified)")
+    assert said["runfile-digest"] == f"{RUN} (its SHA-256 from {refused})"
+    assert said["fabric-manager"].endswith(f"its SHA-256 from {refused})")
+
+
+def test_plan_says_a_file_source_needs_no_vouching(tmp_path: Path) -> None:
+    said = plan_decisions(tmp_path / "host", NVIDIA_DRIVER_DOWNLOAD_URL="file:///srv/x.run")
+    assert said["runfile-digest"] == (
+        f"{RUN} (its SHA-256 from file:///srv/x.run.sha256sum when present (a file:// source "
+        "is the operator's own and needs none))")
