@@ -187,13 +187,14 @@ def fetch(config: Config, layout: Layout, version: str, arch: str) -> Path:
 
 
 def cached(config: Config, layout: Layout, version: str, arch: str) -> Path | None:
-    """A cached archive that fetch would use: the digests file lists it, or a trusted origin
-    vouched for it when it was fetched (read-only, no network)."""
+    """A cached archive that fetch would use: the digests file lists it, or it or a trusted
+    origin vouched for it when it was fetched (read-only, no network). A record saying "pin"
+    is an older installer's, which took a mirror's JSON for a pin: not used."""
     from installer import delivery
 
     found = delivery.find_vouched(layout.downloads, archive_name(version, arch), None,
                                   download_settings(config))
-    return Path(found.path) if found is not None else None
+    return Path(found.path) if found is not None and found.verified_by != "pin" else None
 
 
 def drop_cached(layout: Layout, version: str, arch: str) -> None:

@@ -74,8 +74,7 @@ def find_cached(dest_dir: Path, filename: str, *, sha256: str | None = None) -> 
     if pin is not None and pin != record["sha256"].lower():
         return None
     verified = record.get("verified_by")
-    verified_by = cast(VerifiedBy, "pin" if pin else verified
-                       if verified in get_args(VerifiedBy) else "none")
+    verified_by = cast(VerifiedBy, verified if verified in get_args(VerifiedBy) else "none")
     return Fetched(dest, record["sha256"], str(record.get("source", "")), 0, True, verified_by)
 
 

@@ -7,6 +7,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -288,11 +289,13 @@ def fetch_file(
     cached = reuse(dest, expected.sha256 if expected else None,
                    expected.verified_by if expected else "pin")
     if cached is not None and (expected is not None or still_vouched(cached, settings)):
+        if expected is not None:
+            cached = replace(cached, verified_by=expected.verified_by)
         log.info(
             "using %s from the cache (sha256 %s, verified by %s)",
             dest,
             cached.sha256,
-            expected.verified_by if expected else cached.verified_by,
+            cached.verified_by,
         )
         return cached
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from installer.delivery.cache import find_cached
@@ -68,10 +69,12 @@ def published(
 
 
 def still_vouched(cached: Fetched, settings: DownloadSettings) -> bool:
-    """A cached file nothing local vouches for now: a trusted origin's word at download time
-    still counts (no network to ask again), so does a copy of the operator's own file://
-    source; a record of an unverified file only while unverified files are allowed."""
-    return (cached.verified_by in ("trusted-origin", "local-sha256sum")
+    """A cached file no pin or digests-file entry matches now: its record counts when this
+    installer verified it against the operator's word or a trusted origin when it was fetched
+    (`installer download --dest <cache>` prefetches so), or it copies the operator's own
+    file:// source. A checksum a mirror published (records of older installers) or none at all
+    counts only while unverified files are allowed."""
+    return (cached.verified_by in ("pin", "digests-file", "trusted-origin", "local-sha256sum")
             or cached.source.startswith("file:")
             or (settings.allow_unverified
                 and cached.verified_by in ("none", "published-sha256sum")))
@@ -80,9 +83,11 @@ def still_vouched(cached: Fetched, settings: DownloadSettings) -> bool:
 def find_vouched(dest_dir: Path, filename: str, pin: str | None,
                  settings: DownloadSettings) -> Fetched | None:
     """The cached file fetch_file would reuse (read-only, no network, no hashing: a plan probe
-    may call it), or None."""
+    may call it), labelled with what vouches for it, or None. Raises DigestsFileInvalid."""
     expected = vouched_locally(filename, normalize_pin(pin) if pin else None, settings)
     cached = find_cached(dest_dir, filename, sha256=expected.sha256 if expected else None)
-    if cached is None or (expected is None and not still_vouched(cached, settings)):
+    if cached is None:
         return None
-    return cached
+    if expected is not None:
+        return replace(cached, verified_by=expected.verified_by)
+    return cached if still_vouched(cached, settings) else None

@@ -287,6 +287,17 @@ def test_a_cached_runfile_a_mirror_vouched_for_is_not_reused(tmp_path: Path) -> 
         assert srv.count(f"/{V_NAME}") == 0
 
 
+def test_a_runfile_prefetched_on_the_operators_word_is_reused_without_it(tmp_path: Path) -> None:
+    """`installer download --dest <cache>` with a pin or digests file, then a node's run
+    without them: what this installer verified is reused, offline."""
+    body = os.urandom(1000)
+    with FaultServer() as srv:
+        srv.add(f"/{V_NAME}", body)
+        fetch_file([srv.url(f"/{V_NAME}")], tmp_path, V_NAME, sha256=sha(body), settings=FAST)
+    again = fetch_file(["http://127.0.0.1:9/x.run"], tmp_path, V_NAME, settings=FAST)
+    assert (again.from_cache, again.verified_by) == (True, "pin")
+
+
 # ------------------------------------------------------------------ an endless body
 
 def endless_server(announce: int | None = None) -> tuple[str, Callable[[], int]]:
