@@ -94,7 +94,7 @@ def digest_source(config: Config, name: str, checksum_urls: list[str], *,
             return f"none: {exc.message}"
     for url in checksum_urls:
         if digests.is_trusted(url, config.trusted_origins):
-            return f"{redact_url(url)} (trusted origin, over TLS)"
+            return f"{redact_url(url)} (a trusted origin, over TLS, if published there)"
         if url.startswith("file:"):
             return (f"{redact_url(url)} when present (a file:// source is the operator's own "
                     "and needs none)")

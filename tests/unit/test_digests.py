@@ -111,10 +111,10 @@ def test_plan_names_nvidias_origin_by_default(tmp_path: Path) -> None:
     said = plan_decisions(tmp_path / "host")
     assert said["runfile-digest"] == (
         f"{RUN} (its SHA-256 from https://us.download.nvidia.com/tesla/580.105.08/{RUN}"
-        ".sha256sum (trusted origin, over TLS))")
+        ".sha256sum (a trusted origin, over TLS, if published there))")
     assert said["fabric-manager"].endswith(
         "its SHA-256 from https://developer.download.nvidia.com/compute/nvidia-driver/redist/"
-        "redistrib_580.105.08.json (trusted origin, over TLS))")
+        "redistrib_580.105.08.json (a trusted origin, over TLS, if published there))")
 
 
 def test_plan_names_the_pin_and_the_digests_file(tmp_path: Path) -> None:
