@@ -34,6 +34,7 @@ from hostkit import hidden_headers_argv, installer_argv, installer_env, make_deb
 from httpfaults import serve_directory
 from kit import real_parts
 from kit.builder import build_real_runfile
+from kit.digests import write_digests
 from registrykit import PASSWORD, USER, Registry, make_key_pair
 
 STEP_DONE = re.compile(r"step (\S+): done in ([\d.]+) s")
@@ -79,6 +80,7 @@ def main() -> int:
                     "NVIDIA_DRIVER_VERSION": real_parts.VERSION,
                     "NVIDIA_KERNEL_MODULE_TYPE": "proprietary",
                     "NVIDIA_DRIVER_MIRRORS": base,
+                    "NVIDIA_DRIVER_DIGESTS_FILE": str(write_digests(work / "digests", www)),
                     "NVIDIA_MODULE_REGISTRY": registry.repository("bench/modules"),
                     "NVIDIA_MODULE_REGISTRY_PLAIN_HTTP": "true",
                     "NVIDIA_MODULE_REGISTRY_USERNAME": USER,

@@ -10,19 +10,18 @@ import re
 import shutil
 from pathlib import Path
 
-from installer import delivery, kernel
+from installer import kernel
 from installer.dirs import is_complete, mark_complete, remove_tree, scratch, staged_dir
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
 from installer.headers import steps as header_steps
 from installer.layout import Layout
 from installer.plan import Context, Step
-from installer.prefetch import runfile_name
+from installer.prefetch import cached_runfile, runfile_name
 from installer.sources.runfile_argv import (
     BuildRequest,
     build_modules_argv,
     extract_argv,
     install_userspace_argv,
-    version_string_argv,
 )
 from installer.sources.runfile_identity import (
     EXTRACTED_MARKER,
@@ -81,14 +80,14 @@ def fetch_step(ctx: Context) -> Step:
         return (
             not _runfile_needed(ctx)
             or is_extracted(ctx.layout.extracted(ctx.target.version), ctx.target.version)
-            or delivery.find_cached(ctx.layout.downloads, name, sha256=ctx.config.sha256)
-            is not None
+            or cached_runfile(ctx.config, ctx.layout.downloads, name)
         )
 
     def apply() -> None:
         ctx.runfile = ctx.fetch_runfile(ctx.target.urls, ctx.layout.downloads, name)
 
-    return Step("fetch-runfile", f"download {name} (retries, resume, checksum, cache)",
+    return Step("fetch-runfile", f"download {name} (retries, resume, a SHA-256 from the pin, "
+                "the digests file or a trusted origin, cache)",
                 satisfied, apply)
 
 
@@ -111,10 +110,9 @@ def extract_step(ctx: Context) -> Step:
         runfile = ctx.runfile or layout.downloads / name
         remove_tree(directory)
         with staged_dir(directory, create=False) as staging:
-            said = ctx.runner.run(version_string_argv(runfile), check=False, timeout=120)
-            problems = archive_problems(header_identity(runfile),
-                                        (said.output.strip().splitlines() or [""])[-1].strip(),
-                                        t.version, ctx.facts.arch)
+            # Read as text, never run: only a .run that names the planned version and arch
+            # in its makeself header is executed (its digest was verified when fetched).
+            problems = archive_problems(header_identity(runfile), t.version, ctx.facts.arch)
             if problems:
                 raise refuse(runfile, problems)
             with scratch(layout.tmp) as tmp:

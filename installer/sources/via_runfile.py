@@ -44,6 +44,9 @@ class RunfileSource(Source):
                                            catalog=ground.catalog)
         urls = prefetch.download_urls(config, ground.version, facts.arch, default_url)
         decisions = [Decision("download", redact_url(urls[0]), _url_reason(config, urls))]
+        name = prefetch.runfile_name(ground.version, facts.arch)
+        decisions.append(Decision("runfile-digest", name, "its SHA-256 from " + (
+            prefetch.digest_source(config, name, [u + ".sha256sum" for u in urls]))))
         headers = (kernel.find_headers(ground.root, facts.kernel_release)
                    or header_fetch.cached(ground.layout, facts.kernel_release)
                    or kernel.find_container_headers(facts.kernel_release))
