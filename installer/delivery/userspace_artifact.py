@@ -243,7 +243,7 @@ def _bounded(chunks: Iterator[bytes], size: int, ref: str) -> Iterator[bytes]:
 
 
 def push(settings: RegistrySettings, key: UserspaceKey, tree: Path, paths: list[str],
-         signer: trust.Signer, level: int = 6) -> UserspaceArtifact:
+         signer: trust.Signer, level: int = 1) -> UserspaceArtifact:
     """Publish `paths` of `tree` as the user-space artifact of `key`, signed by `signer`.
     Raises ArtifactInvalid (a member a node would refuse), RegistryUnavailable."""
     entries = scan(tree, paths)

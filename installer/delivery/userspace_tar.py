@@ -130,9 +130,10 @@ def scan(tree: Path, paths: Iterable[str]) -> list[Entry]:
     return check_entries(entries, str(tree))
 
 
-def pack(tree: Path, entries: list[Entry], level: int = 6) -> bytes:
+def pack(tree: Path, entries: list[Entry], level: int = 1) -> bytes:
     """The gzip'd ustar layer of `entries` (owner 0, mtime 0: the same tree gives the same
-    bytes). Raises ArtifactInvalid for a name ustar cannot hold."""
+    bytes). Level 1: NVIDIA's 535 user space packs to 53 MB in 4 s, level 6 to 50 MB in 7 s
+    (inflating costs the same). Raises ArtifactInvalid for a name ustar cannot hold."""
     out = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=out, compresslevel=level,
                        mtime=0) as gz, tarfile.open(fileobj=gz, mode="w",
