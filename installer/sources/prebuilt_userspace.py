@@ -196,8 +196,9 @@ def publish_steps(ctx: Context) -> list[Step]:
     tried = [False]
 
     def satisfied() -> bool:
-        return (tried[0] or not is_complete(final) or (final / PUBLISHED_MARKER).is_file()
-                or (final / PULLED_MARKER).is_file())
+        # A tree installed before listings were kept cannot be published: nothing to do.
+        return (tried[0] or not is_complete(final) or not (final / LISTING).is_file()
+                or (final / PUBLISHED_MARKER).is_file() or (final / PULLED_MARKER).is_file())
 
     def apply() -> None:
         tried[0] = True

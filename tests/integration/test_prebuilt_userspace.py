@@ -178,11 +178,11 @@ def _settings(repository: str) -> RegistrySettings:
 
 
 def _falls_back(tmp_path: Path, served: Served, node: NodeA, repository: str, public: Path,
-                refusal: str) -> subprocess.CompletedProcess[str]:
+                refusal: str, **extra: str) -> subprocess.CompletedProcess[str]:
     root = tmp_path / "node"
     make_debian_host(root, headers=False)
     env = node_env(root, node.kernel, served.base, repository,
-                   NVIDIA_MODULE_TRUSTED_KEYS=str(public))
+                   NVIDIA_MODULE_TRUSTED_KEYS=str(public), **extra)
     before = len(served.requests)
     result = ok(run_installer(env, "run"))
     assert "using prebuilt modules" in result.stderr
@@ -219,7 +219,9 @@ def test_a_tampered_layer_is_refused_while_it_streams_and_the_run_is_used(
     data[len(data) // 2] ^= 0xFF
     blob.write_bytes(bytes(data))
 
-    _falls_back(tmp_path, served, node_a, repository, public, "artifact-invalid")
+    # NVIDIA_MODULE_REQUIRE_PREBUILT is about compiling: the .run's user space compiles nothing.
+    _falls_back(tmp_path, served, node_a, repository, public, "artifact-invalid",
+                NVIDIA_MODULE_REQUIRE_PREBUILT="true")
 
 
 def test_a_forged_unsigned_or_misplaced_user_space_is_refused(
