@@ -165,14 +165,19 @@ def manifest_for(config: bytes, layer: bytes, key: UserspaceKey) -> bytes:
 # --------------------------------------------------------------------------- the registry
 
 
-def exists(settings: RegistrySettings, key: UserspaceKey) -> bool:
-    """Whether the registry holds a manifest at the key's tag (whoever signed it)."""
-    client = Client(settings)
+def published(settings: RegistrySettings, key: UserspaceKey, signer: trust.Signer) -> bool:
+    """Whether the key's tag holds an artifact for `key` that `signer` signed (what nodes
+    trusting it would use). Anything else there (a forgery, another key's, a malformed one)
+    is to be replaced. Raises RegistryUnavailable and its other subclasses."""
+    from installer.errors import ArtifactUntrusted
+
+    root = trust.TrustRoot(signer.source, (signer.key.public_key(),))
     try:
-        client.probe()
-        return client.get_manifest(key.tag(), MANIFEST_LIMIT) is not None
-    finally:
-        client.close()
+        return find(settings, key, Policy(root)) is not None
+    except (ArtifactUntrusted, ArtifactInvalid) as exc:
+        log.warning("the registry's %s is not ours (error[%s]: %s): publishing over it",
+                    settings.reference(key.tag()), exc.reference, exc.message)
+        return False
 
 
 def find(settings: RegistrySettings, key: UserspaceKey, policy: Policy

@@ -21,6 +21,7 @@ from installer.plan import Context, Decision, Step
 from installer.sources.prebuilt_key import policy, registry_settings
 
 if TYPE_CHECKING:
+    from installer.delivery.trust import Signer
     from installer.delivery.userspace_artifact import UserspaceArtifact, UserspaceKey
 
 log = logging.getLogger(__name__)
@@ -225,21 +226,21 @@ def publish(ctx: Context, tree: Path) -> str:
     if settings is None or ctx.config.module_publisher_key is None or paths is None:
         raise RegistryUnavailable(f"nothing to publish: no registry, no publisher key or no "
                                   f"listing of the user space in {tree}")
-    present = _present(ctx)
+    signer = load_signer(ctx.config.module_publisher_key)
+    present = _present(ctx, signer)
     if present is not None:
         return present
-    signer = load_signer(ctx.config.module_publisher_key)
     return userspace_artifact.push(settings, userspace_key(ctx), tree, paths, signer).reference
 
 
-def _present(ctx: Context) -> str | None:
-    """The tag's reference when the registry has a manifest there (whoever signed it)."""
+def _present(ctx: Context, signer: Signer) -> str | None:
+    """The tag's reference when the registry holds this user space signed by `signer`."""
     from installer.delivery import userspace_artifact
 
     settings = registry_settings(ctx.config)
     assert settings is not None
     key = userspace_key(ctx)
-    if not userspace_artifact.exists(settings, key):
+    if not userspace_artifact.published(settings, key, signer):
         return None
     log.info("the registry has the user space %s already: not published again",
              settings.reference(key.tag()))
@@ -250,13 +251,15 @@ def publish_for_prebuild(ctx: Context) -> str | None:
     """`installer prebuild --push`: publish the user space of this version too (from the
     installed versions/<ver>, else placed from the extracted tree into a scratch directory).
     Only warns on failure: the modules are what prebuild is for. Returns the reference."""
+    from installer.delivery.trust import load_signer
     from installer.sources.runfile import place_userspace
 
     try:
         final = ctx.layout.version_dir(ctx.target.version)
-        present = _present(ctx) if ctx.config.module_registry else None
-        if present is not None:
-            return present
+        if ctx.config.module_registry and ctx.config.module_publisher_key:
+            present = _present(ctx, load_signer(ctx.config.module_publisher_key))
+            if present is not None:
+                return present
         if is_complete(final) and read_listing(final) is not None:
             return publish(ctx, final)
         with scratch(ctx.layout.cache_local / "userspace-publish") as work:

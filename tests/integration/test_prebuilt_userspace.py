@@ -251,6 +251,11 @@ def test_a_forged_unsigned_or_misplaced_user_space_is_refused(
     host, name = unsigned.split("/", 1)
     http_push(host, name, key.tag(), [layer, config], manifest)
     _falls_back(tmp_path / "u", served, node_a, unsigned, public, "artifact-untrusted")
+    # A publisher is not kept out by a forgery squatting on the tag: it publishes over it.
+    signer = load_signer(private)
+    assert not ua.published(_settings(unsigned), key, signer)
+    ua.push(_settings(unsigned), key, source, paths, signer)
+    assert ua.published(_settings(unsigned), key, signer)
 
     # A genuine, signed user space of another version re-tagged as this version's.
     misplaced = reg.repository("misplaced/nvidia")
