@@ -55,10 +55,11 @@ class RunfileSource(Source):
         return Arrival(decisions, urls, headers)
 
     def decisions(self, ctx: Context, decided: list[Decision]) -> list[Decision]:
-        from installer.sources import prebuilt  # issue 14
+        from installer.sources import prebuilt, prebuilt_userspace  # registry artifacts
 
         found = prebuilt.decision(ctx)
-        return decided if found is None else [*decided, found]
+        userspace = prebuilt_userspace.decision(ctx, found)
+        return [*decided, *(d for d in (found, userspace) if d is not None)]
 
     def steps(self, ctx: Context) -> list[Step]:
         return runfile.runfile_steps(ctx)
