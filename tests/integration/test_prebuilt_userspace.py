@@ -33,6 +33,7 @@ OTHER = "580.95.05"
 class Served:
     base: str
     requests: list[str]
+    digests: Path  # what vouches for the mirror's .run (a plain-http mirror's checksum does not)
 
     def runfile_requests(self, since: int) -> list[str]:
         return [p for p in self.requests[since:] if ".run" in p]
@@ -50,8 +51,9 @@ class NodeA:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     www = tmp_path_factory.mktemp("www")
     kit.build_runfile(A, www / A)
+    digests = kit.write_digests(www.parent / f"{www.name}.digests", www)
     with serve_directory(www) as (base, requests):
-        yield Served(base, requests)
+        yield Served(base, requests, digests)
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +69,11 @@ def reg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     server.stop()
 
 
-def node_env(root: Path, kernel: str, base: str, repository: str, **extra: str) -> dict[str, str]:
+def node_env(root: Path, kernel: str, served: Served, repository: str,
+             **extra: str) -> dict[str, str]:
     return installer_env(
-        root, kernel, NVIDIA_DRIVER_VERSION=A, NVIDIA_DRIVER_MIRRORS=base,
+        root, kernel, NVIDIA_DRIVER_VERSION=A, NVIDIA_DRIVER_MIRRORS=served.base,
+        NVIDIA_DRIVER_DIGESTS_FILE=str(served.digests),
         NVIDIA_MODULE_REGISTRY=repository, NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true",
         NVIDIA_MODULE_REGISTRY_USERNAME=USER, NVIDIA_MODULE_REGISTRY_PASSWORD=PASSWORD, **extra,
     )
@@ -113,7 +117,7 @@ def node_a(tmp_path_factory: pytest.TempPathFactory, served: Served, reg: Regist
     private, public = keys["builder"]
     root = tmp_path_factory.mktemp("node-a") / "host"
     kernel = make_debian_host(root)
-    first = ok(run_installer(node_env(root, kernel, served.base, repository,
+    first = ok(run_installer(node_env(root, kernel, served, repository,
                                       NVIDIA_MODULE_REGISTRY_PUSH="true",
                                       NVIDIA_MODULE_PUBLISHER_KEY=str(private),
                                       NVIDIA_MODULE_TRUSTED_KEYS=str(public)), "run"))
@@ -128,7 +132,7 @@ def test_node_b_installs_modules_and_user_space_without_the_run(
     assert "step publish-userspace: done" in node_a.stderr
     root = tmp_path / "b"
     make_debian_host(root, headers=False)
-    env = node_env(root, node_a.kernel, served.base, node_a.repository,
+    env = node_env(root, node_a.kernel, served, node_a.repository,
                    NVIDIA_MODULE_TRUSTED_KEYS=str(keys["builder"][1]))
     plan = ok(run_installer(env, "plan"))
     assert f"userspace: {node_a.repository}@sha256:" in plan.stdout
@@ -181,7 +185,7 @@ def _falls_back(tmp_path: Path, served: Served, node: NodeA, repository: str, pu
                 refusal: str, **extra: str) -> subprocess.CompletedProcess[str]:
     root = tmp_path / "node"
     make_debian_host(root, headers=False)
-    env = node_env(root, node.kernel, served.base, repository,
+    env = node_env(root, node.kernel, served, repository,
                    NVIDIA_MODULE_TRUSTED_KEYS=str(public), **extra)
     before = len(served.requests)
     result = ok(run_installer(env, "run"))
@@ -285,7 +289,7 @@ def test_prebuild_push_publishes_the_user_space_too(
     repository = reg.repository("ci/nvidia")
     builder = tmp_path / "builder"
     kernel = make_debian_host(builder, gpus=())
-    env = node_env(builder, kernel, served.base, repository,
+    env = node_env(builder, kernel, served, repository,
                    NVIDIA_MODULE_PUBLISHER_KEY=str(private))
     env.pop("NVIDIA_KERNEL_RELEASE")
 
@@ -300,7 +304,7 @@ def test_prebuild_push_publishes_the_user_space_too(
     node = tmp_path / "node"
     make_debian_host(node, headers=False)
     before = len(served.requests)
-    ok(run_installer(node_env(node, kernel, served.base, repository,
+    ok(run_installer(node_env(node, kernel, served, repository,
                               NVIDIA_MODULE_TRUSTED_KEYS=str(public),
                               NVIDIA_MODULE_REQUIRE_PREBUILT="true"), "run"))
     assert served.runfile_requests(before) == []
