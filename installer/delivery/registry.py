@@ -35,7 +35,7 @@ from installer.delivery.artifact import (
     signing_identity,
     trusted_signature,
 )
-from installer.delivery.oci import Client, RegistrySettings, digest_of
+from installer.delivery.oci import Client, RegistrySettings, budget, digest_of
 from installer.errors import ArtifactInvalid, RegistryUnavailable
 
 __all__ = ["Artifact", "ArtifactKey", "Policy", "RegistrySettings", "find", "pull", "push",
@@ -91,8 +91,9 @@ def _signatures(client: Client, digest: str, ref: str) -> list[tuple[bytes, str]
 def pull(settings: RegistrySettings, artifact: Artifact, dest: Path) -> list[Path]:
     """Download every file of a verified `artifact` (by digest) into the empty directory
     `dest`, each hashed and counted while written. Writes only under `dest` (a mismatch leaves
-    the files there for the caller to drop). Raises ArtifactInvalid, RegistryUnavailable."""
-    client = Client(settings)
+    the files there for the caller to drop). The whole pull has the settings' deadline plus a
+    second per oci.SLOWEST_RATE bytes. Raises ArtifactInvalid, RegistryUnavailable."""
+    client = Client(settings, budget(settings, sum(item.size for item in artifact.files)))
     written: list[Path] = []
     try:
         for item in artifact.files:
@@ -101,7 +102,7 @@ def pull(settings: RegistrySettings, artifact: Artifact, dest: Path) -> list[Pat
             got = 0
             with target.open("wb") as out:
                 written.append(target)
-                for chunk in client.stream_blob("sha256:" + item.sha256):
+                for chunk in client.stream_blob("sha256:" + item.sha256, item.size):
                     got += len(chunk)
                     if got > item.size:
                         break
@@ -144,7 +145,7 @@ def push(settings: RegistrySettings, key: ArtifactKey, files: list[Path],
     contents(manifest, config, ref)  # what nodes will check: refuse to publish anything else
     payload = trust.payload(settings.repository, digest)
     signature = signer.sign(payload)
-    client = Client(settings)
+    client = Client(settings, budget(settings, sum(item.size for item in entries)))
     try:
         client.probe()
         for _, path in blobs:
