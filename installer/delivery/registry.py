@@ -46,9 +46,9 @@ _CHUNK = 1 << 20
 
 
 def find(settings: RegistrySettings, key: ArtifactKey, policy: Policy) -> Artifact | None:
-    """The trusted artifact for exactly `key`, or None (no such tag, or one built for another
-    key). Reads the registry only. Raises ArtifactUntrusted (unsigned, signed by another key,
-    not pinned), ArtifactInvalid (malformed, too large, other module names),
+    """The trusted artifact for exactly `key`, or None (no such tag). Reads the registry only.
+    Raises ArtifactUntrusted (unsigned, signed by another key or for another repository, not
+    pinned), ArtifactInvalid (malformed, too large, other module names, built for another key),
     RegistryUnavailable / RegistryAuthFailed / RegistryRealmRefused."""
     client = Client(settings)
     try:
@@ -68,9 +68,10 @@ def find(settings: RegistrySettings, key: ArtifactKey, policy: Policy) -> Artifa
         config = client.get_blob(config_digest, config_size)
         found_key, files = contents(manifest, config, by_digest)
         if found_key != key.fields():
-            log.warning("artifact %s was built for %s, not %s: not used", ref, found_key,
-                        key.fields())
-            return None
+            # The tag is only a lookup; the signed config says what the build is. Another
+            # key's build under this tag is a replay (an older signed version re-tagged).
+            raise ArtifactInvalid(f"{ref} is {digest}, signed as the build for {found_key}, not "
+                                  f"for {key.fields()}: not used (a build re-tagged)")
         evidence = Evidence(settings.repository, manifest, config, payload, signature)
         return Artifact(by_digest, digest, found_key, files, signer, evidence)
     finally:

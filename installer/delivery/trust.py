@@ -54,7 +54,7 @@ def payload(repository: str, digest: str) -> bytes:
 
 def signed_digest(data: bytes) -> str | None:
     """The manifest digest a simple-signing payload vouches for, or None when the payload is
-    not a cosign image signature. The identity (docker-reference) is ignored, as cosign does."""
+    not a cosign image signature. Where it may be used is `names_repository`'s question."""
     try:
         document = json.loads(data)
         critical = document["critical"]
@@ -64,6 +64,39 @@ def signed_digest(data: bytes) -> str | None:
     except (ValueError, KeyError, TypeError):
         return None
     return digest if isinstance(digest, str) and _DIGEST.fullmatch(digest) else None
+
+
+def signed_repository(data: bytes) -> str | None:
+    """The repository a simple-signing payload was signed for (its docker-reference), or None."""
+    try:
+        reference = json.loads(data)["critical"]["identity"]["docker-reference"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return reference if isinstance(reference, str) and reference else None
+
+
+# cosign names Docker Hub repositories by go-containerregistry's canonical registry name.
+_DOCKER_HUB = {"docker.io", "registry-1.docker.io", "index.docker.io"}
+
+
+def _canonical(repository: str) -> str:
+    """`host[:port]/path` with the host in lower case, Docker Hub's aliases as one, and a tag
+    or digest (which older cosign releases kept in the docker-reference) dropped."""
+    repository = repository.split("@", 1)[0]
+    host, _, path = repository.partition("/")
+    last = path.rsplit("/", 1)[-1]
+    if ":" in last:
+        path = path[: len(path) - len(last)] + last.split(":", 1)[0]
+    host = host.lower()
+    return f"{'index.docker.io' if host in _DOCKER_HUB else host}/{path}"
+
+
+def names_repository(data: bytes, repository: str) -> bool:
+    """Whether the payload was signed for `repository` (`host[:port]/path`): a signature copied
+    with its artifact into another repository (staging into production) vouches for nothing
+    there, as a `cosign verify` of the production reference would say."""
+    signed = signed_repository(data)
+    return signed is not None and _canonical(signed) == _canonical(repository)
 
 
 def signature_config(payload_digest: str) -> bytes:
