@@ -21,6 +21,7 @@ dead registry.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import json
@@ -53,6 +54,7 @@ SLOWEST_RATE = 1 << 20
 MAX_REDIRECTS = 5
 _REDIRECTS = (301, 302, 303, 307, 308)
 _CHUNK = 1 << 20
+_SMALL = 64 << 10  # a reply read to its end (and its connection kept) though nobody needs it
 _PARAM = re.compile(r'([A-Za-z]+)="([^"]*)"')
 
 
@@ -125,7 +127,7 @@ def why(exc: BaseException) -> str:
 def failure(what: str, exc: BaseException | None, deadline: Deadline | None) -> RegistryUnavailable:
     if deadline is not None and deadline.expired:
         return RegistryUnavailable(f"{what}: not done within the {deadline.seconds:.0f} s allowed "
-                                   "(the registry answers too slowly; a node compiles instead)")
+                                   "(the registry answers too slowly)")
     return RegistryUnavailable(f"{what}: {why(exc) if exc is not None else 'failed'}")
 
 
@@ -216,7 +218,7 @@ class Client:
         """One call, authenticated as the registry asks (at most one challenge answered),
         redirects of GET and HEAD followed. The body is left unread (`stream` is ignored: a
         body read whole would escape the size limits): read it with `read`/`stream_blob`, or
-        close the response."""
+        `release` it."""
         timeout = (self.settings.connect_timeout, self.settings.read_timeout)
         errors = read_errors()
         challenged = False
@@ -236,12 +238,12 @@ class Client:
             if resp.status_code == 401 and not challenged:
                 challenged = True
                 challenge = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
-                resp.close()
+                self.release(resp)
                 self._answer(challenge, url)
                 continue
             location = resp.headers.get("Location")
             if resp.status_code in _REDIRECTS and location and method in ("GET", "HEAD"):
-                resp.close()  # its body is never read
+                self.release(resp)
                 url = urljoin(url, location)
                 continue
             return resp
@@ -251,6 +253,16 @@ class Client:
     def read(self, resp: requests.Response, limit: int, what: str) -> bytes:
         """The body of `resp`, at most `limit` bytes, within the deadline."""
         return read_bounded(resp, limit, what, self.deadline)
+
+    def release(self, resp: requests.Response) -> None:
+        """Close `resp`. A small body is read to its end first, so that the connection serves
+        the next request (a TLS handshake saved); a large or endless one is never read."""
+        length = resp.headers.get("Content-Length", "")
+        method = getattr(resp.request, "method", None)
+        if method == "HEAD" or (length.isdigit() and int(length) <= _SMALL):
+            with contextlib.suppress(RegistryUnavailable):
+                self.read(resp, _SMALL, "a reply")
+        resp.close()
 
     def _authorization(self, url: str) -> str | None:
         if urlsplit(url).netloc != self.settings.host:
@@ -319,6 +331,7 @@ class Client:
         resp = self.request("GET", f"{self.settings.base}/v2/")
         with resp:
             check(resp, f"{self.settings.host}/v2/")
+            self.release(resp)
 
     def get_manifest(self, reference: str, limit: int) -> bytes | None:
         """The manifest's bytes (at most `limit`), or None when there is none (404)."""
@@ -327,6 +340,7 @@ class Client:
                             headers={"Accept": MANIFEST_MEDIA_TYPE}, stream=True)
         with resp:
             if resp.status_code == 404:
+                self.release(resp)
                 return None
             check(resp, f"manifest {ref}")
             body = self.read(resp, limit, f"manifest {ref}")
@@ -365,19 +379,21 @@ class Client:
         """Upload `data` (a monolithic upload: POST, then PUT with the digest); its digest."""
         digest = digest_of(data)
         head = self.request("HEAD", self.url(f"blobs/{digest}"))
-        head.close()
+        self.release(head)
         if head.status_code == 200:
             return digest
         start = self.request("POST", self.url("blobs/uploads/"))
         with start:
             check(start, f"starting an upload to {self.settings.repository}")
             location = start.headers.get("Location", "")
+            self.release(start)
         target = urljoin(self.settings.base + "/", location)
         target += ("&" if "?" in target else "?") + f"digest={digest}"
         done = self.request("PUT", target, data=data,
                             headers={"Content-Type": "application/octet-stream"})
         with done:
             check(done, f"uploading {digest} to {self.settings.repository}")
+            self.release(done)
         return digest
 
     def put_manifest(self, reference: str, body: bytes) -> str:
@@ -385,6 +401,7 @@ class Client:
                             headers={"Content-Type": MANIFEST_MEDIA_TYPE})
         with resp:
             check(resp, f"pushing {self.settings.reference(reference)}")
+            self.release(resp)
         return digest_of(body)
 
 

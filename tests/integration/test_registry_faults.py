@@ -143,6 +143,11 @@ class _Stub(ThreadingHTTPServer):
     handle_fn: Callable[[BaseHTTPRequestHandler], None]
     stopping: threading.Event
     sent: list[int]
+    connections = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.connections += 1
+        super().process_request(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -313,6 +318,17 @@ def test_an_endless_token_answer_is_cut_at_its_limit(policy: Policy) -> None:
         error = ended(lambda: registry.find(settings, KEY, policy))
     assert error is not None and error.reference == "registry-auth-failed", error
     assert "sent no token" in str(error)
+
+
+def test_small_replies_nobody_needs_are_read_so_one_connection_serves_a_lookup(
+        policy: Policy) -> None:
+    """Streaming every reply must not cost a connection (a TLS handshake) per request."""
+    def handle(h: BaseHTTPRequestHandler) -> None:
+        answer(h, 200 if h.path == "/v2/" else 404, b"{}")
+
+    with stub(handle) as server:
+        assert registry.find(settings_for(server), KEY, policy) is None
+    assert server.connections == 1
 
 
 def test_the_deadline_scales_with_what_a_pull_carries() -> None:
