@@ -267,6 +267,41 @@ def test_a_registry_trickling_a_byte_every_1_5_s_ends_at_the_deadline(
     assert f"/v2/{NAME}/manifests/{KEY.tag()}" in error.message
 
 
+def test_a_tls_handshake_trickling_in_ends_at_the_deadline(policy: Policy) -> None:
+    """A server that answers the ClientHello with a TLS record header announcing 16 KiB and
+    then a byte every 1.5 s: the handshake never fails and never ends, until the deadline
+    (the connect timeout, which bounds urllib3's handshake, is set longer so that only the
+    deadline can end it here)."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stopping = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)  # the ClientHello
+            conn.sendall(b"\x16\x03\x03\x40\x00")  # a handshake record of 16384 bytes
+            while not stopping.wait(1.5):
+                try:
+                    conn.sendall(b"\x00")
+                except OSError:
+                    return
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = listener.getsockname()[1]
+    settings = RegistrySettings(f"127.0.0.1:{port}/{NAME}", deadline=2.0,
+                                connect_timeout=60.0, read_timeout=60.0)
+    try:
+        error = ended(lambda: registry.find(settings, KEY, policy))
+    finally:
+        stopping.set()
+        listener.close()
+    assert type(error) is RegistryUnavailable, error
+    assert "not done within the 2 s allowed" in error.message
+    assert f"GET https://127.0.0.1:{port}/v2/" in error.message
+
+
 def test_a_module_trickling_in_ends_at_the_pulls_deadline(tmp_path: Path) -> None:
     data = b"module" * 100
     item = ModuleFile("nvidia.ko", hashlib.sha256(data).hexdigest(), len(data))
