@@ -9,6 +9,7 @@ error page, a redirect) are never read, whatever their size. Real HTTP servers o
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -133,6 +134,38 @@ def test_a_registry_that_breaks_mid_body_costs_a_compile_not_a_traceback(
     assert (paths.blob if "blob" in faults else paths.manifest) in said  # the URL, named
     assert "step build-modules: done" in run.stderr
     assert drivers(root) == ["nvidia-modeset.ko", "nvidia-uvm.ko", "nvidia.ko"]
+
+
+@pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
+def test_preparing_the_next_kernel_outlives_a_registry_that_breaks(
+        tmp_path: Path, served: str, keys: tuple[Path, Path]) -> None:
+    """What the DaemonSet's `prepare-next-kernel --watch` container does each round: the
+    artifact of the pending kernel breaks mid-body, so it falls back to compiling (here: no
+    headers for that kernel) and reports a clear error instead of dying with a traceback."""
+    from secondkernel import mark_installed
+
+    root = tmp_path / "node"
+    kernel = make_debian_host(root)
+    pending = re.sub(r"-\d+-", "-999-", kernel, count=1)  # 6.1.0-56-amd64 -> 6.1.0-999-amd64
+    mark_installed(root, pending)
+    with FaultServer() as srv:
+        paths = publish(srv, ArtifactKey(A, pending, "open", "x86_64"), keys[0],
+                        {"manifest": {"reset_after": 30, "reset_times": ALWAYS}})
+        env = installer_env(
+            root, kernel, NVIDIA_DRIVER_VERSION=A, NVIDIA_DRIVER_MIRRORS=served,
+            NVIDIA_MODULE_REGISTRY=f"127.0.0.1:{srv.port}/{NAME}",
+            NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true", NVIDIA_MODULE_TRUSTED_KEYS=str(keys[1]),
+            NVIDIA_INSTALLER_NEXT_KERNEL="separate")
+        installed = run_installer(env, "run")
+        assert installed.returncode == 0, installed.stderr[-3000:]
+        prepared = run_installer(env, "prepare-next-kernel")
+
+    assert "Traceback" not in prepared.stderr, prepared.stderr[-3000:]
+    assert "prebuilt modules not used (error[registry-unavailable]: " in prepared.stderr
+    assert paths.manifest in prepared.stderr and "reset" in prepared.stderr
+    assert f"next kernel {pending}: modules not prepared (error[kernel-headers-missing]" in (
+        prepared.stderr)
+    assert prepared.returncode == 30, prepared.stderr[-3000:]
 
 
 # --------------------------------------------------------------------------- stand-ins
