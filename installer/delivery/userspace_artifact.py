@@ -31,7 +31,13 @@ from installer.delivery.artifact import (
     signature_manifest,
     trusted_signature,
 )
-from installer.delivery.oci import MANIFEST_MEDIA_TYPE, Client, RegistrySettings, digest_of
+from installer.delivery.oci import (
+    MANIFEST_MEDIA_TYPE,
+    Client,
+    RegistrySettings,
+    budget,
+    digest_of,
+)
 from installer.delivery.userspace_tar import Entry, Unpacker, check_entries, pack, scan
 from installer.errors import ArtifactInvalid, RegistryUnavailable
 
@@ -220,9 +226,9 @@ def pull(settings: RegistrySettings, artifact: UserspaceArtifact, dest: Path) ->
     unpacker = Unpacker(dest, list(artifact.entries), artifact.reference)
     hashed = hashlib.sha256()
     got = 0
-    client = Client(settings)
+    client = Client(settings, budget(settings, size))
     try:
-        for chunk in _bounded(client.stream_blob(digest), size, artifact.reference):
+        for chunk in _bounded(client.stream_blob(digest, size), size, artifact.reference):
             hashed.update(chunk)
             got += len(chunk)
             unpacker.feed(chunk)
@@ -260,7 +266,7 @@ def push(settings: RegistrySettings, key: UserspaceKey, tree: Path, paths: list[
     contents(manifest, config, ref)  # what nodes will check: refuse to publish anything else
     payload = trust.payload(settings.repository, digest)
     signature = signer.sign(payload)
-    client = Client(settings)
+    client = Client(settings, budget(settings, len(layer)))
     try:
         client.probe()
         client.put_blob(layer)
