@@ -2,12 +2,16 @@
 
     python3 bench/bench_download.py                 # 512 MiB and 64 MiB, 3 runs each
     python3 bench/bench_download.py --sizes 128 --runs 5
-    python3 bench/bench_download.py --whole-process --sizes 1024 --runs 5
+    python3 bench/bench_download.py --whole-process --sizes 1024 --runs 5 [--baseline DIR]
 
 --whole-process times whole commands instead, start-up included: `installer download` (a new
-Python process: imports, catalog, the transfer, SHA-256, fsync) against
-`curl -o FILE URL && sync FILE`, on the same file, plus the same two on a 1 kB file (what is
-left there is start-up).
+Python process: imports, catalog, the transfer, SHA-256, fsync) against the SHA-256 floor
+(`openssl dgst -sha256` of the same file, already in the page cache: what verifying costs with
+no network and no disk) and `curl -o FILE URL && sync FILE` (no verification), on the same file;
+then start-up: a 1 kB `installer download` against `python3 -c pass`, `installer --help` and a
+warm `installer run` on an installed host root (as bench/bench_install.py builds it; skipped
+where this machine has no Debian kernel headers or with --no-warm-run). The installer's
+bytecode is compiled first, as in the images (pip compiles on install).
 
 Creates random files (os.urandom: incompressible, honest for hashing), serves them from a
 sendfile-based HTTP server in a separate process (so server and client never share a GIL),
@@ -19,9 +23,11 @@ file on the same filesystem. Prints a table of MB/s, the ratio to curl, and peak
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -175,51 +181,183 @@ def run_ours(url: str, dest_dir: Path, sha256: str) -> tuple[float, float, float
     return result["bytes"] / seconds, result["bytes"] / (seconds - fsync), result["hwm_kb"] / 1024
 
 
+TINY = "file-1kB.bin"
 WHOLE_VERSION = "535.261.03"  # any version of the shipped catalog: the URL is overridden
 
 
 def run_curl_sync(url: str, dest: Path) -> float:
     """Seconds of `curl -o FILE URL && sync FILE` as one shell command."""
-    started = time.perf_counter()
-    subprocess.run(["sh", "-c", 'curl -sS --fail -o "$1" "$2" && sync "$1"', "sh", str(dest),
-                    url], check=True)
-    return time.perf_counter() - started
+    return run_timed(["sh", "-c", 'curl -sS --fail -o "$1" "$2" && sync "$1"', "sh", str(dest),
+                      url])
 
 
-def run_installer_download(url: str, dest_dir: Path, sha256: str) -> float:
-    """Seconds of a whole `installer download` process for `url` (pinned, so verified)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "NVIDIA_DRIVER_DOWNLOAD_URL": url,
+def run_installer_download(url: str, dest_dir: Path, sha256: str, tree: Path = REPO) -> float:
+    """Seconds of a whole `installer download` process for `url` (pinned, so verified), of
+    the installer in `tree`."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "NVIDIA_DRIVER_DOWNLOAD_URL": url,
            "NVIDIA_DRIVER_SHA256": sha256}
+    return run_timed([sys.executable, "-m", "installer", "download", "--version", WHOLE_VERSION,
+                      "--dest", str(dest_dir)], env)
+
+
+def run_timed(argv: list[str], env: dict[str, str] | None = None) -> float:
+    """Seconds of one whole process, its output discarded; its CPU seconds (and its
+    children's) go to LAST_CPU (on a shared machine CPU seconds are the steadier figure)."""
+    cpu = children_cpu()
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "installer", "download", "--version", WHOLE_VERSION,
-                    "--dest", str(dest_dir)], check=True, env=env, capture_output=True)
-    return time.perf_counter() - started
+    subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - started
+    LAST_CPU[0] = children_cpu() - cpu
+    return wall
 
 
-def whole_process(port: int, work: Path, files: dict[str, str], runs_per: int) -> None:
-    print(f"whole processes; curl {curl_version()}; {os.cpu_count()} CPUs; "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print("| file | `curl -o && sync` s | `installer download` s | ratio (curl s / ours s) |")
-    print("|---|---|---|---|")
+LAST_CPU = [0.0]
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def machine_line() -> str:
+    flags = Path("/proc/cpuinfo").read_text()
+    model = next((line.split(":", 1)[1].strip() for line in flags.splitlines()
+                  if line.startswith("model name")), "?")
+    sha = "with" if " sha_ni" in flags else "without"
+    openssl = subprocess.run(["openssl", "version"], capture_output=True, text=True).stdout.split()
+    return (f"{time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}; {os.cpu_count()} CPUs ({model}, "
+            f"{sha} SHA extensions); Python {sys.version.split()[0]}; curl {curl_version()}; "
+            f"OpenSSL {openssl[1] if len(openssl) > 1 else '?'}; load average "
+            + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+def whole_process(port: int, work: Path, serve_dir: Path, files: dict[str, str], runs_per: int,
+                  warm_run: bool, baseline: Path | None) -> None:
+    print(machine_line())
+    for tree in (REPO, baseline) if baseline else (REPO,):
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "installer")],
+                       check=True)
+    os.sync()  # the served files' writeback must not land inside a timed run
+    base_head = " `installer download` s, baseline |" if baseline else ""
+    print(f"| file | `openssl dgst -sha256` s (floor) | `curl -o && sync` s |{base_head} "
+          "`installer download` s | floor / ours |")
+    print("|---|---|---|---|---|" + ("---|" if baseline else ""))
     for name, pin in files.items():
+        if name == TINY:
+            continue
         url = f"http://127.0.0.1:{port}/{name}"
+        served = serve_dir / name
+        subprocess.run(["cat", str(served)], check=True, stdout=subprocess.DEVNULL)  # cached
+        floor_s: list[float] = []
         curl_s: list[float] = []
         ours_s: list[float] = []
+        base_s: list[float] = []
+        cpu: dict[str, list[float]] = {}
         for run in range(runs_per):
             target = work / f"whole-{name}-{run}"
             shutil.rmtree(target, ignore_errors=True)
             target.mkdir()
-            order = ("curl", "ours") if run % 2 == 0 else ("ours", "curl")
+            # rotate who goes first so page-cache and neighbour noise hit all three alike
+            order = ["floor", "curl", "ours"] + (["base"] if baseline else [])
+            order = order[run % len(order):] + order[:run % len(order)]
             for who in order:
-                if who == "curl":
+                if who == "floor":
+                    floor_s.append(run_timed(["openssl", "dgst", "-sha256", str(served)]))
+                elif who == "curl":
                     curl_s.append(run_curl_sync(url, target / "curl.bin"))
+                elif who == "base" and baseline is not None:
+                    base_s.append(run_installer_download(url, target / "base", pin, baseline))
                 else:
                     ours_s.append(run_installer_download(url, target / "ours", pin))
+                cpu.setdefault(who, []).append(LAST_CPU[0])
             shutil.rmtree(target)
-        c, o = statistics.median(curl_s), statistics.median(ours_s)
-        each = ", ".join(f"{x:.2f}" for x in curl_s), ", ".join(f"{x:.2f}" for x in ours_s)
-        print(f"| {name} | {c:.2f} ({each[0]}) | {o:.2f} ({each[1]}) | {c / o:.2f}x |")
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
+            os.sync()
+        f, c, o = (statistics.median(x) for x in (floor_s, curl_s, ours_s))
+        each = [", ".join(f"{x:.2f}" for x in xs) for xs in (floor_s, curl_s, ours_s, base_s)]
+        base_cell = f" {statistics.median(base_s):.2f} ({each[3]}) |" if baseline else ""
+        print(f"| {name} | {f:.2f} ({each[0]}) | {c:.2f} ({each[1]}) |{base_cell} "
+              f"{o:.2f} ({each[2]}) | {f / o:.2f}x |")
+        print("CPU seconds of each process and its children, median (runs): " + "; ".join(
+            f"{who} {statistics.median(xs):.2f} ({', '.join(f'{x:.2f}' for x in xs)})"
+            for who, xs in cpu.items()))
+    print()
+    start_up(port, work, files, runs_per, warm_run, baseline)
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def start_up(port: int, work: Path, files: dict[str, str], runs_per: int, warm_run: bool,
+             baseline: Path | None) -> None:
+    """A 1 kB `installer download` against doing nothing, `--help` and a warm `installer run`."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    url = f"http://127.0.0.1:{port}/{TINY}"
+    series: dict[str, list[tuple[float, float]]] = {}
+
+    def timed(what: str, wall: float) -> None:
+        series.setdefault(what, []).append((wall, LAST_CPU[0]))
+
+    warm = warm_host() if warm_run else None
+    with warm or contextlib.nullcontext():
+        for run in range(max(runs_per, 5)):
+            timed("`python3 -c pass`", run_timed([sys.executable, "-c", "pass"]))
+            timed("`python3 -c 'import requests'`",
+                  run_timed([sys.executable, "-c", "import requests"]))
+            timed("`installer --help`",
+                  run_timed([sys.executable, "-m", "installer", "--help"], env))
+            target = work / f"tiny-{run}"
+            timed("1 kB `installer download`", run_installer_download(url, target, files[TINY]))
+            shutil.rmtree(target)
+            if baseline is not None:
+                timed("1 kB `installer download`, baseline",
+                      run_installer_download(url, target, files[TINY], baseline))
+                shutil.rmtree(target)
+            if warm is not None:
+                timed("warm `installer run` (bench_install's host)", warm.run())
+    print("| start-up, whole process | median wall s | median CPU s | runs: wall s (CPU s) |")
+    print("|---|---|---|---|")
+    for what, xs in series.items():
+        wall = statistics.median(x[0] for x in xs)
+        cpu = statistics.median(x[1] for x in xs)
+        each = ", ".join(f"{w:.3f} ({c:.3f})" for w, c in xs)
+        print(f"| {what} | {wall:.3f} | {cpu:.3f} | {each} |")
+
+
+class WarmHost:
+    """An installed host root (bench_install's: the fake-driver kit, real kbuild) to time warm
+    `installer run` processes against; entering it does the cold install."""
+
+    def __enter__(self) -> WarmHost:
+        import kit
+        from lib.hostkit import hidden_headers_argv, installer_env, make_debian_host
+        from lib.httpfaults import serve_directory
+
+        self._stack = contextlib.ExitStack()
+        scratch = Path(self._stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="bench-download-warm-")))
+        version = "580.105.08"
+        kit.build_runfile(version, scratch / "www" / version)
+        kernel = make_debian_host(scratch / "host")
+        base, _ = self._stack.enter_context(serve_directory(scratch / "www"))
+        self._env = installer_env(scratch / "host", kernel, NVIDIA_DRIVER_VERSION=version,
+                                  NVIDIA_DRIVER_MIRRORS=base)
+        self._argv = hidden_headers_argv([sys.executable, "-m", "installer", "run"])
+        self.run()  # the cold install
+        return self
+
+    def run(self) -> float:
+        return run_timed(self._argv, self._env)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+
+def warm_host() -> WarmHost | None:
+    sys.path[:0] = [str(REPO / "tests")]
+    from lib.hostkit import debian_headers
+
+    if debian_headers() is None or shutil.which("unshare") is None:
+        print("(no Debian kernel headers or no unshare here: no warm `installer run` series)")
+        return None
+    return WarmHost()
 
 
 def main() -> None:
@@ -229,6 +367,11 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="work dir (default: a temp dir)")
     parser.add_argument("--whole-process", action="store_true",
                         help="time whole `installer download` processes against curl && sync")
+    parser.add_argument("--no-warm-run", action="store_true",
+                        help="with --whole-process: skip the warm `installer run` series")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="with --whole-process: also time `installer download` from this "
+                        "tree (e.g. `git archive main | tar -x -C DIR`), alternating")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--client", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -256,10 +399,10 @@ def main() -> None:
         assert server.stdout is not None
         port = int(server.stdout.readline())
         if args.whole_process:
-            tiny = serve_dir / "file-1kB.bin"
-            files = {"file-1kB.bin": make_file(tiny, 1000)}
-            files.update({f"file-{size}.bin": pins[size] for size in sizes})
-            whole_process(port, work, files, args.runs)
+            files = {f"file-{size}.bin": pins[size] for size in sizes}
+            files[TINY] = make_file(serve_dir / TINY, 1000)
+            whole_process(port, work, serve_dir, files, args.runs, not args.no_warm_run,
+                          args.baseline)
             return
         rows = []
         for size in sizes:

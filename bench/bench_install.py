@@ -101,7 +101,8 @@ def main() -> int:
         kernel = make_debian_host(root)
         with serve_directory(www) as (base, _):
             env = installer_env(root, kernel, NVIDIA_DRIVER_VERSION=VERSION,
-                                NVIDIA_DRIVER_MIRRORS=base)
+                                NVIDIA_DRIVER_MIRRORS=base, NVIDIA_DRIVER_DIGESTS_FILE=str(
+                                    kit.write_digests(Path(scratch) / "digests", www)))
             cold = run_once(env)
             warm_runs = [run_once(env) for _ in range(args.warm_runs)]
     warm = {key: statistics.median(r[key] for r in warm_runs) for key in cold}

@@ -71,7 +71,8 @@ def main() -> None:
     preparing: list[float] = []
     cold_build: list[float] = []
     with serve_directory(www) as (base, _requests):
-        common = {"NVIDIA_DRIVER_VERSION": VERSION, "NVIDIA_DRIVER_MIRRORS": base}
+        common = {"NVIDIA_DRIVER_VERSION": VERSION, "NVIDIA_DRIVER_MIRRORS": base,
+                  "NVIDIA_DRIVER_DIGESTS_FILE": str(kit.write_digests(work / "digests", www))}
         for n in range(args.runs):  # alternate, so load changes hit both alike
             root_p, root_c = work / f"prepared{n}", work / f"cold{n}"
             nxt = host(root_p)

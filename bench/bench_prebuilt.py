@@ -56,7 +56,8 @@ def main() -> None:
     try:
         with serve_directory(www) as (base, _requests):
             repo = registry.repository("bench/nvidia-modules")
-            common = {"NVIDIA_DRIVER_VERSION": VERSION, "NVIDIA_DRIVER_MIRRORS": base}
+            common = {"NVIDIA_DRIVER_VERSION": VERSION, "NVIDIA_DRIVER_MIRRORS": base,
+                      "NVIDIA_DRIVER_DIGESTS_FILE": str(kit.write_digests(work / "digests", www))}
             reg = {"NVIDIA_MODULE_REGISTRY": repo, "NVIDIA_MODULE_REGISTRY_PLAIN_HTTP": "true",
                    "NVIDIA_MODULE_REGISTRY_USERNAME": USER,
                    "NVIDIA_MODULE_REGISTRY_PASSWORD": PASSWORD,

@@ -276,6 +276,9 @@ def prebuild(config: Config, runner: Runner | None = None) -> str:
         if not config.module_registry_push:
             return str(built)
         artifact = prebuilt.publish(plan.context)
+        from installer.sources import prebuilt_userspace
+
+        prebuilt_userspace.publish_for_prebuild(plan.context)  # only warns: modules come first
         return f"{artifact.reference}"
 
 

@@ -65,7 +65,8 @@ class Config:
     )
     sha256: str | None = setting(
         "NVIDIA_DRIVER_SHA256", "", parse.sha256,
-        "Expected SHA-256 of the .run; otherwise the published .sha256sum is used when present.",
+        "Expected SHA-256 of the .run; otherwise its NVIDIA_DRIVER_DIGESTS_FILE entry, or the "
+        ".sha256sum beside it on a trusted origin (https).",
     )
     mirrors: tuple[str, ...] = setting(
         "NVIDIA_DRIVER_MIRRORS", "", parse.mirrors,
@@ -159,8 +160,21 @@ class Config:
     # issue 14
     allow_unverified: bool = setting(
         "NVIDIA_DRIVER_ALLOW_UNVERIFIED", "false", parse.switch,
-        "Accept a downloaded .run that no SHA-256 (pin or published .sha256sum) vouches for.",
+        "Accept a downloaded .run or Fabric Manager archive that no SHA-256 (pin, digests file "
+        "or trusted origin) vouches for.",
         switch=True,
+    )
+    digests_file: Path | None = setting(
+        "NVIDIA_DRIVER_DIGESTS_FILE", "", parse.local_file,
+        "File of `<sha256>  <file name>  [<size>]` lines (a mounted ConfigMap; `installer "
+        "download --dest` writes one) vouching for the .run and Fabric Manager archive by name.",
+    )
+    trusted_origins: tuple[str, ...] = setting(
+        "NVIDIA_DRIVER_TRUSTED_ORIGINS",
+        "https://download.nvidia.com,https://us.download.nvidia.com,"
+        "https://developer.download.nvidia.com", parse.trusted_origins,
+        "Comma-separated https://host[:port] origins whose .sha256sum and redistrib JSON "
+        "(fetched over TLS) vouch for a file; a mirror elsewhere serves bytes only.",
     )
     module_registry: str | None = setting(
         "NVIDIA_MODULE_REGISTRY", "", parse.registry,

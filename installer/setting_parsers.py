@@ -263,6 +263,17 @@ def realms(value: str, setting: Named) -> tuple[str, ...]:
     return items
 
 
+def trusted_origins(value: str, setting: Named) -> tuple[str, ...]:
+    """https://host[:port] origins (may be empty: only pins and digests files vouch then)."""
+    items = tuple(v.strip().rstrip("/") for v in re.split(r"[,\s]+", value) if v.strip())
+    for item in items:
+        if not re.fullmatch(r"https://[A-Za-z0-9.-]+(:[0-9]+)?", item, re.IGNORECASE):
+            raise ConfigError(f"{setting.env}: {item!r} is not https://host[:port]",
+                              hint="A checksum file vouches only when TLS says who sent it: "
+                              "name https origins, or use NVIDIA_DRIVER_DIGESTS_FILE.")
+    return items
+
+
 def seconds_or_never(value: str, setting: Named) -> float:
     """Seconds >= 0, where 0 means never."""
     try:

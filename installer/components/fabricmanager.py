@@ -76,7 +76,9 @@ def decision(ctx: Context) -> Decision:
     return Decision("fabric-manager", name, f"{fabric.reason}: CUDA needs Fabric Manager of "
                     f"exactly {t.version}; from redistrib_{t.version}.json at "
                     f"{', '.join(ctx.config.fabricmanager_redist)} into versions/{t.version}/; "
-                    "it runs in the fabricmanager container (`installer fabricmanager`)")
+                    "it runs in the fabricmanager container (`installer fabricmanager`); "
+                    "its SHA-256 from "
+                    + fm_archive.digest_source(ctx.config, t.version, ctx.facts.arch))
 
 
 def steps(ctx: Context) -> list[Step]:
@@ -91,7 +93,7 @@ def fetch_step(ctx: Context) -> Step:
 
     def satisfied() -> bool:
         return (fm_archive.installed(layout, version)
-                or fm_archive.cached(layout, version, arch) is not None)
+                or fm_archive.cached(ctx.config, layout, version, arch) is not None)
 
     def apply() -> None:
         fm_archive.fetch(ctx.config, layout, version, arch)
@@ -108,7 +110,7 @@ def install_step(ctx: Context) -> Step:
         return fm_archive.installed(layout, version)
 
     def apply() -> None:
-        archive = fm_archive.cached(layout, version, arch)
+        archive = fm_archive.cached(ctx.config, layout, version, arch)
         if archive is None:
             archive = fm_archive.fetch(ctx.config, layout, version, arch)
         with scratch(layout.tmp) as tmp:

@@ -19,6 +19,7 @@ from installer.errors import (
     FabricManagerMismatch,
     FabricManagerUnavailable,
     InstallerError,
+    UnverifiedDownload,
 )
 from installer.layout import Layout
 from installer.runner import Runner
@@ -65,6 +66,9 @@ class Listed(NamedTuple):
     sha256: str
     size: int
     manifest: str  # where the JSON came from (redacted)
+    # Fetched over TLS from an origin in NVIDIA_DRIVER_TRUSTED_ORIGINS: its sha256 vouches.
+    # A mirror's JSON only says where the archive lies.
+    trusted: bool = False
 
 
 def parse_manifest(data: bytes, version: str, arch: str, where: str) -> Listed:
@@ -98,55 +102,99 @@ def parse_manifest(data: bytes, version: str, arch: str, where: str) -> Listed:
 
 
 def download_settings(config: Config) -> Any:
+    from installer import prefetch
+
+    return prefetch.download_settings(config)
+
+
+def digest_source(config: Config, version: str, arch: str) -> str:
+    """Where the archive's SHA-256 will come from, for `installer plan`."""
+    from installer import prefetch
+
+    return prefetch.digest_source(
+        config, archive_name(version, arch),
+        [manifest_url(base, version) for base in config.fabricmanager_redist], pinned=False)
+
+
+def locate(config: Config, version: str, arch: str, *,
+           need_trusted: bool = False) -> tuple[Listed, list[str]]:
+    """The listing from the first base of NVIDIA_FABRICMANAGER_REDIST that has one (with
+    `need_trusted`, the first on a trusted origin when any base is one), and the archive's URL
+    under every base (mirrors hold NVIDIA's layout). Raises FabricManagerUnavailable when no
+    base lists it, or the download errors of a base that fails otherwise."""
     from installer import delivery
-
-    return delivery.DownloadSettings(retries=config.retries,
-                                     connect_timeout=config.connect_timeout,
-                                     read_timeout=config.read_timeout)
-
-
-def locate(config: Config, version: str, arch: str) -> tuple[Listed, list[str]]:
-    """The listing from the first base of NVIDIA_FABRICMANAGER_REDIST that has one, and the
-    archive's URL under every base (mirrors hold NVIDIA's layout). Raises
-    FabricManagerUnavailable when no base lists it, or the download errors of a base that fails
-    otherwise."""
-    from installer import delivery
+    from installer.delivery import digests
 
     settings = download_settings(config)
     tried = []
+    found: Listed | None = None
     for base in config.fabricmanager_redist:
         url = manifest_url(base, version)
+        trusted = digests.is_trusted(url, config.trusted_origins)
+        if found is not None and not trusted:
+            continue
         try:
-            data = delivery.fetch_bytes(url, settings, max_bytes=4 << 20)
+            data = delivery.fetch_bytes(url, settings, max_bytes=4 << 20, https_only=trusted)
         except (DownloadNotFound, DownloadForbidden) as exc:
             tried.append(f"{delivery.redact_url(url)} ({exc.message.rsplit(': ', 1)[-1]})")
             continue
-        listed = parse_manifest(data, version, arch, delivery.redact_url(url))
-        urls = [f"{b.rstrip('/')}/{listed.relative_path}" for b in config.fabricmanager_redist]
-        return listed, urls
-    raise FabricManagerUnavailable(
-        f"no redistrib_{version}.json in the redist tree: tried {'; '.join(tried)}")
+        listed = parse_manifest(data, version, arch, delivery.redact_url(url))._replace(
+            trusted=trusted)
+        if found is None:
+            found = listed
+        if trusted or not need_trusted:
+            found = listed
+            break
+    if found is None:
+        raise FabricManagerUnavailable(
+            f"no redistrib_{version}.json in the redist tree: tried {'; '.join(tried)}")
+    urls = [f"{b.rstrip('/')}/{found.relative_path}" for b in config.fabricmanager_redist]
+    return found, urls
 
 
 def fetch(config: Config, layout: Layout, version: str, arch: str) -> Path:
-    """The archive in the download cache, verified against the listed SHA-256 (a cached copy
-    with its record is used without a download)."""
+    """The archive in the download cache, verified against the SHA-256 of the digests file, or
+    of a redistrib JSON fetched over TLS from a trusted origin (a cached copy they vouch for is
+    used without a download). A mirror's JSON only says where the archive lies. Raises
+    UnverifiedDownload when nothing vouches (before any archive byte is fetched)."""
     from installer import delivery
+    from installer.delivery import digests
+    from installer.delivery.checksums import Expected
 
-    listed, urls = locate(config, version, arch)
-    fetched = delivery.fetch_file(urls, layout.downloads, archive_name(version, arch),
-                                  sha256=listed.sha256, settings=download_settings(config))
-    log.info("Fabric Manager %s: %s (sha256 %s listed in %s)", version, fetched.path.name,
-             fetched.sha256, listed.manifest)
+    name = archive_name(version, arch)
+    settings = download_settings(config)
+    local = digests.listed_in(config.digests_file, name)
+    listed, urls = locate(config, version, arch, need_trusted=local is None)
+    vouched = None
+    if listed.trusted:
+        vouched = Expected(listed.sha256, "trusted-origin", f"listed in {listed.manifest}",
+                           listed.size)
+    elif local is None and config.allow_unverified:
+        log.warning("UNVERIFIED: NVIDIA_DRIVER_ALLOW_UNVERIFIED=true: %s is checked only "
+                    "against %s, which no trusted origin vouches for", name, listed.manifest)
+        vouched = Expected(listed.sha256, "none", f"listed in {listed.manifest}", listed.size)
+    elif local is None:
+        raise UnverifiedDownload(
+            f"{name}: nothing vouches for its SHA-256: it is not in a digests file "
+            f"(NVIDIA_DRIVER_DIGESTS_FILE) and {listed.manifest} is not https on a trusted "
+            "origin (NVIDIA_DRIVER_TRUSTED_ORIGINS); a mirror's redistrib JSON vouches for "
+            "nothing; refusing to download it")
+    fetched = delivery.fetch_file(urls, layout.downloads, name, settings=settings,
+                                  vouched=vouched)
+    log.info("Fabric Manager %s: %s (sha256 %s, verified by %s)", version, fetched.path.name,
+             fetched.sha256, fetched.verified_by)
     return Path(fetched.path)
 
 
-def cached(layout: Layout, version: str, arch: str) -> Path | None:
-    """A verified archive in the cache (its record says a listed checksum vouched for it)."""
+def cached(config: Config, layout: Layout, version: str, arch: str) -> Path | None:
+    """A cached archive that fetch would use: the digests file lists it, or it or a trusted
+    origin vouched for it when it was fetched (read-only, no network). A record saying "pin"
+    is an older installer's, which took a mirror's JSON for a pin: not used."""
     from installer import delivery
 
-    found = delivery.find_cached(layout.downloads, archive_name(version, arch))
-    return Path(found.path) if found is not None and found.verified_by == "pin" else None
+    found = delivery.find_vouched(layout.downloads, archive_name(version, arch), None,
+                                  download_settings(config))
+    return Path(found.path) if found is not None and found.verified_by != "pin" else None
 
 
 def drop_cached(layout: Layout, version: str, arch: str) -> None:

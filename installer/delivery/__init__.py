@@ -18,12 +18,14 @@ if TYPE_CHECKING:
     from installer.delivery.settings import DownloadSettings, Fetched, VerifiedBy
     from installer.delivery.small import fetch_bytes
     from installer.delivery.urls import SUPPORTED_SCHEMES, redact_url
+    from installer.delivery.vouch import find_vouched
 
 # name -> the module of this package that defines it
 _EXPORTS = {
     "find_cached": "cache",
     "parse_sha256sum": "checksums",
     "fetch_file": "fetch",
+    "find_vouched": "vouch",
     "DownloadSettings": "settings",
     "Fetched": "settings",
     "VerifiedBy": "settings",
@@ -40,6 +42,7 @@ __all__ = [
     "fetch_bytes",
     "fetch_file",
     "find_cached",
+    "find_vouched",
     "parse_sha256sum",
     "redact_url",
 ]

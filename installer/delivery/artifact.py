@@ -173,14 +173,25 @@ def signature_candidates(signature_manifest: bytes, ref: str) -> list[tuple[str,
 
 def trusted_signature(digest: str, signed: list[tuple[bytes, str]], policy: Policy,
                       ref: str) -> tuple[bytes, str, str]:
-    """The first (payload, signature, signer) that a trusted key made over `digest`. Raises
+    """The first (payload, signature, signer) that a trusted key made over `digest` for the
+    repository of `ref` (`repository@digest`, where the artifact was pulled from). Raises
     ArtifactUntrusted naming why none does."""
     if not signed:
         raise ArtifactUntrusted(f"{ref} has no cosign signature ({trust.signature_tag(digest)})")
+    repository = ref.rsplit("@", 1)[0]
+    elsewhere: list[str] = []
     for payload, signature in signed:
         signer = policy.trust.verify(payload, signature)
-        if signer is not None and trust.signed_digest(payload) == digest:
+        if signer is None or trust.signed_digest(payload) != digest:
+            continue
+        if trust.names_repository(payload, repository):
             return payload, signature, signer
+        elsewhere.append(str(trust.signed_repository(payload)))
+    if elsewhere:
+        raise ArtifactUntrusted(
+            f"the signature of {ref} by a trusted key names {', '.join(sorted(set(elsewhere)))}, "
+            f"not {repository}: a build signed for another repository (copied with its .sig) "
+            "is not used; promote it by signing it for this one")
     raise ArtifactUntrusted(f"none of the {len(signed)} signature(s) of {ref} is by a key in "
                             f"{policy.trust.describe()} over {digest}")
 

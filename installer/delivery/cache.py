@@ -8,7 +8,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, get_args
 
 from installer.delivery.checksums import normalize_pin
 from installer.delivery.part import CHUNK_SIZE, raise_write_error
@@ -74,13 +74,14 @@ def find_cached(dest_dir: Path, filename: str, *, sha256: str | None = None) -> 
     if pin is not None and pin != record["sha256"].lower():
         return None
     verified = record.get("verified_by")
-    verified_by: VerifiedBy = (
-        "pin" if pin else verified if verified in ("pin", "published-sha256sum") else "none"
-    )
+    verified_by = cast(VerifiedBy, verified if verified in get_args(VerifiedBy) else "none")
     return Fetched(dest, record["sha256"], str(record.get("source", "")), 0, True, verified_by)
 
 
-def reuse(dest: Path, pin: str | None) -> Fetched | None:
+def reuse(dest: Path, pin: str | None, verified_by: VerifiedBy = "pin") -> Fetched | None:
+    """The cached file when its record matches `pin` (any record without one: the caller
+    decides whether its verified_by still counts); a file placed by hand is hashed against
+    `pin` and recorded as `verified_by`."""
     cached = find_cached(dest.parent, dest.name, sha256=pin)
     if cached is not None:
         _private(dest)
@@ -98,8 +99,8 @@ def reuse(dest: Path, pin: str | None) -> Fetched | None:
             raise HostLayoutError(f"cannot read {dest}: {exc.strerror or exc}") from None
         if digest.hexdigest() == pin:
             _private(dest)
-            write_record(dest, pin, "already present", "pin")
-            return Fetched(dest, pin, "already present", 0, True, "pin")
+            write_record(dest, pin, "already present", verified_by)
+            return Fetched(dest, pin, "already present", 0, True, verified_by)
     log.info(
         "%s in %s does not match its record or the pin; fetching it again", dest.name, dest.parent
     )

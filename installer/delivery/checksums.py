@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 from installer.delivery.settings import VerifiedBy
 from installer.errors import ConfigError
@@ -14,9 +15,12 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 @dataclass(frozen=True)
 class Expected:
+    """What a file must hash to, who said so (`origin`: safe to log), and its size if known."""
+
     sha256: str
     verified_by: VerifiedBy
     origin: str
+    size: Optional[int] = None
 
 
 def parse_sha256sum(text: str, name: str) -> str | None:

@@ -6,7 +6,8 @@ import logging
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -15,7 +16,6 @@ from installer.delivery.checksums import (
     CHECKSUM_SUFFIX,
     Expected,
     normalize_pin,
-    parse_sha256sum,
 )
 from installer.delivery.part import (
     PART_SUFFIX,
@@ -26,7 +26,6 @@ from installer.delivery.part import (
 )
 from installer.delivery.retry import backoff_delay, with_retries
 from installer.delivery.settings import DownloadSettings, Fetched, VerifiedBy
-from installer.delivery.small import fetch_bytes
 from installer.delivery.transport import (
     Http,
     Transient,
@@ -37,11 +36,13 @@ from installer.delivery.transport import (
     reason_of,
 )
 from installer.delivery.urls import local_path, redact_url, remote_name, scheme_of
+from installer.delivery.vouch import published, still_vouched, vouched_locally
 from installer.errors import (
     ChecksumMismatch,
     DownloadFailed,
     DownloadForbidden,
     DownloadNotFound,
+    DownloadTooLarge,
     HostLayoutError,
     UnverifiedDownload,
 )
@@ -51,8 +52,31 @@ log = logging.getLogger("installer.download")
 _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 
 
+class _TooLarge(Exception):
+    """More bytes than the file may have: not worth a retry from this source."""
+
+
+def _capped(readinto: Callable[[memoryview], int], part: Part,
+            limit: int) -> Callable[[memoryview], int]:
+    """`readinto` that reads at most one byte past `limit` (counting what the part holds) and
+    raises _TooLarge once the body goes beyond it: an endless body stops there."""
+    start = part.size
+    got = 0
+
+    def read(view: memoryview) -> int:
+        nonlocal got
+        room = limit - start - got
+        n = readinto(view[: max(room + 1, 1)] if room + 1 < len(view) else view)
+        got += n
+        if start + got > limit:
+            raise _TooLarge(f"the body goes on past {limit} bytes")
+        return n
+
+    return read
+
+
 def _http_attempt(
-    http: Http, url: str, part: Part, label: str, settings: DownloadSettings
+    http: Http, url: str, part: Part, label: str, settings: DownloadSettings, limit: int
 ) -> None:
     part.sync()
     red = redact_url(url)
@@ -87,12 +111,15 @@ def _http_attempt(
                 log.info("%s: server ignored the Range request; downloading from the start", red)
                 part.reset()
             total = body_length
+        if total is not None and total > limit:
+            raise _TooLarge(f"the server announces {total} bytes, more than {limit}")
         if total is not None:
             check_space(part.path.parent, total - part.size, label)
         part.sources.add(url)
         progress = Progress(label, total, mode=settings.progress, start=part.size, logger=log)
         errors = read_errors()
-        got = pump(body_readinto(resp), part, progress, errors, lambda e: reason_of(e, url))
+        got = pump(_capped(body_readinto(resp), part, limit), part, progress, errors,
+                   lambda e: reason_of(e, url))
         if body_length is not None and got < body_length:
             raise Transient(f"short body: {got} of {body_length} bytes")
         if total is not None and part.size != total:
@@ -100,7 +127,8 @@ def _http_attempt(
         progress.finish()
 
 
-def _copy_local(url: str, part: Part, label: str, settings: DownloadSettings) -> None:
+def _copy_local(url: str, part: Part, label: str, settings: DownloadSettings,
+                limit: int) -> None:
     red = redact_url(url)
     path = local_path(url)
     part.reset()
@@ -114,42 +142,18 @@ def _copy_local(url: str, part: Part, label: str, settings: DownloadSettings) ->
         raise DownloadFailed(f"{red}: {exc.strerror or exc}") from None
     with src:
         total = os.fstat(src.fileno()).st_size
+        if total > limit:
+            raise _TooLarge(f"the file has {total} bytes, more than {limit}")
         check_space(part.path.parent, total, label)
         part.sources.add(url)
         progress = Progress(label, total, mode=settings.progress, logger=log)
         try:
-            pump(src.readinto, part, progress, (OSError,), str)
+            pump(_capped(src.readinto, part, limit), part, progress, (OSError,), str)
         except Transient as exc:  # a local read error: retrying will not help
             raise DownloadFailed(f"{red}: {exc}") from None
     if part.size != total:
         raise DownloadFailed(f"{red}: changed while being copied ({part.size} of {total} bytes)")
     progress.finish()
-
-
-def published(
-    checksum_urls: Sequence[str],
-    name: str,
-    settings: DownloadSettings,
-    http: Http,
-    *,
-    next_source: bool = False,
-) -> Expected | None:
-    """The digest published beside the file, or None when none is (404, refused)."""
-    for url in checksum_urls:
-        red = redact_url(url)
-        try:
-            text = fetch_bytes(
-                url, settings, max_bytes=1 << 20, _http=http, _next_source=next_source
-            )
-        except (DownloadNotFound, DownloadForbidden) as exc:
-            # S3 answers 403, not 404, for a missing key when listing is not allowed.
-            log.info("no checksum file at %s (%s)", red, exc.message.rsplit(": ", 1)[-1])
-            continue
-        digest = parse_sha256sum(text.decode("utf-8", "replace"), name)
-        if digest is None:
-            raise DownloadFailed(f"{red}: no SHA-256 for {name} in the checksum file")
-        return Expected(digest, "published-sha256sum", f"published in {red}")
-    return None
 
 
 def _fetch_from(
@@ -171,23 +175,38 @@ def _fetch_from(
     if expected is None:
         if scheme != "file" and not settings.allow_unverified:
             raise UnverifiedDownload(
-                f"{dest.name} from {red}: no SHA-256 to verify it against (no pin, no "
-                "published .sha256sum); refusing to download a file nobody vouches for"
+                f"{dest.name} from {red}: nothing vouches for its SHA-256 (no pin, no entry in "
+                "a digests file, and no checksum file over https from a trusted origin; a "
+                "mirror's own checksum file vouches for nothing); refusing to download it"
             )
-        log.warning("no published SHA-256 for %s: %s will not be verified", red, dest.name)
+        if scheme == "file":
+            log.warning("no SHA-256 for %s: %s will not be verified", red, dest.name)
+        else:
+            log.warning("UNVERIFIED: NVIDIA_DRIVER_ALLOW_UNVERIFIED=true: %s from %s is used "
+                        "with no SHA-256 anyone vouches for; whoever controls that server "
+                        "controls what runs as root", dest.name, red)
+    limit = expected.size if expected is not None and expected.size is not None \
+        else settings.max_bytes
     log.info("fetching %s from %s", dest.name, red)
     started = time.monotonic()
     received_before = part.received
     for fresh in (False, True):
-        if scheme == "file":
-            _copy_local(url, part, label, settings)
-        else:
-            with_retries(
-                lambda: _http_attempt(http, url, part, label, settings),
-                settings,
-                red,
-                next_source=True,
-            )
+        try:
+            if scheme == "file":
+                _copy_local(url, part, label, settings, limit)
+            else:
+                with_retries(
+                    lambda: _http_attempt(http, url, part, label, settings, limit),
+                    settings,
+                    red,
+                    next_source=True,
+                )
+        except _TooLarge as exc:
+            part.remove()
+            listed = "its listed size" if limit != settings.max_bytes else "the hard cap"
+            raise DownloadTooLarge(
+                f"{dest.name} from {red}: {exc} ({listed}); the partial file was removed"
+            ) from None
         actual = part.hasher.hexdigest()
         if expected is None or actual == expected.sha256:
             break
@@ -234,18 +253,25 @@ def fetch_file(
     sha256: str | None = None,
     checksum_urls: Sequence[str] | None = None,
     settings: DownloadSettings | None = None,
+    vouched: Expected | None = None,
 ) -> Fetched:
     """Make `dest_dir/filename` hold the file served at the first working URL of `urls`.
 
-    Reuses a file recorded by an earlier call (no network) when its size and the pin match.
-    Otherwise streams to `<filename>.part` (resuming one left behind), verifies it against the
-    pin, or the published `<url>.sha256sum` (or `checksum_urls`), renames it into place and
-    writes `<filename>.download.json`. Writes only under `dest_dir`.
+    The SHA-256 comes from the pin, else the digests file's entry for `filename`, else
+    `vouched` (a digest the caller read from a trusted origin), else `checksum_urls` or
+    `<url>.sha256sum`, each asked only when it is https on a trusted origin; a source nothing
+    vouches for is refused before any byte is fetched (unless settings.allow_unverified, or
+    a file:// source). Reuses a file recorded by an earlier call (no network) when what
+    vouches now matches its record, or a trusted origin vouched for it. Otherwise streams to
+    `<filename>.part` (resuming one left behind, never past the listed size or
+    settings.max_bytes), verifies it, renames it into place and writes
+    `<filename>.download.json`. Writes only under `dest_dir`.
 
     Raises ChecksumMismatch (the file is deleted; other mirrors are not tried), InsufficientSpace,
-    DownloadNotFound / DownloadForbidden (every source answered so), DownloadFailed (otherwise,
-    listing each source's last error), HostLayoutError (dest_dir not writable), ConfigError (a
-    malformed pin).
+    DownloadNotFound / DownloadForbidden (every source answered so), UnverifiedDownload (no
+    source is vouched for), DownloadTooLarge, DownloadFailed (otherwise, listing each source's
+    last error), HostLayoutError (dest_dir not writable), ConfigError (a malformed pin),
+    DigestsFileInvalid.
     """
     settings = settings or DownloadSettings()
     sources = list(urls)
@@ -259,8 +285,12 @@ def fetch_file(
     except OSError as exc:
         raise HostLayoutError(f"cannot create {dest_dir}: {exc.strerror or exc}") from None
     dest = dest_dir / filename
-    cached = reuse(dest, pin)
-    if cached is not None:
+    expected: Optional[Expected] = vouched_locally(filename, pin, settings) or vouched
+    cached = reuse(dest, expected.sha256 if expected else None,
+                   expected.verified_by if expected else "pin")
+    if cached is not None and (expected is not None or still_vouched(cached, settings)):
+        if expected is not None:
+            cached = replace(cached, verified_by=expected.verified_by)
         log.info(
             "using %s from the cache (sha256 %s, verified by %s)",
             dest,
@@ -270,11 +300,8 @@ def fetch_file(
         return cached
 
     http = Http(settings)
-    part = Part(dest_dir / (filename + PART_SUFFIX))
+    part = Part(dest_dir / (filename + PART_SUFFIX), keep_cached=settings.keep_cached)
     try:
-        expected: Optional[Expected] = (
-            Expected(pin, "pin", "the pinned value") if pin is not None else None
-        )
         if expected is None and checksum_urls is not None:
             expected = published(list(checksum_urls), filename, settings, http)
         last: dict[str, DownloadFailed] = {}
@@ -321,6 +348,10 @@ def all_failed(failures: list[DownloadFailed]) -> DownloadFailed:
     lines = "\n".join(f"  - {exc.message}" for exc in failures)
     message = f"all {len(failures)} sources failed:\n{lines}"
     kinds = {type(exc) for exc in failures}
+    if UnverifiedDownload in kinds:
+        # What the operator must act on: a source nothing vouches for is never used, however
+        # the others failed.
+        return UnverifiedDownload(message)
     if len(kinds) == 1 and kinds.pop() in (
         DownloadNotFound,
         DownloadForbidden,

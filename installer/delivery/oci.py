@@ -8,6 +8,11 @@ service the operator listed (NVIDIA_MODULE_REGISTRY_TOKEN_REALMS); any other rea
 before a byte is sent to it. Credentials are never read from ~/.docker/config.json, a
 credential helper or ORAS_* variables: only from the settings.
 
+Every failure, in the request or while its body is read, is RegistryUnavailable (or a subclass)
+naming the reason and the redacted URL. A client has an overall deadline (`budget`): past it its
+connections are shut down (installer.delivery.deadline). Only bodies the installer needs are
+read, each within a size limit; redirects are followed here so that no redirect body is read.
+
 Why not oras-py, which issue 14 used: its token flow sends Basic credentials to whatever realm
 a registry names, it reads manifests whole, and its retry decorator sleeps for minutes on a
 dead registry.
@@ -16,6 +21,8 @@ dead registry.
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import hashlib
 import json
 import re
@@ -24,7 +31,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
-from installer.delivery.transport import innermost_reason, no_auth, session_class
+from installer.delivery.deadline import Deadline, watching_adapter
+from installer.delivery.transport import no_auth, read_errors, session_class
+from installer.delivery.urls import redact_url
 from installer.errors import (
     ArtifactInvalid,
     RegistryAuthFailed,
@@ -37,7 +46,15 @@ if TYPE_CHECKING:
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 TOKEN_LIMIT = 64 << 10
+# One lookup or one pull must end within PULL_DEADLINE seconds, plus a second per SLOWEST_RATE
+# bytes it carries (NVIDIA's modules, ~135 MB: 7 min 9 s): a registry that keeps sending a byte
+# now and then never trips the read timeout, and would otherwise hold the node for days.
+PULL_DEADLINE = 300.0
+SLOWEST_RATE = 1 << 20
+MAX_REDIRECTS = 5
+_REDIRECTS = (301, 302, 303, 307, 308)
 _CHUNK = 1 << 20
+_SMALL = 64 << 10  # a reply read to its end (and its connection kept) though nobody needs it
 _PARAM = re.compile(r'([A-Za-z]+)="([^"]*)"')
 
 
@@ -52,6 +69,7 @@ class RegistrySettings:
     connect_timeout: float = 5.0
     read_timeout: float = 60.0
     token_realms: tuple[str, ...] = ()  # https://host[:port] token services allowed besides it
+    deadline: float = PULL_DEADLINE  # seconds for one lookup, or a pull before its size is added
 
     @property
     def host(self) -> str:
@@ -85,14 +103,69 @@ def digest_of(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def read_bounded(resp: requests.Response, limit: int, what: str) -> bytes:
+def budget(settings: RegistrySettings, size: int) -> float:
+    """The seconds a client may take to move `size` bytes (besides its small reads)."""
+    return settings.deadline + size / SLOWEST_RATE
+
+
+def why(exc: BaseException) -> str:
+    """The innermost reason of a requests/urllib3/socket failure, as its library wrote it."""
+    inner = exc
+    for _ in range(6):
+        nxt = getattr(inner, "reason", None)
+        if not isinstance(nxt, BaseException):
+            args = getattr(inner, "args", ())
+            if args and isinstance(args[0], str) and args[0]:
+                return args[0]
+            nxt = args[0] if args and isinstance(args[0], BaseException) else None
+        if nxt is None:
+            break
+        inner = nxt
+    return str(inner) or type(inner).__name__
+
+
+def failure(what: str, exc: BaseException | None, deadline: Deadline | None) -> RegistryUnavailable:
+    if deadline is not None and deadline.expired:
+        return RegistryUnavailable(f"{what}: not done within the {deadline.seconds:.0f} s allowed "
+                                   "(the registry answers too slowly)")
+    return RegistryUnavailable(f"{what}: {why(exc) if exc is not None else 'failed'}")
+
+
+def iter_body(resp: requests.Response, size: int, what: str,
+              deadline: Deadline | None = None) -> Iterator[bytes]:
+    """The body in chunks of up to `size` bytes, every failure to read it (a reset, a stall, a
+    body cut short, a deadline) RegistryUnavailable naming the URL. Bodies are taken as
+    stored: a transfer compression the installer did not ask for is refused, never decoded."""
+    where = f"{what} (GET {redact_url(resp.url or '')})"
+    encoding = resp.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise RegistryUnavailable(f"{where}: sent with Content-Encoding {encoding}, not the "
+                                  "identity encoding asked for")
+    errors = read_errors()
+    chunks = resp.iter_content(size)
+    while True:
+        try:
+            chunk = next(chunks)
+        except StopIteration:
+            break
+        except errors as exc:
+            raise failure(where, exc, deadline) from None
+        if deadline is not None and deadline.expired:
+            raise failure(where, None, deadline)
+        yield chunk
+    if deadline is not None and deadline.expired:  # a cut connection can look like an end
+        raise failure(where, None, deadline)
+
+
+def read_bounded(resp: requests.Response, limit: int, what: str,
+                 deadline: Deadline | None = None) -> bytes:
     """The body, read in chunks and abandoned past `limit` bytes (never held whole)."""
     length = resp.headers.get("Content-Length", "")
     if length.isdigit() and int(length) > limit:
         raise ArtifactInvalid(f"{what}: {length} bytes, more than the {limit} allowed")
     chunks: list[bytes] = []
     got = 0
-    for chunk in resp.iter_content(min(_CHUNK, limit + 1)):
+    for chunk in iter_body(resp, min(_CHUNK, limit + 1), what, deadline):
         chunks.append(chunk)
         got += len(chunk)
         if got > limit:
@@ -100,12 +173,27 @@ def read_bounded(resp: requests.Response, limit: int, what: str) -> bytes:
     return b"".join(chunks)
 
 
-class Client:
-    """One registry, one repository, one session."""
+@functools.cache
+def _session_class() -> type[requests.Session]:
+    class _Session(session_class()):  # type: ignore[misc, valid-type]
+        # requests reads a redirect's whole body (to reuse the connection) even when told not
+        # to follow it; Client.request follows redirects itself and never reads their bodies.
+        def get_redirect_target(self, resp: requests.Response) -> str | None:
+            return None
 
-    def __init__(self, settings: RegistrySettings) -> None:
+    return _Session
+
+
+class Client:
+    """One registry, one repository, one session, one deadline (`budget` seconds, by default
+    the settings' deadline): close() it."""
+
+    def __init__(self, settings: RegistrySettings, budget: float | None = None) -> None:
         self.settings = settings
-        self.session = session_class()()
+        self.deadline = Deadline(settings.deadline if budget is None else budget)
+        self.session = _session_class()()
+        for prefix in ("http://", "https://"):
+            self.session.mount(prefix, watching_adapter(self.deadline))
         self.session.trust_env = True  # proxies and REQUESTS_CA_BUNDLE from the environment
         self.session.headers["Accept-Encoding"] = "identity"
         self.session.auth = no_auth()  # never credentials out of ~/.netrc
@@ -118,6 +206,7 @@ class Client:
 
     def close(self) -> None:
         self.session.close()
+        self.deadline.close()
 
     # ----------------------------------------------------------------- requests
 
@@ -125,28 +214,55 @@ class Client:
         return f"{self.settings.base}/v2/{self.settings.name}/{path}"
 
     def request(self, method: str, url: str, *, headers: dict[str, str] | None = None,
-                data: bytes | None = None, stream: bool = False) -> requests.Response:
-        """One call, authenticated as the registry asks (at most one challenge answered)."""
-        import requests
-
+                data: bytes | None = None, stream: bool = True) -> requests.Response:
+        """One call, authenticated as the registry asks (at most one challenge answered),
+        redirects of GET and HEAD followed. The body is left unread (`stream` is ignored: a
+        body read whole would escape the size limits): read it with `read`/`stream_blob`, or
+        `release` it."""
         timeout = (self.settings.connect_timeout, self.settings.read_timeout)
-        for attempt in range(2):
+        errors = read_errors()
+        challenged = False
+        for _ in range(MAX_REDIRECTS + 2):
+            what = f"{method} {redact_url(url)}"
+            if self.deadline.expired:
+                raise failure(what, None, self.deadline)
             sent = dict(headers or {})
             auth = self._authorization(url)
             if auth:
                 sent["Authorization"] = auth
             try:
-                resp = self.session.request(method, url, headers=sent, data=data,
-                                            stream=stream, timeout=timeout,
-                                            allow_redirects=True)
-            except requests.exceptions.RequestException as exc:
-                raise RegistryUnavailable(f"{method} {url}: {innermost_reason(exc)}") from None
-            if resp.status_code != 401 or attempt == 1:
-                return resp
-            challenge = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
-            resp.close()
-            self._answer(challenge, url)
-        raise AssertionError("unreachable")
+                resp = self.session.request(method, url, headers=sent, data=data, stream=True,
+                                            timeout=timeout, allow_redirects=False)
+            except errors as exc:
+                raise failure(what, exc, self.deadline) from None
+            if resp.status_code == 401 and not challenged:
+                challenged = True
+                challenge = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
+                self.release(resp)
+                self._answer(challenge, url)
+                continue
+            location = resp.headers.get("Location")
+            if resp.status_code in _REDIRECTS and location and method in ("GET", "HEAD"):
+                self.release(resp)
+                url = urljoin(url, location)
+                continue
+            return resp
+        raise RegistryUnavailable(f"{method} {redact_url(url)}: more than {MAX_REDIRECTS} "
+                                  "redirects")
+
+    def read(self, resp: requests.Response, limit: int, what: str) -> bytes:
+        """The body of `resp`, at most `limit` bytes, within the deadline."""
+        return read_bounded(resp, limit, what, self.deadline)
+
+    def release(self, resp: requests.Response) -> None:
+        """Close `resp`. A small body is read to its end first, so that the connection serves
+        the next request (a TLS handshake saved); a large or endless one is never read."""
+        length = resp.headers.get("Content-Length", "")
+        method = getattr(resp.request, "method", None)
+        if method == "HEAD" or (length.isdigit() and int(length) <= _SMALL):
+            with contextlib.suppress(RegistryUnavailable):
+                self.read(resp, _SMALL, "a reply")
+        resp.close()
 
     def _authorization(self, url: str) -> str | None:
         if urlsplit(url).netloc != self.settings.host:
@@ -180,8 +296,6 @@ class Client:
         return parts.scheme == "https" and origin in self.settings.token_realms
 
     def _fetch_token(self, params: dict[str, str]) -> str:
-        import requests
-
         realm = urljoin(self.settings.base + "/", params["realm"])
         if not self._realm_allowed(realm):
             raise RegistryRealmRefused(
@@ -194,15 +308,15 @@ class Client:
         try:
             resp = self.session.get(realm, params=query, headers=headers, stream=True,
                                     timeout=timeout, allow_redirects=False)
-        except requests.exceptions.RequestException as exc:
-            raise RegistryUnavailable(f"token from {realm}: {innermost_reason(exc)}") from None
+        except read_errors() as exc:
+            raise failure(f"token from {redact_url(realm)}", exc, self.deadline) from None
         with resp:
             if resp.status_code in (401, 403):
                 raise RegistryAuthFailed(f"the token service {realm} refused "
                                          f"(HTTP {resp.status_code})")
             check(resp, f"token from {realm}")
             try:
-                answer = json.loads(read_bounded(resp, TOKEN_LIMIT, f"token from {realm}"))
+                answer = json.loads(self.read(resp, TOKEN_LIMIT, f"token from {realm}"))
                 token = answer.get("token") or answer.get("access_token")
             except (ValueError, AttributeError, ArtifactInvalid):
                 token = None
@@ -217,6 +331,7 @@ class Client:
         resp = self.request("GET", f"{self.settings.base}/v2/")
         with resp:
             check(resp, f"{self.settings.host}/v2/")
+            self.release(resp)
 
     def get_manifest(self, reference: str, limit: int) -> bytes | None:
         """The manifest's bytes (at most `limit`), or None when there is none (404)."""
@@ -225,9 +340,10 @@ class Client:
                             headers={"Accept": MANIFEST_MEDIA_TYPE}, stream=True)
         with resp:
             if resp.status_code == 404:
+                self.release(resp)
                 return None
             check(resp, f"manifest {ref}")
-            body = read_bounded(resp, limit, f"manifest {ref}")
+            body = self.read(resp, limit, f"manifest {ref}")
         claimed = resp.headers.get("Docker-Content-Digest")
         if reference.startswith("sha256:") and digest_of(body) != reference:
             raise ArtifactInvalid(f"manifest {ref} hashes to {digest_of(body)}")
@@ -242,35 +358,42 @@ class Client:
         resp = self.request("GET", self.url(f"blobs/{digest}"), stream=True)
         with resp:
             check(resp, what)
-            body = read_bounded(resp, limit, what)
+            body = self.read(resp, limit, what)
         if digest_of(body) != digest:
             raise ArtifactInvalid(f"{what} does not hash to its digest")
         return body
 
-    def stream_blob(self, digest: str) -> Iterator[bytes]:
-        """A blob's chunks as they arrive (the caller hashes and bounds them)."""
+    def stream_blob(self, digest: str, limit: int | None = None) -> Iterator[bytes]:
+        """A blob's chunks as they arrive (the caller hashes them, and bounds them when no
+        `limit` is given: a larger Content-Length is refused before a byte is read)."""
+        what = f"blob {digest} of {self.settings.repository}"
         resp = self.request("GET", self.url(f"blobs/{digest}"), stream=True)
         with resp:
-            check(resp, f"blob {digest} of {self.settings.repository}")
-            yield from resp.iter_content(_CHUNK)
+            check(resp, what)
+            length = resp.headers.get("Content-Length", "")
+            if limit is not None and length.isdigit() and int(length) > limit:
+                raise ArtifactInvalid(f"{what}: {length} bytes, more than the {limit} expected")
+            yield from iter_body(resp, _CHUNK, what, self.deadline)
 
     def put_blob(self, data: bytes) -> str:
         """Upload `data` (a monolithic upload: POST, then PUT with the digest); its digest."""
         digest = digest_of(data)
         head = self.request("HEAD", self.url(f"blobs/{digest}"))
-        head.close()
+        self.release(head)
         if head.status_code == 200:
             return digest
         start = self.request("POST", self.url("blobs/uploads/"))
         with start:
             check(start, f"starting an upload to {self.settings.repository}")
             location = start.headers.get("Location", "")
+            self.release(start)
         target = urljoin(self.settings.base + "/", location)
         target += ("&" if "?" in target else "?") + f"digest={digest}"
         done = self.request("PUT", target, data=data,
                             headers={"Content-Type": "application/octet-stream"})
         with done:
             check(done, f"uploading {digest} to {self.settings.repository}")
+            self.release(done)
         return digest
 
     def put_manifest(self, reference: str, body: bytes) -> str:
@@ -278,6 +401,7 @@ class Client:
                             headers={"Content-Type": MANIFEST_MEDIA_TYPE})
         with resp:
             check(resp, f"pushing {self.settings.reference(reference)}")
+            self.release(resp)
         return digest_of(body)
 
 

@@ -35,7 +35,7 @@ from installer.delivery.artifact import (
     signing_identity,
     trusted_signature,
 )
-from installer.delivery.oci import Client, RegistrySettings, digest_of
+from installer.delivery.oci import Client, RegistrySettings, budget, digest_of
 from installer.errors import ArtifactInvalid, RegistryUnavailable
 
 __all__ = ["Artifact", "ArtifactKey", "Policy", "RegistrySettings", "find", "pull", "push",
@@ -46,9 +46,9 @@ _CHUNK = 1 << 20
 
 
 def find(settings: RegistrySettings, key: ArtifactKey, policy: Policy) -> Artifact | None:
-    """The trusted artifact for exactly `key`, or None (no such tag, or one built for another
-    key). Reads the registry only. Raises ArtifactUntrusted (unsigned, signed by another key,
-    not pinned), ArtifactInvalid (malformed, too large, other module names),
+    """The trusted artifact for exactly `key`, or None (no such tag). Reads the registry only.
+    Raises ArtifactUntrusted (unsigned, signed by another key or for another repository, not
+    pinned), ArtifactInvalid (malformed, too large, other module names, built for another key),
     RegistryUnavailable / RegistryAuthFailed / RegistryRealmRefused."""
     client = Client(settings)
     try:
@@ -68,9 +68,10 @@ def find(settings: RegistrySettings, key: ArtifactKey, policy: Policy) -> Artifa
         config = client.get_blob(config_digest, config_size)
         found_key, files = contents(manifest, config, by_digest)
         if found_key != key.fields():
-            log.warning("artifact %s was built for %s, not %s: not used", ref, found_key,
-                        key.fields())
-            return None
+            # The tag is only a lookup; the signed config says what the build is. Another
+            # key's build under this tag is a replay (an older signed version re-tagged).
+            raise ArtifactInvalid(f"{ref} is {digest}, signed as the build for {found_key}, not "
+                                  f"for {key.fields()}: not used (a build re-tagged)")
         evidence = Evidence(settings.repository, manifest, config, payload, signature)
         return Artifact(by_digest, digest, found_key, files, signer, evidence)
     finally:
@@ -91,8 +92,9 @@ def _signatures(client: Client, digest: str, ref: str) -> list[tuple[bytes, str]
 def pull(settings: RegistrySettings, artifact: Artifact, dest: Path) -> list[Path]:
     """Download every file of a verified `artifact` (by digest) into the empty directory
     `dest`, each hashed and counted while written. Writes only under `dest` (a mismatch leaves
-    the files there for the caller to drop). Raises ArtifactInvalid, RegistryUnavailable."""
-    client = Client(settings)
+    the files there for the caller to drop). The whole pull has the settings' deadline plus a
+    second per oci.SLOWEST_RATE bytes. Raises ArtifactInvalid, RegistryUnavailable."""
+    client = Client(settings, budget(settings, sum(item.size for item in artifact.files)))
     written: list[Path] = []
     try:
         for item in artifact.files:
@@ -101,7 +103,7 @@ def pull(settings: RegistrySettings, artifact: Artifact, dest: Path) -> list[Pat
             got = 0
             with target.open("wb") as out:
                 written.append(target)
-                for chunk in client.stream_blob("sha256:" + item.sha256):
+                for chunk in client.stream_blob("sha256:" + item.sha256, item.size):
                     got += len(chunk)
                     if got > item.size:
                         break
@@ -144,7 +146,7 @@ def push(settings: RegistrySettings, key: ArtifactKey, files: list[Path],
     contents(manifest, config, ref)  # what nodes will check: refuse to publish anything else
     payload = trust.payload(settings.repository, digest)
     signature = signer.sign(payload)
-    client = Client(settings)
+    client = Client(settings, budget(settings, sum(item.size for item in entries)))
     try:
         client.probe()
         for _, path in blobs:

@@ -25,15 +25,19 @@ def fetch_bytes(
     max_bytes: int = DEFAULT_MAX_BYTES,
     _http: Http | None = None,
     _next_source: bool = False,
+    https_only: bool = False,
 ) -> bytes:
     """The content of a small file (catalog, checksum file) over http(s) or file://.
 
     Touches nothing on the host. Raises DownloadNotFound (404/410 or missing file),
     DownloadForbidden (401/403 or unreadable file), DownloadFailed (other failures, retries
-    exhausted, or more than `max_bytes`).
+    exhausted, or more than `max_bytes`). With `https_only` (a checksum file that vouches),
+    a URL or redirect that is not https is refused: only TLS says who sent the bytes.
     """
     settings = settings or DownloadSettings()
     red = redact_url(url)
+    if https_only and scheme_of(url) != "https":
+        raise DownloadFailed(f"{red}: not https: a checksum file must come over TLS")
     if scheme_of(url) == "file":
         path = local_path(url)
         try:
@@ -55,6 +59,12 @@ def fetch_bytes(
     def attempt() -> bytes:
         resp = http.get(url, {})
         with resp:
+            if https_only:
+                hops = [r.url for r in resp.history] + [resp.url]
+                plain = [h for h in hops if scheme_of(h) != "https"]
+                if plain:
+                    raise DownloadFailed(f"{red}: redirected to {redact_url(plain[0])}, not "
+                                         "https: a checksum file must come over TLS")
             raise_for_status(resp, url)
             length = resp.headers.get("Content-Length")
             if length is not None and length.isdigit() and int(length) > max_bytes:

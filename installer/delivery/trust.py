@@ -28,7 +28,8 @@ SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
 SIGNATURE_TYPE = "cosign container image signature"
 SIGNATURE_CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
 PAYLOAD_LIMIT = 64 << 10
-_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\r?\n(.*?)-----END \1-----", re.DOTALL)
+KEY_FILE_LIMIT = 1 << 20  # a trust root of a few hundred keys is ~100 KB
+ACCEPTED = "ECDSA P-256/P-384, RSA or Ed25519"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
@@ -53,7 +54,7 @@ def payload(repository: str, digest: str) -> bytes:
 
 def signed_digest(data: bytes) -> str | None:
     """The manifest digest a simple-signing payload vouches for, or None when the payload is
-    not a cosign image signature. The identity (docker-reference) is ignored, as cosign does."""
+    not a cosign image signature. Where it may be used is `names_repository`'s question."""
     try:
         document = json.loads(data)
         critical = document["critical"]
@@ -63,6 +64,39 @@ def signed_digest(data: bytes) -> str | None:
     except (ValueError, KeyError, TypeError):
         return None
     return digest if isinstance(digest, str) and _DIGEST.fullmatch(digest) else None
+
+
+def signed_repository(data: bytes) -> str | None:
+    """The repository a simple-signing payload was signed for (its docker-reference), or None."""
+    try:
+        reference = json.loads(data)["critical"]["identity"]["docker-reference"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return reference if isinstance(reference, str) and reference else None
+
+
+# cosign names Docker Hub repositories by go-containerregistry's canonical registry name.
+_DOCKER_HUB = {"docker.io", "registry-1.docker.io", "index.docker.io"}
+
+
+def _canonical(repository: str) -> str:
+    """`host[:port]/path` with the host in lower case, Docker Hub's aliases as one, and a tag
+    or digest (which older cosign releases kept in the docker-reference) dropped."""
+    repository = repository.split("@", 1)[0]
+    host, _, path = repository.partition("/")
+    last = path.rsplit("/", 1)[-1]
+    if ":" in last:
+        path = path[: len(path) - len(last)] + last.split(":", 1)[0]
+    host = host.lower()
+    return f"{'index.docker.io' if host in _DOCKER_HUB else host}/{path}"
+
+
+def names_repository(data: bytes, repository: str) -> bool:
+    """Whether the payload was signed for `repository` (`host[:port]/path`): a signature copied
+    with its artifact into another repository (staging into production) vouches for nothing
+    there, as a `cosign verify` of the production reference would say."""
+    signed = signed_repository(data)
+    return signed is not None and _canonical(signed) == _canonical(repository)
 
 
 def signature_config(payload_digest: str) -> bytes:
@@ -130,40 +164,86 @@ def _verifies(key: Any, data: bytes, signature: bytes) -> bool:
 
 def _read(path: Path, setting: str) -> bytes:
     try:
-        data = path.read_bytes()
+        with path.open("rb") as handle:
+            data = handle.read(KEY_FILE_LIMIT + 1)  # never more, whatever the file holds
     except OSError as exc:
         raise TrustRootInvalid(f"{setting}={path}: {exc.strerror or exc}") from None
-    if len(data) > 1 << 20:
+    if len(data) > KEY_FILE_LIMIT:
         raise TrustRootInvalid(f"{setting}={path}: larger than 1 MiB, not a key file")
     return data
 
 
+@dataclass(frozen=True)
+class PemBlock:
+    kind: str  # PUBLIC KEY, CERTIFICATE, ...
+    line: int  # where its BEGIN line is, from 1
+    text: bytes  # BEGIN to END, as the library reads it
+
+    def name(self, number: int) -> str:
+        return f"block {number} ({self.kind}, line {self.line})"
+
+
+def pem_blocks(data: bytes, where: str) -> list[PemBlock]:
+    """The PEM blocks of `data`, found by one pass over its lines (text outside blocks is
+    ignored, as openssl does). Raises TrustRootInvalid for a block with no END line."""
+    blocks: list[PemBlock] = []
+    kind: str | None = None
+    start = 0
+    lines: list[bytes] = []
+    for number, raw in enumerate(data.splitlines(), 1):
+        line = raw.strip()
+        if kind is None:
+            if line.startswith(b"-----BEGIN ") and line.endswith(b"-----") and len(line) > 16:
+                kind = line[11:-5].decode("ascii", "replace")
+                start = number
+                lines = [line]
+            continue
+        lines.append(line)
+        if line.startswith(b"-----END "):
+            if line != f"-----END {kind}-----".encode():
+                raise TrustRootInvalid(f"{where}: the {kind} block at line {start} ends with "
+                                       f"{line[:80].decode('ascii', 'replace')!r}")
+            blocks.append(PemBlock(kind, start, b"\n".join(lines) + b"\n"))
+            kind = None
+    if kind is not None:
+        raise TrustRootInvalid(f"{where}: the {kind[:80]} block at line {start} has no END line")
+    return blocks
+
+
 def load_trust_root(path: Path) -> TrustRoot:
-    """Every PUBLIC KEY and CERTIFICATE block of a PEM file. Raises TrustRootInvalid."""
+    """Every PUBLIC KEY and CERTIFICATE block of a PEM file. Raises TrustRootInvalid naming the
+    block that is not a key of an accepted algorithm."""
     from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-    setting = "NVIDIA_MODULE_TRUSTED_KEYS"
+    where = f"NVIDIA_MODULE_TRUSTED_KEYS={path}"
     keys: list[Any] = []
-    for match in _PEM_BLOCK.finditer(_read(path, setting)):
-        kind, block = match.group(1).decode(), match.group(0)
+    for number, block in enumerate(pem_blocks(_read(path, "NVIDIA_MODULE_TRUSTED_KEYS"), where),
+                                   1):
+        name = block.name(number)
+        if block.kind not in ("PUBLIC KEY", "RSA PUBLIC KEY", "CERTIFICATE"):
+            raise TrustRootInvalid(f"{where}: {name} is no public key or certificate")
         try:
-            if kind in ("PUBLIC KEY", "RSA PUBLIC KEY"):
-                key: Any = serialization.load_pem_public_key(block)
-            elif kind == "CERTIFICATE":
-                key = x509.load_pem_x509_certificate(block).public_key()
+            if block.kind == "CERTIFICATE":
+                key: Any = x509.load_pem_x509_certificate(block.text).public_key()
             else:
-                raise TrustRootInvalid(f"{setting}={path}: a {kind} block is no public key "
-                                       "or certificate")
+                key = serialization.load_pem_public_key(block.text)
+        except UnsupportedAlgorithm as exc:
+            raise TrustRootInvalid(f"{where}: {name} is a key of an algorithm not accepted "
+                                   f"({exc}); accepted: {ACCEPTED}") from None
         except ValueError as exc:
-            raise TrustRootInvalid(f"{setting}={path}: unreadable {kind}: {exc}") from None
+            raise TrustRootInvalid(f"{where}: unreadable {block.kind} in {name}: {exc}"
+                                   ) from None
         if not isinstance(key, (ec.EllipticCurvePublicKey, rsa.RSAPublicKey,
                                 ed25519.Ed25519PublicKey)):
-            raise TrustRootInvalid(f"{setting}={path}: unsupported key type {type(key).__name__}")
+            algorithm = type(key).__name__.replace("PublicKey", "").lstrip("_")
+            raise TrustRootInvalid(f"{where}: {name} is a {algorithm or 'unknown'} key; "
+                                   f"accepted: {ACCEPTED}")
         keys.append(key)
     if not keys:
-        raise TrustRootInvalid(f"{setting}={path}: no PEM public key or certificate in it")
+        raise TrustRootInvalid(f"{where}: no PEM public key or certificate in it")
     return TrustRoot(str(path), tuple(keys))
 
 

@@ -65,8 +65,30 @@ class UnverifiedDownload(DownloadFailed):
     reference = "download-unverified"
     exit_code = 26
     default_hint = (
-        "Pin the file's SHA-256 (NVIDIA_DRIVER_SHA256), publish <file>.sha256sum beside it, or "
-        "accept unverified files knowingly with NVIDIA_DRIVER_ALLOW_UNVERIFIED=true."
+        "A mirror serves bytes only: pin the .run's SHA-256 (NVIDIA_DRIVER_SHA256), list the "
+        "file in NVIDIA_DRIVER_DIGESTS_FILE (`installer download --dest DIR` writes DIR/digests "
+        "for a mirror: ship it as a ConfigMap), or fetch it over https from an origin in "
+        "NVIDIA_DRIVER_TRUSTED_ORIGINS. NVIDIA_DRIVER_ALLOW_UNVERIFIED=true accepts it "
+        "unverified, knowingly."
+    )
+
+
+class DownloadTooLarge(DownloadFailed):
+    reference = "download-too-large"
+    exit_code = 27
+    default_hint = (
+        "The server sent more bytes than the file may have (its listed size, or the hard cap): "
+        "the partial file was removed. Check the mirror, or the size in "
+        "NVIDIA_DRIVER_DIGESTS_FILE."
+    )
+
+
+class DigestsFileInvalid(InstallerError):
+    reference = "digests-file-invalid"
+    exit_code = 28
+    default_hint = (
+        "NVIDIA_DRIVER_DIGESTS_FILE must be readable and hold lines `<sha256>  <file name>  "
+        "[<size>]` (sha256sum's output works; `installer download --dest DIR` writes one)."
     )
 
 

@@ -89,8 +89,9 @@ def watch(config: Config, runner: Runner, build: BuildModules, interval: float, 
           sleep: Callable[[float], None] = time.sleep, rounds: int | None = None) -> None:
     """`prepare_installed` every `interval` seconds, for ever (a DaemonSet container): a
     kernel installed days after the pod started is prepared before the reboot into it.
-    Failures are warnings; a kernel whose preparation failed is tried again after six
-    intervals, a lock held by another installer at the next one. `rounds` bounds the loop."""
+    Failures are logged, never the end of the loop (an unforeseen one with its traceback at
+    debug level); a kernel whose preparation failed is tried again after six intervals, a lock
+    held by another installer at the next one. `rounds` bounds the loop."""
     from installer.errors import LockTimeout
 
     said = ""
@@ -107,6 +108,11 @@ def watch(config: Config, runner: Runner, build: BuildModules, interval: float, 
             except InstallerError as exc:
                 retry_at[key] = time.monotonic() + 6 * interval
                 message = (f"error[{exc.reference}]: {exc.message}; tried again in "
+                           f"{6 * interval:.0f} s")
+            except Exception as exc:  # a container that dies starts over: keep watching
+                log.debug("preparing the next kernel failed", exc_info=True)
+                retry_at[key] = time.monotonic() + 6 * interval
+                message = (f"unexpected {type(exc).__name__}: {exc}; tried again in "
                            f"{6 * interval:.0f} s")
             if message != said:
                 log.info("%s", message)

@@ -10,19 +10,18 @@ import re
 import shutil
 from pathlib import Path
 
-from installer import delivery, kernel
+from installer import kernel
 from installer.dirs import is_complete, mark_complete, remove_tree, scratch, staged_dir
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
 from installer.headers import steps as header_steps
 from installer.layout import Layout
 from installer.plan import Context, Step
-from installer.prefetch import runfile_name
+from installer.prefetch import cached_runfile, runfile_name
 from installer.sources.runfile_argv import (
     BuildRequest,
     build_modules_argv,
     extract_argv,
     install_userspace_argv,
-    version_string_argv,
 )
 from installer.sources.runfile_identity import (
     EXTRACTED_MARKER,
@@ -37,13 +36,15 @@ log = logging.getLogger(__name__)
 
 
 def runfile_steps(ctx: Context) -> list[Step]:
-    from installer.sources import prebuilt  # issue 14: modules from a registry, when set
+    from installer.sources import prebuilt, prebuilt_userspace  # registry artifacts
 
-    # Prebuilt modules first (they make headers and a compiler unnecessary), then headers and
-    # compiler: a node that cannot build fails before the large download.
-    return [*prebuilt.pull_steps(ctx), headers_step(ctx), compiler_step(ctx), fetch_step(ctx),
-            extract_step(ctx), build_step(ctx), *prebuilt.publish_steps(ctx),
-            userspace_step(ctx)]
+    # Prebuilt modules first (they make headers and a compiler unnecessary), then the user space
+    # from the registry (with both, the .run is never downloaded), then headers and compiler: a
+    # node that cannot build fails before the large download.
+    return [*prebuilt.pull_steps(ctx), *prebuilt_userspace.pull_steps(ctx), headers_step(ctx),
+            compiler_step(ctx), fetch_step(ctx), extract_step(ctx), build_step(ctx),
+            *prebuilt.publish_steps(ctx), userspace_step(ctx),
+            *prebuilt_userspace.publish_steps(ctx)]
 
 
 def _built(ctx: Context) -> bool:
@@ -81,14 +82,14 @@ def fetch_step(ctx: Context) -> Step:
         return (
             not _runfile_needed(ctx)
             or is_extracted(ctx.layout.extracted(ctx.target.version), ctx.target.version)
-            or delivery.find_cached(ctx.layout.downloads, name, sha256=ctx.config.sha256)
-            is not None
+            or cached_runfile(ctx.config, ctx.layout.downloads, name)
         )
 
     def apply() -> None:
         ctx.runfile = ctx.fetch_runfile(ctx.target.urls, ctx.layout.downloads, name)
 
-    return Step("fetch-runfile", f"download {name} (retries, resume, checksum, cache)",
+    return Step("fetch-runfile", f"download {name} (retries, resume, a SHA-256 from the pin, "
+                "the digests file or a trusted origin, cache)",
                 satisfied, apply)
 
 
@@ -111,10 +112,9 @@ def extract_step(ctx: Context) -> Step:
         runfile = ctx.runfile or layout.downloads / name
         remove_tree(directory)
         with staged_dir(directory, create=False) as staging:
-            said = ctx.runner.run(version_string_argv(runfile), check=False, timeout=120)
-            problems = archive_problems(header_identity(runfile),
-                                        (said.output.strip().splitlines() or [""])[-1].strip(),
-                                        t.version, ctx.facts.arch)
+            # Read as text, never run: only a .run that names the planned version and arch
+            # in its makeself header is executed (its digest was verified when fetched).
+            problems = archive_problems(header_identity(runfile), t.version, ctx.facts.arch)
             if problems:
                 raise refuse(runfile, problems)
             with scratch(layout.tmp) as tmp:
@@ -232,27 +232,38 @@ def userspace_step(ctx: Context) -> Step:
         return _userspace_done(ctx)
 
     def apply() -> None:
-        extracted = layout.extracted(t.version)
         with staged_dir(final) as staging:
-            with scratch(layout.tmp) as tmp:
-                argv = install_userspace_argv(extracted, staging, layout.installer_log, tmp)
-                try:
-                    ctx.runner.run(argv, stream=True, timeout=1800)
-                except CommandFailed as exc:
-                    raise InstallFailed(
-                        f"nvidia-installer failed to install the user-space files of "
-                        f"{t.version}: " + _tail(layout.installer_log, exc.output_tail)) from exc
-            copied = copy_firmware(extracted, staging / "firmware")
-            if copied:
-                log.info("GSP firmware from the extracted tree: %s", ", ".join(copied))
-            # Soname links (libnvidia-ml.so.1 -> .so.<ver>) before the switch, so an interrupted
-            # run never leaves an active version without them.
-            ctx.runner.run(["ldconfig", "-n", str(staging / "lib64")], timeout=120)
+            place_userspace(ctx, staging)
             mark_complete(staging, t.version + "\n")
         log.info("installed user-space files of %s into %s", t.version, final)
 
     return Step("install-userspace", "nvidia-smi, libraries and firmware into versions/<ver>",
                 satisfied, apply)
+
+
+def place_userspace(ctx: Context, staging: Path) -> None:
+    """nvidia-installer's user-space pass of the extracted tree into the empty `staging`, the
+    firmware and the soname links, and the listing of what was placed (what a registry
+    artifact of this user space holds)."""
+    from installer.sources.prebuilt_userspace import write_listing
+
+    t, layout = ctx.target, ctx.layout
+    extracted = layout.extracted(t.version)
+    with scratch(layout.tmp) as tmp:
+        argv = install_userspace_argv(extracted, staging, layout.installer_log, tmp)
+        try:
+            ctx.runner.run(argv, stream=True, timeout=1800)
+        except CommandFailed as exc:
+            raise InstallFailed(
+                f"nvidia-installer failed to install the user-space files of "
+                f"{t.version}: " + _tail(layout.installer_log, exc.output_tail)) from exc
+    copied = copy_firmware(extracted, staging / "firmware")
+    if copied:
+        log.info("GSP firmware from the extracted tree: %s", ", ".join(copied))
+    # Soname links (libnvidia-ml.so.1 -> .so.<ver>) before the switch, so an interrupted
+    # run never leaves an active version without them.
+    ctx.runner.run(["ldconfig", "-n", str(staging / "lib64")], timeout=120)
+    write_listing(staging)
 
 
 def copy_firmware(extracted: Path, dest: Path) -> list[str]:

@@ -44,6 +44,9 @@ class RunfileSource(Source):
                                            catalog=ground.catalog)
         urls = prefetch.download_urls(config, ground.version, facts.arch, default_url)
         decisions = [Decision("download", redact_url(urls[0]), _url_reason(config, urls))]
+        name = prefetch.runfile_name(ground.version, facts.arch)
+        decisions.append(Decision("runfile-digest", name, "its SHA-256 from " + (
+            prefetch.digest_source(config, name, [u + ".sha256sum" for u in urls]))))
         headers = (kernel.find_headers(ground.root, facts.kernel_release)
                    or header_fetch.cached(ground.layout, facts.kernel_release)
                    or kernel.find_container_headers(facts.kernel_release))
@@ -52,10 +55,11 @@ class RunfileSource(Source):
         return Arrival(decisions, urls, headers)
 
     def decisions(self, ctx: Context, decided: list[Decision]) -> list[Decision]:
-        from installer.sources import prebuilt  # issue 14
+        from installer.sources import prebuilt, prebuilt_userspace  # registry artifacts
 
         found = prebuilt.decision(ctx)
-        return decided if found is None else [*decided, found]
+        userspace = prebuilt_userspace.decision(ctx, found)
+        return [*decided, *(d for d in (found, userspace) if d is not None)]
 
     def steps(self, ctx: Context) -> list[Step]:
         return runfile.runfile_steps(ctx)

@@ -26,23 +26,57 @@ def download(dest: Path, *args: str, **env: str) -> subprocess.CompletedProcess[
 
 def test_branch_is_resolved_fetched_verified_and_then_served_from_the_cache(
         tmp_path: Path) -> None:
+    """The operator's own copy (pinned) is fetched, and DEST/digests written for the nodes."""
     runfile = kit.build_runfile(VERSION, tmp_path / "src")
     data = runfile.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     dest = tmp_path / "mirror" / VERSION
     with FaultServer() as server:
         server.add(f"/{VERSION}/{NAME}", data, fail_times=1)
-        server.add(f"/{VERSION}/{NAME}.sha256sum", f"{digest}  {NAME}\n".encode())
         mirror = server.url("/").rstrip("/")
         # R580's newest in the shipped catalog is not VERSION, so pin it exactly.
-        first = download(dest, "--version", VERSION, NVIDIA_DRIVER_MIRRORS=mirror)
+        first = download(dest, "--version", VERSION, "--sha256", digest,
+                         NVIDIA_DRIVER_MIRRORS=mirror)
         assert first.returncode == 0, first.stderr
         assert first.stdout.strip() == str(dest / NAME)
         assert server.count(f"/{VERSION}/{NAME}") == 2  # a 503, then the file
     assert hashlib.sha256((dest / NAME).read_bytes()).hexdigest() == digest
-    assert "verified by published-sha256sum" in first.stderr
-    again = download(dest, "--version", VERSION, NVIDIA_DRIVER_MIRRORS=mirror)
+    assert "verified by pin" in first.stderr
+    assert (dest / "digests").read_text() == f"{digest}  {NAME}  {len(data)}\n"
+    # The nodes' side: a mirror of DEST, vouched for by the digests file alone.
+    again = download(tmp_path / "node", "--version", VERSION,
+                     NVIDIA_DRIVER_DOWNLOAD_URL=f"file://{dest / NAME}",
+                     NVIDIA_DRIVER_DIGESTS_FILE=str(dest / "digests"))
     assert again.returncode == 0, again.stderr
+    assert "verified by digests-file" in again.stderr
+
+
+def test_a_mirror_serving_its_own_checksum_is_refused_and_nothing_written(
+        tmp_path: Path) -> None:
+    runfile = kit.build_runfile(VERSION, tmp_path / "src")
+    dest = tmp_path / "mirror"
+    with FaultServer() as server:
+        server.add(f"/{VERSION}/{NAME}", runfile.read_bytes())
+        server.add_sha256sum(f"/{VERSION}/{NAME}", runfile.read_bytes())
+        result = download(dest, "--version", VERSION,
+                          NVIDIA_DRIVER_DOWNLOAD_URL=server.url(f"/{VERSION}/{NAME}"))
+        assert server.count(f"/{VERSION}/{NAME}") == 0
+    assert result.returncode == 26, result.stderr
+    assert "error[download-unverified]" in result.stderr
+    assert not dest.exists() or list(dest.iterdir()) == []
+
+
+def test_the_digests_file_keeps_the_entries_of_other_files(tmp_path: Path) -> None:
+    runfile = kit.build_runfile(VERSION, tmp_path / "src")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    other = f"{'c' * 64}  fabricmanager-linux-x86_64-{VERSION}-archive.tar.xz  42\n"
+    (dest / "digests").write_text(other)
+    result = download(dest, "--version", VERSION, NVIDIA_DRIVER_DOWNLOAD_URL=f"file://{runfile}")
+    assert result.returncode == 0, result.stderr
+    digest = hashlib.sha256(runfile.read_bytes()).hexdigest()
+    size = runfile.stat().st_size
+    assert (dest / "digests").read_text() == f"{digest}  {NAME}  {size}\n" + other
 
 
 def test_a_wrong_pin_deletes_the_file_and_exits_with_its_code(tmp_path: Path) -> None:

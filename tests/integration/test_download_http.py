@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from lib.httpfaults import FaultServer, ForwardProxy
+from lib.tlskit import Tls, make_tls
 
 from installer import delivery
 from installer.delivery import DownloadSettings, fetch_bytes, fetch_file
@@ -67,6 +68,24 @@ def server() -> Iterator[FaultServer]:
         yield srv
 
 
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
+    return make_tls(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+def origin(tls: Tls, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultServer]:
+    """An HTTPS server whose certificate the client verifies (a test CA in
+    REQUESTS_CA_BUNDLE): a publisher's origin, trusted where `trusting` names it."""
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls.ca_file))
+    with FaultServer(tls=tls.context) as srv:
+        yield srv
+
+
+def trusting(srv: FaultServer, settings: DownloadSettings = FAST) -> DownloadSettings:
+    return replace(settings, trusted_origins=(srv.base_url,))
+
+
 @pytest.fixture
 def data() -> bytes:
     return os.urandom(2 * MiB + 12345)
@@ -79,22 +98,67 @@ def files_in(directory: Path) -> list[str]:
 # ----------------------------------------------------------------------------- the happy path
 
 
-def test_download_verified_by_published_sha256sum(
+def test_download_verified_by_a_trusted_origins_sha256sum(
+    origin: FaultServer, data: bytes, tmp_path: Path
+) -> None:
+    origin.add(PATH, data)
+    origin.add_sha256sum(PATH, data)
+
+    got = fetch_file([origin.url(PATH)], tmp_path, NAME, settings=trusting(origin))
+
+    assert got.path.read_bytes() == data
+    expected = (sha(data), "trusted-origin", False)
+    assert (got.sha256, got.verified_by, got.from_cache) == expected
+    assert got.bytes_transferred == len(data)
+    assert got.source == origin.url(PATH)
+    assert files_in(tmp_path) == sorted([NAME, NAME + ".download.json"])
+    # identity encoding: we hash the bytes as stored on the server
+    assert origin.requests_for(PATH)[0].header("Accept-Encoding") == "identity"
+
+
+def test_a_mirrors_own_sha256sum_vouches_for_nothing(
+    server: FaultServer, origin: FaultServer, data: bytes, tmp_path: Path
+) -> None:
+    """Plain http, and https from an origin nobody named: bytes only, refused unfetched."""
+    for srv in (server, origin):
+        srv.add(PATH, data)
+        srv.add_sha256sum(PATH, data)
+        with pytest.raises(UnverifiedDownload) as info:
+            fetch_file([srv.url(PATH)], tmp_path, NAME, settings=FAST)
+        assert "NVIDIA_DRIVER_DIGESTS_FILE" in info.value.hint
+        assert srv.count(PATH) == 0 and srv.count(PATH + ".sha256sum") == 0
+    assert files_in(tmp_path) == []
+
+
+def test_a_trusted_origins_checksum_redirected_to_plain_http_is_refused(
+    server: FaultServer, origin: FaultServer, data: bytes, tmp_path: Path
+) -> None:
+    origin.add(PATH, data)
+    origin.add(PATH + ".sha256sum", status=302,
+               headers={"Location": server.url(PATH + ".sha256sum")})
+    server.add_sha256sum(PATH, data)
+
+    with pytest.raises(DownloadFailed, match="not https"):
+        fetch_file([origin.url(PATH)], tmp_path, NAME, settings=trusting(origin))
+
+    assert origin.count(PATH) == 0 and files_in(tmp_path) == []
+
+
+def test_the_digests_file_vouches_for_a_mirrors_bytes(
     server: FaultServer, data: bytes, tmp_path: Path
 ) -> None:
     server.add(PATH, data)
-    server.add_sha256sum(PATH, data)
+    digests = tmp_path / "digests"
+    digests.write_text(f"{sha(data)}  {NAME}  {len(data)}\n")
+    dest = tmp_path / "dest"
 
-    got = fetch_file([server.url(PATH)], tmp_path, NAME, settings=FAST)
+    got = fetch_file([server.url(PATH)], dest, NAME, settings=replace(FAST, digests_file=digests))
 
-    assert got.path.read_bytes() == data
-    expected = (sha(data), "published-sha256sum", False)
-    assert (got.sha256, got.verified_by, got.from_cache) == expected
-    assert got.bytes_transferred == len(data)
-    assert got.source == server.url(PATH)
-    assert files_in(tmp_path) == sorted([NAME, NAME + ".download.json"])
-    # identity encoding: we hash the bytes as stored on the server
-    assert server.requests_for(PATH)[0].header("Accept-Encoding") == "identity"
+    assert (got.verified_by, got.path.read_bytes()) == ("digests-file", data)
+    assert server.count(PATH + ".sha256sum") == 0
+    again = fetch_file([server.url(PATH)], dest, NAME,
+                       settings=replace(FAST, digests_file=digests))
+    assert again.from_cache and server.count(PATH) == 1
 
 
 def test_no_published_checksum_downloads_unverified_with_warning(
@@ -108,7 +172,7 @@ def test_no_published_checksum_downloads_unverified_with_warning(
     assert got.verified_by == "none"
     assert got.path.read_bytes() == data
     assert any(
-        r.levelno == logging.WARNING and "will not be verified" in r.getMessage()
+        r.levelno == logging.WARNING and "UNVERIFIED" in r.getMessage()
         for r in caplog.records
     )
 
@@ -128,32 +192,33 @@ def test_no_checksum_from_any_source_is_refused_before_the_download(
 
 
 def test_s3_style_403_on_checksum_file_means_none_published(
-    server: FaultServer, data: bytes, tmp_path: Path
+    origin: FaultServer, data: bytes, tmp_path: Path
 ) -> None:
-    server.add(PATH, data)
-    server.add(PATH + ".sha256sum", status=403)
+    origin.add(PATH, data)
+    origin.add(PATH + ".sha256sum", status=403)
 
-    got = fetch_file([server.url(PATH)], tmp_path, NAME, settings=UNVERIFIED_OK)
+    got = fetch_file([origin.url(PATH)], tmp_path, NAME,
+                     settings=trusting(origin, UNVERIFIED_OK))
 
     assert got.verified_by == "none"
-    assert server.count(PATH + ".sha256sum") == 1
+    assert origin.count(PATH + ".sha256sum") == 1
 
 
 def test_checksum_urls_replace_the_per_mirror_checksum(
-    server: FaultServer, data: bytes, tmp_path: Path
+    origin: FaultServer, server: FaultServer, data: bytes, tmp_path: Path
 ) -> None:
-    server.add(PATH, data)
-    server.add("/sums/SHA256SUMS", f"{'0' * 64}  other.run\n{sha(data)}  {NAME}\n".encode())
+    server.add(PATH, data)  # a mirror's bytes, vouched for by the origin's SHA256SUMS
+    origin.add("/sums/SHA256SUMS", f"{'0' * 64}  other.run\n{sha(data)}  {NAME}\n".encode())
 
     got = fetch_file(
         [server.url(PATH)],
         tmp_path,
         NAME,
-        checksum_urls=[server.url("/sums/SHA256SUMS")],
-        settings=FAST,
+        checksum_urls=[origin.url("/sums/SHA256SUMS")],
+        settings=trusting(origin),
     )
 
-    assert got.verified_by == "published-sha256sum"
+    assert got.verified_by == "trusted-origin"
     assert server.count(PATH + ".sha256sum") == 0
 
 
@@ -379,13 +444,13 @@ def test_416_on_an_oversized_part_restarts(
 
 
 def test_wrong_published_checksum_deletes_everything(
-    server: FaultServer, data: bytes, tmp_path: Path
+    origin: FaultServer, data: bytes, tmp_path: Path
 ) -> None:
-    server.add(PATH, data)
-    wrong = server.add_sha256sum(PATH, data, wrong=True)
+    origin.add(PATH, data)
+    wrong = origin.add_sha256sum(PATH, data, wrong=True)
 
     with pytest.raises(ChecksumMismatch) as info:
-        fetch_file([server.url(PATH)], tmp_path, NAME, settings=FAST)
+        fetch_file([origin.url(PATH)], tmp_path, NAME, settings=trusting(origin))
 
     assert wrong in info.value.message and sha(data) in info.value.message
     assert files_in(tmp_path) == []
@@ -407,18 +472,19 @@ def test_pin_mismatch_deletes_everything(server: FaultServer, data: bytes, tmp_p
 
 
 def test_second_mirror_used_when_the_first_fails(
-    server: FaultServer, data: bytes, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    origin: FaultServer, data: bytes, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    server.add("/a" + PATH, data, fail_times=100, fail_status=502)
-    server.add("/b" + PATH, data)
-    server.add_sha256sum("/b" + PATH, data)
+    origin.add("/a" + PATH, data, fail_times=100, fail_status=502)
+    origin.add("/b" + PATH, data)
+    origin.add_sha256sum("/b" + PATH, data)
 
     got = fetch_file(
-        [server.url("/a" + PATH), server.url("/b" + PATH)], tmp_path, NAME, settings=FAST
+        [origin.url("/a" + PATH), origin.url("/b" + PATH)], tmp_path, NAME,
+        settings=trusting(origin),
     )
 
-    assert got.source == server.url("/b" + PATH)
-    assert got.verified_by == "published-sha256sum"
+    assert got.source == origin.url("/b" + PATH)
+    assert got.verified_by == "trusted-origin"
     assert got.path.read_bytes() == data
     assert "source failed" in caplog.text
 
@@ -460,19 +526,22 @@ def test_all_mirrors_404_is_not_found(server: FaultServer, tmp_path: Path) -> No
 # ----------------------------------------------------------------------------- cache
 
 
-def test_cache_hit_needs_no_network(data: bytes, tmp_path: Path) -> None:
-    with FaultServer() as srv:
+def test_cache_hit_needs_no_network(tls: Tls, data: bytes, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls.ca_file))
+    with FaultServer(tls=tls.context) as srv:
         srv.add(PATH, data)
         srv.add_sha256sum(PATH, data)
         url = srv.url(PATH)
-        first = fetch_file([url], tmp_path, NAME, settings=FAST)
+        settings = trusting(srv)
+        first = fetch_file([url], tmp_path, NAME, settings=settings)
     # the server is gone: any network access would fail
-    again = fetch_file([url], tmp_path, NAME, settings=FAST)
+    again = fetch_file([url], tmp_path, NAME, settings=settings)
     pinned = fetch_file([url], tmp_path, NAME, sha256=sha(data), settings=FAST)
 
     assert first.from_cache is False
     assert (again.from_cache, again.bytes_transferred, again.sha256) == (True, 0, sha(data))
-    assert again.verified_by == "published-sha256sum"
+    assert again.verified_by == "trusted-origin"
     assert (pinned.from_cache, pinned.verified_by) == (True, "pin")
     assert delivery.find_cached(tmp_path, NAME, sha256=sha(data)) is not None
 

@@ -1,5 +1,6 @@
 """Downloads that must not leave a node worse off: a full disk, cached files' modes (a cache
-another user could write to would let them swap what root runs next)."""
+another user could write to would let them swap what root runs next), an endless body, and a
+mirror that vouches for its own .run."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ import shutil
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from lib.httpfaults import FaultServer
 
 from installer.delivery import DownloadSettings, fetch_file
-from installer.errors import DownloadFailed
+from installer.errors import DownloadFailed, DownloadTooLarge
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "NVIDIA-Linux-x86_64-580.95.05.run"
@@ -40,7 +42,7 @@ CHILD = """
 import json, sys
 from pathlib import Path
 from installer.delivery import DownloadSettings, fetch_file
-from installer.errors import DownloadFailed
+from installer.errors import DownloadFailed, DownloadTooLarge
 from installer.errors import InstallerError
 dest = Path(sys.argv[2])
 try:
@@ -135,13 +137,14 @@ def test_a_refusing_mirror_is_left_at_once_for_the_next(
 ) -> None:
     data = os.urandom(1000)
     server.add(PATH, data)
-    server.add(PATH + ".sha256sum", f"{sha(data)}  {NAME}\n".encode())
+    digests = tmp_path / "digests"
+    digests.write_text(f"{sha(data)}  {NAME}\n")
     caplog.set_level("INFO", "installer.download")
 
-    got = fetch_file([dead_url(PATH), server.url(PATH)], tmp_path, NAME,
-                     settings=DEFAULT_BACKOFF)
+    got = fetch_file([dead_url(PATH), server.url(PATH)], tmp_path / "dest", NAME,
+                     settings=replace(DEFAULT_BACKOFF, digests_file=digests))
 
-    assert got.source == server.url(PATH) and got.verified_by == "published-sha256sum"
+    assert got.source == server.url(PATH) and got.verified_by == "digests-file"
     assert "retrying in" not in caplog.text  # no backoff was spent on the dead mirror
     assert caplog.text.count("trying the next source") == 1
 
@@ -185,3 +188,184 @@ def test_when_no_mirror_answers_the_list_is_retried_as_a_whole(
     assert info.value.message.count("unreachable in 2 of 2 rounds") == 2
     assert "2 of 2 sources unreachable; trying them again" in caplog.text
     assert caplog.text.count("trying the next source") == 4  # 2 sources x 2 rounds
+
+
+# ------------------------------------------------------------------ who vouches for a .run
+
+V = "580.105.08"
+V_NAME = f"NVIDIA-Linux-x86_64-{V}.run"
+
+
+def hostile_runfile(marker: Path, version: str = V) -> bytes:
+    """A .run whose makeself header names the driver, and whose execution, with any argument
+    (`--version-string`, `-x`), leaves `marker`: proof that it ran as root."""
+    return (
+        "#!/bin/sh\n# This script was generated using Makeself 2.4.5\n"
+        f'label="NVIDIA Accelerated Graphics Driver for Linux-x86_64 {version}"\n'
+        f'version="{version}"\n'
+        f'touch "{marker}"\necho {version}\nexit 0\n'
+    ).encode()
+
+
+def runfile_host(tmp_path: Path, **settings: str) -> dict[str, str]:
+    from lib.hostkit import installer_env, make_debian_host
+
+    root = tmp_path / "host"
+    kernel = make_debian_host(root)
+    return installer_env(root, kernel, NVIDIA_DRIVER_VERSION=V, **settings)
+
+
+def downloads(env: dict[str, str]) -> list[str]:
+    from lib.hostkit import INSTALL_DIR_HOST
+
+    found = Path(env["ROOT_MOUNT_DIR"]) / INSTALL_DIR_HOST.lstrip("/") / "cache" / "downloads"
+    return sorted(p.name for p in found.iterdir()) if found.is_dir() else []
+
+
+def needs_headers() -> None:
+    from lib.hostkit import debian_headers
+
+    if debian_headers() is None:
+        pytest.skip("needs linux-headers-amd64")
+
+
+def test_a_mirrors_own_runfile_and_checksum_are_refused_and_never_run(
+    server: FaultServer, tmp_path: Path
+) -> None:
+    from lib.hostkit import run_installer
+
+    needs_headers()
+    marker = tmp_path / "ran-as-root"
+    body = hostile_runfile(marker)
+    server.add(f"/{V}/{V_NAME}", body)
+    server.add_sha256sum(f"/{V}/{V_NAME}", body)  # the mirror vouches for itself
+    env = runfile_host(tmp_path, NVIDIA_DRIVER_MIRRORS=server.base_url)
+
+    result = run_installer(env, "run")
+
+    assert result.returncode == 26, result.stderr[-3000:]
+    assert "error[download-unverified]" in result.stderr
+    assert "NVIDIA_DRIVER_SHA256" in result.stderr and "NVIDIA_DRIVER_DIGESTS_FILE" in result.stderr
+    assert not marker.exists()
+    assert server.count(f"/{V}/{V_NAME}") == 0  # refused before a byte of it was fetched
+    assert server.count(f"/{V}/{V_NAME}.sha256sum") == 0  # a mirror's checksum is not asked
+    assert not [n for n in downloads(env) if n.startswith(V_NAME)]
+
+
+def test_a_runfile_is_identified_by_its_header_before_any_of_it_runs(
+    server: FaultServer, tmp_path: Path
+) -> None:
+    from lib.hostkit import run_installer
+
+    needs_headers()
+    marker = tmp_path / "ran-as-root"
+    other = hostile_runfile(marker, "580.126.20")  # vouched for, but another version
+    server.add(f"/{V}/{V_NAME}", other)
+    env = runfile_host(tmp_path, NVIDIA_DRIVER_DOWNLOAD_URL=server.url(f"/{V}/{V_NAME}"),
+                       NVIDIA_DRIVER_SHA256=sha(other))
+
+    result = run_installer(env, "run")
+
+    assert result.returncode == 25, result.stderr[-3000:]
+    assert "error[runfile-mismatch]" in result.stderr
+    assert "its label names version 580.126.20" in result.stderr
+    assert not marker.exists()
+    assert not [n for n in downloads(env) if n.startswith(V_NAME)]
+
+
+def test_a_cached_runfile_a_mirror_vouched_for_is_not_reused(tmp_path: Path) -> None:
+    """A cache record an older installer wrote on a mirror's word: fetched again, or refused."""
+    body = hostile_runfile(tmp_path / "marker")
+    (tmp_path / V_NAME).write_bytes(body)
+    (tmp_path / f"{V_NAME}.download.json").write_text(json.dumps({
+        "filename": V_NAME, "size": len(body), "sha256": sha(body),
+        "source": "http://mirror.local", "verified_by": "published-sha256sum"}))
+    with FaultServer() as srv:
+        srv.add(f"/{V_NAME}", body)
+        with pytest.raises(DownloadFailed) as info:
+            fetch_file([srv.url(f"/{V_NAME}")], tmp_path, V_NAME, settings=FAST)
+        assert info.value.reference == "download-unverified"
+        assert srv.count(f"/{V_NAME}") == 0
+
+
+def test_a_runfile_prefetched_on_the_operators_word_is_reused_without_it(tmp_path: Path) -> None:
+    """`installer download --dest <cache>` with a pin or digests file, then a node's run
+    without them: what this installer verified is reused, offline."""
+    body = os.urandom(1000)
+    with FaultServer() as srv:
+        srv.add(f"/{V_NAME}", body)
+        fetch_file([srv.url(f"/{V_NAME}")], tmp_path, V_NAME, sha256=sha(body), settings=FAST)
+    again = fetch_file(["http://127.0.0.1:9/x.run"], tmp_path, V_NAME, settings=FAST)
+    assert (again.from_cache, again.verified_by) == (True, "pin")
+
+
+# ------------------------------------------------------------------ an endless body
+
+def endless_server(announce: int | None = None) -> tuple[str, Callable[[], int]]:
+    """A raw HTTP server on 127.0.0.1 that sends zeros until the client hangs up (stopping at
+    1 GiB so a broken client cannot hang the test); returns its URL and the bytes sent."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    sent = [0]
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                length = f"Content-Length: {announce}\r\n" if announce is not None else ""
+                conn.sendall(f"HTTP/1.1 200 OK\r\n{length}Connection: close\r\n\r\n".encode())
+                chunk = b"\0" * (1 << 20)
+                try:
+                    while sent[0] < (1 << 30):
+                        conn.sendall(chunk)
+                        sent[0] += len(chunk)
+                except OSError:
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/{V_NAME}"
+    return url, lambda: sent[0]
+
+
+def test_an_endless_body_stops_at_the_cap_and_leaves_nothing(tmp_path: Path) -> None:
+    url, sent = endless_server()
+    capped = replace(FAST, max_bytes=8 << 20, retries=0)
+
+    with pytest.raises(DownloadTooLarge) as info:
+        fetch_file([url], tmp_path, V_NAME, sha256="a" * 64, settings=capped)
+
+    assert info.value.exit_code == 27 and "past 8388608 bytes" in info.value.message
+    assert list(tmp_path.iterdir()) == []  # the partial file was removed
+    assert sent() < 64 << 20
+
+
+def test_the_digests_files_size_caps_the_body(tmp_path: Path) -> None:
+    url, _ = endless_server()
+    digests = tmp_path / "digests"
+    digests.write_text(f"{'a' * 64}  {V_NAME}  1000000\n")
+    dest = tmp_path / "dest"
+    settings = replace(FAST, digests_file=digests, retries=0)
+
+    with pytest.raises(DownloadTooLarge) as info:
+        fetch_file([url], dest, V_NAME, settings=settings)
+
+    assert "past 1000000 bytes" in info.value.message and "listed size" in info.value.message
+    assert list(dest.iterdir()) == []
+
+
+def test_a_body_announced_larger_than_the_cap_is_refused_unread(tmp_path: Path) -> None:
+    url, _ = endless_server(announce=5 << 30)
+
+    with pytest.raises(DownloadTooLarge) as info:
+        fetch_file([url], tmp_path, V_NAME, sha256="a" * 64, settings=replace(FAST, retries=0))
+
+    assert f"announces {5 << 30} bytes" in info.value.message
+    assert list(tmp_path.iterdir()) == []

@@ -1,7 +1,9 @@
 """`installer run` on an HGX host root (H100 GPUs, NVSwitch functions): Fabric Manager of the
 driver's exact version from NVIDIA's redist layout served on 127.0.0.1 (a mirror first),
-verified against the SHA-256 its redistrib JSON lists, installed into versions/<ver>/, cached,
-and pruned with its version; an archive of another version or with other bytes is refused."""
+verified against the operator's digests file (a mirror's redistrib JSON only says where the
+archive lies), installed into versions/<ver>/, cached, and pruned with its version; an archive
+of another version or with other bytes is refused, and one only a mirror vouches for is never
+run."""
 
 from __future__ import annotations
 
@@ -38,16 +40,20 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     build_fabricmanager(A, www / "wrong", reports=B)
     build_fabricmanager(A, www / "tampered")
     tampered = www / "tampered" / relative_path(A)
-    tampered.write_bytes(tampered.read_bytes() + b"\0")
+    good = tampered.read_bytes()  # one bit flipped: the listed size, other bytes
+    tampered.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
     with serve_directory(www) as (base, requests):
         yield base, www, requests
 
 
 def env_for(root: Path, kernel: str, served: tuple[str, Path, list[str]], version: str,
-            redist: str) -> dict[str, str]:
-    base = served[0]
+            redist: str, vouched: str = "redist") -> dict[str, str]:
+    """The operator's digests file lists the runfiles and the archives of `vouched`."""
+    base, www, _ = served
+    digests = kit.write_digests(root.parent / f"digests-{vouched}", www / A, www / B,
+                                www / vouched)
     return installer_env(root, kernel, NVIDIA_DRIVER_VERSION=version,
-                         NVIDIA_DRIVER_MIRRORS=base,
+                         NVIDIA_DRIVER_MIRRORS=base, NVIDIA_DRIVER_DIGESTS_FILE=str(digests),
                          NVIDIA_FABRICMANAGER_REDIST=",".join(f"{base}/{r}"
                                                               for r in redist.split(",")))
 
@@ -90,6 +96,7 @@ def test_fabric_manager_comes_from_the_redist_tree_into_the_version_dir(
     env = env_for(root, kernel, served, A, "mirror,redist")
     plan = ok(run_installer(env, "plan")).stdout
     assert f"fabric-manager: {archive_name(A)}" in plan
+    assert f"its SHA-256 from digests file {env['NVIDIA_DRIVER_DIGESTS_FILE']}" in plan
     assert "fetch-fabricmanager" in plan and "install-fabricmanager" in plan
     requests.clear()
     result = ok(run_installer(env, "run"))
@@ -116,7 +123,7 @@ def test_fabric_manager_comes_from_the_redist_tree_into_the_version_dir(
     record = json.loads(Path(f"{cached}.download.json").read_text())
     listed = json.loads((www / "redist" / f"redistrib_{A}.json").read_text())
     assert record["sha256"] == listed["fabricmanager"]["linux-x86_64"]["sha256"]
-    assert record["verified_by"] == "pin" and cached.stat().st_mode & 0o777 == 0o600
+    assert record["verified_by"] == "digests-file" and cached.stat().st_mode & 0o777 == 0o600
 
     requests.clear()
     warm = ok(run_installer(env, "run"))
@@ -133,7 +140,8 @@ def test_fabric_manager_comes_from_the_redist_tree_into_the_version_dir(
 def test_an_archive_of_another_version_is_refused_and_dropped(
         hgx: tuple[Path, str], served: tuple[str, Path, list[str]]) -> None:
     root, kernel = hgx
-    result = run_installer(env_for(root, kernel, served, A, "wrong"), "run")
+    # The operator vouched for these bytes, which hold another version: its --version says so.
+    result = run_installer(env_for(root, kernel, served, A, "wrong", vouched="wrong"), "run")
     assert result.returncode == 96, result.stderr[-3000:]
     assert f"error[fabricmanager-mismatch]: {archive_name(A)} holds Fabric Manager {B}, not " \
            f"{A}: it would refuse the driver" in result.stderr
@@ -149,6 +157,49 @@ def test_bytes_other_than_the_listed_ones_are_a_checksum_mismatch(
     result = run_installer(env_for(root, kernel, served, A, "tampered"), "run")
     assert result.returncode == 23, result.stderr[-3000:]
     assert "error[checksum-mismatch]" in result.stderr
+    install = root / INSTALL_DIR_HOST.lstrip("/")
+    assert not list((install / "cache/downloads").glob("fabricmanager-*"))
+    assert not (install / "versions" / A / "bin" / "nv-fabricmanager").exists()
+
+
+def hostile_archive(directory: Path, marker: Path) -> Path:
+    """A mirror's own archive for A, listed with its true SHA-256 in the mirror's own
+    redistrib JSON: its nv-fabricmanager, run with any argument, leaves `marker`."""
+    import hashlib
+    import io
+    import tarfile
+
+    top = archive_name(A)[: -len(".tar.xz")]
+    archive = directory / relative_path(A)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    script = f'#!/bin/sh\ntouch "{marker}"\necho "Fabric Manager version is : {A}"\n'.encode()
+    with tarfile.open(archive, "w:xz") as tar:
+        for name, data, mode in ((f"{top}/bin/nv-fabricmanager", script, 0o755),
+                                 (f"{top}/etc/fabricmanager.cfg", b"DAEMONIZE=1\n", 0o644)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    data = archive.read_bytes()
+    (directory / f"redistrib_{A}.json").write_text(json.dumps({"fabricmanager": {
+        "version": A, "linux-x86_64": {"relative_path": relative_path(A),
+                                       "sha256": hashlib.sha256(data).hexdigest(),
+                                       "size": str(len(data))}}}))
+    return archive
+
+
+def test_a_mirrors_own_redistrib_json_and_archive_are_refused_and_never_run(
+        hgx: tuple[Path, str], served: tuple[str, Path, list[str]], tmp_path: Path) -> None:
+    root, kernel = hgx
+    _, www, requests = served
+    marker = tmp_path / "ran-as-root"
+    hostile_archive(www / "hostile", marker)
+    requests.clear()
+    # The .run is the operator's (its digests file lists it); the redist tree is a mirror's.
+    result = run_installer(env_for(root, kernel, served, A, "hostile", vouched=A), "run")
+    assert result.returncode == 26, result.stderr[-3000:]
+    assert f"error[download-unverified]: {archive_name(A)}: nothing vouches" in result.stderr
+    assert not marker.exists()
+    assert f"/hostile/{relative_path(A)}" not in requests  # refused before a byte of it
     install = root / INSTALL_DIR_HOST.lstrip("/")
     assert not list((install / "cache/downloads").glob("fabricmanager-*"))
     assert not (install / "versions" / A / "bin" / "nv-fabricmanager").exists()

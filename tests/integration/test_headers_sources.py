@@ -321,9 +321,11 @@ def test_air_gapped_debian_node_builds_with_headers_from_the_mirror(archive: Any
                                                                     tmp_path: Path) -> None:
     """No route to the host's sources; the mirror has them: fetched before the driver, built
     against, cached for the next run (which asks the archive for nothing)."""
-    base, _, key, requests = archive
+    base, www, key, requests = archive
     root = debian_host(tmp_path, key, f"{UNREACHABLE}/debian")
     env = fetching_env(root, DEBIAN_K, base,
+                       NVIDIA_DRIVER_DIGESTS_FILE=str(kit.write_digests(tmp_path / "digests",
+                                                                         www / "runfiles")),
                        NVIDIA_INSTALLER_HEADERS_MIRROR=f"{base}/debian")
     plan = run_installer(env, "plan")
     assert plan.returncode == 0, plan.stderr
@@ -361,9 +363,11 @@ def test_prebuild_gets_the_headers_of_a_kernel_not_running_as_a_node_does(
     """`installer prebuild --kernel K` (a CI job ahead of a kernel rollout) on a
     machine without K's headers fetches them the way a node does (here from the mirror), builds,
     and installs nothing on the host."""
-    base, _, key, requests = archive
+    base, www, key, requests = archive
     root = debian_host(tmp_path, key, f"{UNREACHABLE}/debian")
     env = fetching_env(root, DEBIAN_K, base,
+                       NVIDIA_DRIVER_DIGESTS_FILE=str(kit.write_digests(tmp_path / "digests",
+                                                                         www / "runfiles")),
                        NVIDIA_INSTALLER_HEADERS_MIRROR=f"{base}/debian")
     env.pop("NVIDIA_KERNEL_RELEASE")
     requests.clear()

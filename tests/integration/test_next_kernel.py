@@ -34,6 +34,7 @@ pytestmark = pytest.mark.skipif(debian_headers() is None or shutil.which("apt-ge
                                 reason="needs linux-headers-amd64 and apt-get")
 
 V = "580.105.08"
+DIGESTS = Path("/nonexistent")  # the served .run's digests file, set by `served`
 NEXT = debian_headers()[0] if debian_headers() else "6.1.0-56-amd64"  # this machine's
 UNREACHABLE = "http://127.0.0.1:9"
 
@@ -48,6 +49,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]
         pytest.fail("Debian's header .debs are missing: run scripts/install-deps")
     publish_apt(work / "www/debian", "bookworm", debs, key)
     kit.build_runfile(V, work / "www/runfiles" / V)
+    global DIGESTS
+    DIGESTS = kit.write_digests(work / "digests", work / "www/runfiles")
     with serve_directory(work / "www") as (base, _requests):
         yield base, key
 
@@ -105,6 +108,7 @@ def test_the_run_prepares_the_next_kernel_and_its_boot_compiles_nothing(
     repository = registry.repository("next/nvidia-modules")
     env = installer_env(
         root, SECOND, NVIDIA_DRIVER_VERSION=V, NVIDIA_DRIVER_MIRRORS=f"{base}/runfiles",
+        NVIDIA_DRIVER_DIGESTS_FILE=str(DIGESTS),
         NVIDIA_MODULE_REGISTRY=repository, NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true",
         NVIDIA_MODULE_REGISTRY_USERNAME=USER, NVIDIA_MODULE_REGISTRY_PASSWORD=PASSWORD,
         NVIDIA_MODULE_REGISTRY_PUSH="true", NVIDIA_MODULE_PUBLISHER_KEY=str(keys[0]),
@@ -182,6 +186,7 @@ def test_a_separate_command_pulls_the_next_kernels_modules_from_the_registry(
     two_kernel_host(root, headers=False)
     env = installer_env(
         root, SECOND, NVIDIA_DRIVER_VERSION=V, NVIDIA_DRIVER_MIRRORS=f"{base}/runfiles",
+        NVIDIA_DRIVER_DIGESTS_FILE=str(DIGESTS),
         NVIDIA_MODULE_REGISTRY=repository, NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true",
         NVIDIA_MODULE_REGISTRY_USERNAME=USER, NVIDIA_MODULE_REGISTRY_PASSWORD=PASSWORD,
         NVIDIA_MODULE_TRUSTED_KEYS=str(keys[1]), NVIDIA_INSTALLER_NEXT_KERNEL="separate")

@@ -22,12 +22,15 @@ from lib.registrykit import PASSWORD, USER, Registry, http_push, make_key_pair
 pytestmark = needs_headers
 
 A = "580.105.08"
+DIGESTS = Path("/nonexistent")  # the served .run's digests file, set by `served`
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     www = tmp_path_factory.mktemp("www")
     kit.build_runfile(A, www / A)
+    global DIGESTS
+    DIGESTS = kit.write_digests(www.parent / f"{www.name}.digests", www)
     with serve_directory(www) as (base, _requests):
         yield base
 
@@ -41,7 +44,8 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path
 def node_env(root: Path, kernel: str, base: str, repository: str, **extra: str) -> dict[str, str]:
     return installer_env(
         root, kernel, NVIDIA_DRIVER_VERSION=A, NVIDIA_DRIVER_MIRRORS=base,
-        NVIDIA_MODULE_REGISTRY=repository, NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true",
+        NVIDIA_DRIVER_DIGESTS_FILE=str(DIGESTS), NVIDIA_MODULE_REGISTRY=repository,
+        NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true",
         NVIDIA_MODULE_REGISTRY_USERNAME=USER, NVIDIA_MODULE_REGISTRY_PASSWORD=PASSWORD, **extra,
     )
 

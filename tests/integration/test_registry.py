@@ -210,12 +210,14 @@ def test_an_artifact_of_another_key_is_not_found(
         replace(KEY, version="580.95.06"),
     ):
         assert registry.find(settings, other, policy) is None
-    # The same tag carrying a different key's config (a hand-pushed or colliding tag).
+    # The same tag carrying a different key's config (a hand-pushed or colliding tag): the
+    # signed config, not the tag, says what the build is for.
     signed = replace(KEY, signing=artifact.signing_identity(b"cert A"))
     registry.push(settings, signed, modules, signer)
     lookalike = replace(signed, signing=artifact.signing_identity(b"cert A") + "0")
     assert lookalike.tag() == signed.tag()
-    assert registry.find(settings, lookalike, policy) is None
+    with pytest.raises(ArtifactInvalid, match=r"not used \(a build re-tagged\)"):
+        registry.find(settings, lookalike, policy)
 
 
 def test_a_corrupted_blob_fails_verification(

@@ -82,7 +82,8 @@ def test_a_warm_run_imports_only_what_it_runs(tmp_path: Path) -> None:
     kernel = make_debian_host(root)
     with serve_directory(www) as (base, _):
         env = installer_env(root, kernel, NVIDIA_DRIVER_VERSION=VERSION,
-                            NVIDIA_DRIVER_MIRRORS=base)
+                            NVIDIA_DRIVER_MIRRORS=base, NVIDIA_DRIVER_DIGESTS_FILE=str(
+                                kit.write_digests(tmp_path / "digests", www)))
         cold = run_installer(env, "run")
         assert cold.returncode == 0, cold.stderr[-3000:]
         warm = subprocess.run(

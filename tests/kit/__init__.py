@@ -7,8 +7,16 @@ import subprocess
 from pathlib import Path
 
 from kit.builder import build_runfile, runfile_name
+from kit.digests import write_digests
 
-__all__ = ["build_runfile", "extract_runfile", "install_nvml", "make_signing_key", "runfile_name"]
+__all__ = [
+    "build_runfile",
+    "extract_runfile",
+    "install_nvml",
+    "make_signing_key",
+    "runfile_name",
+    "write_digests",
+]
 
 
 def make_signing_key(directory: Path) -> tuple[Path, Path]:

@@ -76,13 +76,17 @@ class Request:
 class FaultServer:
     """Threaded HTTP server on 127.0.0.1:<free port>; start()/stop() or use as a context."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: Optional[ssl.SSLContext] = None) -> None:
         self.routes: dict[str, Route] = {}
         self.requests: list[Request] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
         self._httpd.owner = self
+        self.scheme = "http"
+        if tls is not None:  # HTTPS (tests/tlskit.py): the handshake happens on accept
+            self._httpd.socket = tls.wrap_socket(self._httpd.socket, server_side=True)
+            self.scheme = "https"
         self._thread: Optional[threading.Thread] = None
 
     # -- lifecycle
@@ -117,11 +121,11 @@ class FaultServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def url(self, path: str, *, userinfo: str = "") -> str:
         at = f"{userinfo}@" if userinfo else ""
-        return f"http://{at}127.0.0.1:{self.port}{path}"
+        return f"{self.scheme}://{at}127.0.0.1:{self.port}{path}"
 
     def add(self, path: str, body: bytes = b"", **faults: Any) -> Route:
         route = Route(body=body, **faults)
@@ -216,7 +220,8 @@ class _Handler(BaseHTTPRequestHandler):
             owner._sleep(stall)
         if route is None or route.status != 200 or fail:
             status = 404 if route is None else (route.fail_status if fail else route.status)
-            extra = {}
+            # A fixed status keeps its headers (a redirect's Location).
+            extra = dict(route.headers) if route is not None and not fail else {}
             if fail and route is not None and route.retry_after is not None:
                 extra["Retry-After"] = route.retry_after
             seen.status = status

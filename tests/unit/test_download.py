@@ -236,7 +236,7 @@ def test_file_source_verified_by_checksum_beside_it(mirror: Path, tmp_path: Path
 
     assert got.path.read_bytes() == data
     assert (got.verified_by, got.from_cache, got.bytes_transferred) == (
-        "published-sha256sum",
+        "local-sha256sum",
         False,
         len(data),
     )
@@ -296,7 +296,7 @@ def test_cache_reused_after_the_source_is_gone(mirror: Path, tmp_path: Path) -> 
     assert (got.from_cache, got.bytes_transferred, got.verified_by) == (
         True,
         0,
-        "published-sha256sum",
+        "local-sha256sum",
     )
     assert find_cached(tmp_path / "dl", NAME) == got
     assert find_cached(tmp_path / "dl", NAME, sha256="1" * 64) is None

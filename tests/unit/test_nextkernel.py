@@ -340,6 +340,32 @@ def test_watch_retries_a_failed_kernel_only_after_six_intervals(
     assert caplog.text.count("error[kernel-headers-missing]: no headers") == 1  # said once
 
 
+def test_watch_outlives_a_failure_nobody_foresaw_and_tries_again_later(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A long-running container must not die (and restart, and start over) on a fault that is
+    no InstallerError: it logs it and tries that kernel again after six intervals."""
+    recorded_host(tmp_path)
+    install_kernel(tmp_path, NEXT)
+    clock = [1000.0]
+    attempts = []
+
+    def broken(config: object, runner: object, build: object) -> str:
+        attempts.append(clock[0])
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    monkeypatch.setattr(nextkernel_service, "prepare_installed", broken)
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    with caplog.at_level(logging.INFO, logger="installer"):
+        nextkernel.watch(from_env(root_env(tmp_path)), FakeRunner(), never_build, 10.0,
+                         sleep=sleep, rounds=8)
+    assert attempts == [1000.0, 1060.0]
+    assert caplog.text.count("unexpected ConnectionResetError: [Errno 104] Connection reset "
+                             "by peer; tried again in 60 s") == 1
+
+
 def test_with_the_upgrade_protocol_the_node_is_restored_before_the_next_kernel(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from installer.cluster import protocol

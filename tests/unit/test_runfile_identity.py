@@ -31,13 +31,13 @@ def write_run(path: Path, label: str, version_line: str | None) -> Path:
 def test_a_matching_archive_has_no_problems(tmp_path: Path) -> None:
     run = write_run(tmp_path / "x.run",
                     f"NVIDIA Accelerated Graphics Driver for Linux-x86_64 {V}", V)
-    assert archive_problems(header_identity(run), V, V, "x86_64") == []
+    assert archive_problems(header_identity(run), V, "x86_64") == []
 
 
 def test_another_architecture_is_named(tmp_path: Path) -> None:
     run = write_run(tmp_path / "x.run",
                     f"NVIDIA Accelerated Graphics Driver for Linux-aarch64 {V}", V)
-    assert archive_problems(header_identity(run), V, V, "x86_64") == [
+    assert archive_problems(header_identity(run), V, "x86_64") == [
         "its label names architecture aarch64"]
 
 
@@ -45,8 +45,7 @@ def test_another_version_is_named_by_every_witness(tmp_path: Path) -> None:
     other = "580.126.20"
     run = write_run(tmp_path / "x.run",
                     f"NVIDIA Accelerated Graphics Driver for Linux-x86_64 {other}", other)
-    assert archive_problems(header_identity(run), other, V, "x86_64") == [
-        f"--version-string prints '{other}'",
+    assert archive_problems(header_identity(run), V, "x86_64") == [
         f"its label names version {other}",
         f"its header's version line says {other}",
     ]
@@ -55,8 +54,8 @@ def test_another_version_is_named_by_every_witness(tmp_path: Path) -> None:
 def test_a_file_without_an_nvidia_label_is_refused(tmp_path: Path) -> None:
     page = tmp_path / "x.run"
     page.write_text("<html>captive portal</html>\n")
-    assert archive_problems(header_identity(page), "", V, "x86_64") == [
-        "--version-string prints 'nothing'", "its header has no NVIDIA driver label"]
+    assert archive_problems(header_identity(page), V, "x86_64") == [
+        "its header has no NVIDIA driver label"]
 
 
 def test_the_extracted_tree_must_name_the_version(tmp_path: Path) -> None:

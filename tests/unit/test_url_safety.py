@@ -64,6 +64,7 @@ def test_run_logs_records_and_terminates_without_credentials(
         {
             "ROOT_MOUNT_DIR": str(root),
             "NVIDIA_DRIVER_DOWNLOAD_URL": secret_url(closed_port()),
+            "NVIDIA_DRIVER_SHA256": "a" * 64,  # vouched for: the download is attempted
             "NVIDIA_INSTALLER_RETRIES": "1",
             "NVIDIA_INSTALLER_TERMINATION_LOG": str(termination),
         },

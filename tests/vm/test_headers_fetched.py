@@ -41,6 +41,7 @@ Signed-By: /usr/share/keyrings/test-archive-keyring.gpg
 END
 touch /tmp/before-run
 export PYTHONPATH={repo} NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000/runfiles
+export NVIDIA_DRIVER_DIGESTS_FILE="$VM_FILES/www/digests"
 export NVIDIA_INSTALL_DIR_HOST={install} NVIDIA_DRIVER_VERSION={version}
 export NVIDIA_INSTALLER_HEADERS_MIRROR=http://127.0.0.1:8000/debian
 step plan {python} -m installer plan
@@ -72,6 +73,7 @@ def boot(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> It
     www = work / "www"
     publish_apt(www / "debian", "bookworm", debs, key)
     kit.build_runfile(VERSION, www / "runfiles" / VERSION)
+    kit.write_digests(www / "digests", www / "runfiles")  # a mirror serves bytes only
     script = SCENARIO.format(kbuild=trees[2], repo=REPO, install=INSTALL, version=VERSION,
                              python=sys.executable)
     yield boot_and_run(script, gpus=[FakeGpu("0000:00:04.0", "0x2330")],

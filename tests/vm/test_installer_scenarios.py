@@ -45,6 +45,7 @@ KEPT = sorted({Path(p).parts[2] for p in (sys.executable, str(REPO))
 
 PRELUDE = "\n" + SERVE_WWW + f"""\
 export PYTHONPATH={REPO} NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000
+export NVIDIA_DRIVER_DIGESTS_FILE="$VM_FILES/www/digests"
 export NVIDIA_INSTALL_DIR_HOST={INSTALL}
 installer() {{ {sys.executable} -m installer "$@"; }}
 # The DaemonSet's view: host / at /root (ROOT_MOUNT_DIR), the install dir mounted at
@@ -96,6 +97,7 @@ step reboot-run installer run
 state after-reboot-run
 step wrong-file env NVIDIA_DRIVER_VERSION={B} \
   NVIDIA_DRIVER_DOWNLOAD_URL=http://127.0.0.1:8000/{A}/NVIDIA-Linux-x86_64-{A}.run \
+  NVIDIA_DRIVER_SHA256="$(cut -d' ' -f1 "$VM_FILES"/www/{A}/*.run.sha256sum)" \
   {sys.executable} -m installer run
 state after-wrong-file
 cp -a "$VM_FILES/modules/{B}" {INSTALL}/cache/modules/
@@ -129,6 +131,7 @@ def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> I
     www = tmp_path_factory.mktemp("www")
     for version in (A, B):
         kit.build_runfile(version, www / version)
+    kit.write_digests(www / "digests", www)  # a mirror serves bytes only
     modules = prebuild_modules([B], www, vm_kernel.release, tmp_path_factory.mktemp("prebuilt"))
     state = tmp_path_factory.mktemp("vmstate")
     files = {"www": www, "modules": modules}
@@ -209,7 +212,7 @@ def test_a_run_of_another_version_is_refused_before_anything_changes(boots: Boot
     wrong = boots.second.section("wrong-file")
     assert exit_of(wrong) == 25, wrong
     assert "error[runfile-mismatch]" in wrong
-    assert f"--version-string prints '{A}'" in wrong
+    assert f"its label names version {A}" in wrong
     assert "step unload-old-driver" not in wrong and "step build-modules" not in wrong
     state = boots.second.section("after-wrong-file")
     assert_driver_state(state, A)

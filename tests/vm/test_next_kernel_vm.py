@@ -39,6 +39,7 @@ CACHE = f"/var/lib/nvidia/cache/modules/{A}"
 
 PRELUDE = f"""
 export PYTHONPATH={REPO} NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000 NVIDIA_DRIVER_VERSION={A}
+export NVIDIA_DRIVER_DIGESTS_FILE="$VM_FILES/www/digests"
 installer() {{ {sys.executable} -m installer "$@"; }}
 step() {{ echo "@@ $1"; rc=0; shift; "$@" 2>&1 || rc=$?; echo "exit=$rc"; }}
 state() {{
@@ -97,11 +98,13 @@ def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> I
     base = unpacked()
     www = tmp_path_factory.mktemp("www")
     kit.build_runfile(A, www / A)
+    kit.write_digests(www / "digests", www)  # a mirror serves bytes only
     ahead = tmp_path_factory.mktemp("ahead")
     make_debian_host(ahead, gpus=(), headers=False)
     add_headers(ahead)
     with serve_directory(www) as (url, _requests):
-        env = installer_env(ahead, SECOND, NVIDIA_DRIVER_VERSION=A, NVIDIA_DRIVER_MIRRORS=url)
+        env = installer_env(ahead, SECOND, NVIDIA_DRIVER_VERSION=A, NVIDIA_DRIVER_MIRRORS=url,
+                            NVIDIA_DRIVER_DIGESTS_FILE=str(www / "digests"))
         env.pop("NVIDIA_KERNEL_RELEASE")
         built = run_installer(env, "prebuild", "--kernel", SECOND, timeout=900)
     assert built.returncode == 0, built.stderr[-3000:]

@@ -120,7 +120,8 @@ for _ in $(seq 100); do
 done
 # What a node's init system does for its container runtime: the cgroup2 hierarchy.
 mountpoint -q /sys/fs/cgroup || mount -t cgroup2 cgroup2 /sys/fs/cgroup
-export NVIDIA_INSTALL_DIR_HOST={INSTALL}
+# The operator's digests file: the mirror on :8000 serves bytes only.
+export NVIDIA_INSTALL_DIR_HOST={INSTALL} NVIDIA_DRIVER_DIGESTS_FILE={GUEST_FILES}/www/digests
 installer() {{ PYTHONPATH={REPO} {sys.executable} -m installer "$@"; }}
 pod() {{
   local action=$1 name=$2
@@ -261,6 +262,7 @@ def prepare_files(built: Built, pause: Image, files: Path, kernel: str) -> Path:
     for version in (A, B):
         kit.build_runfile(version, files / "www" / version)
         build_fabricmanager(version, files / "www" / "redist")
+    kit.write_digests(files / "www" / "digests", files / "www")
     modules = prebuild_modules([A, B], files / "www", kernel, files.parent / "prebuilt")
     shutil.copytree(modules, files / "modules", symlinks=True)
     return files

@@ -41,6 +41,7 @@ for port in 8000 {port}; do
 done
 """ + NO_COMPILERS + """\
 export PYTHONPATH={repo} NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000
+export NVIDIA_DRIVER_DIGESTS_FILE="$VM_FILES/www/digests"
 export NVIDIA_INSTALL_DIR_HOST={install} NVIDIA_DRIVER_VERSION={version}
 export NVIDIA_MODULE_REGISTRY=127.0.0.1:{port}/{path} NVIDIA_MODULE_REGISTRY_PLAIN_HTTP=true
 export NVIDIA_MODULE_REGISTRY_USERNAME={user} NVIDIA_MODULE_REGISTRY_PASSWORD={password}
@@ -61,6 +62,7 @@ cat /tmp/compiler-calls 2>/dev/null || echo "no compiler process"
 def node_b(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VmResult]:
     www = tmp_path_factory.mktemp("www")
     kit.build_runfile(A, www / A)
+    kit.write_digests(www / "digests", www)  # a mirror serves bytes only
     private, _public = make_key_pair(www / "keys")  # node B gets the public key only
     private = private.replace(tmp_path_factory.mktemp("builder-key") / private.name)
     registry = Registry(tmp_path_factory.mktemp("registry")).start()
@@ -71,6 +73,7 @@ def node_b(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> 
         with serve_directory(www) as (base, _requests):
             env = installer_env(
                 root, kernel, NVIDIA_DRIVER_VERSION=A, NVIDIA_DRIVER_MIRRORS=base,
+                NVIDIA_DRIVER_DIGESTS_FILE=str(www / "digests"),
                 NVIDIA_MODULE_REGISTRY=registry.repository(REPOSITORY_PATH),
                 NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true",
                 NVIDIA_MODULE_REGISTRY_USERNAME=USER, NVIDIA_MODULE_REGISTRY_PASSWORD=PASSWORD,

@@ -47,6 +47,7 @@ py={sys.executable}
 wait_for() {{ for _ in $(seq 600); do eval "$1" && return 0; sleep 0.1; done; return 1; }}
 wait_for '$py -c "import socket; socket.create_connection((\\"127.0.0.1\\", 8000))" 2>/dev/null'
 export NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000 NVIDIA_INSTALL_DIR_HOST={INSTALL}
+export NVIDIA_DRIVER_DIGESTS_FILE="$VM_FILES/www/digests"
 export NVIDIA_INSTALLER_UPGRADE_PROTOCOL=true NODE_NAME={NODE}
 export NVIDIA_INSTALLER_KUBECONFIG=/tmp/kubeconfig
 installer() {{ $py -m installer "$@"; }}
@@ -137,6 +138,7 @@ def boot(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> It
     www = tmp_path_factory.mktemp("www")
     for version in (A, B):
         kit.build_runfile(version, www / version)
+    kit.write_digests(www / "digests", www)  # a mirror serves bytes only
     modules = prebuild_modules([A, B], www, vm_kernel.release, tmp_path_factory.mktemp("prebuilt"))
     yield boot_and_run(SCENARIO, gpus=GPUS, files={"www": www, "modules": modules},
                        timeout=2400)
