@@ -7,7 +7,6 @@ unsupported kubeconfig refused with a clear error before a request is made."""
 from __future__ import annotations
 
 import base64
-import datetime
 import ipaddress
 import ssl
 import tempfile
@@ -17,9 +16,8 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import serialization
+from lib.tlskit import issue_certificate, new_key, write_key
 
 from cluster.apiserver import ApiServer, Cluster
 from installer.cluster import credentials
@@ -45,62 +43,23 @@ class Pki:
         return base64.b64encode(self.pem(name)).decode()
 
 
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                       serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-
-
-def _certificate(subject: str, key: ec.EllipticCurvePrivateKey,
-                 issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
-                 names: list[x509.GeneralName] | None = None) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    builder = (x509.CertificateBuilder().subject_name(name)
-               .issuer_name(issuer[0].subject if issuer else name)
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None),
-                              critical=True))
-    if issuer is None:
-        builder = builder.add_extension(
-            x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                          content_commitment=False, key_encipherment=False,
-                          data_encipherment=False, key_agreement=False,
-                          encipher_only=False, decipher_only=False), critical=True)
-        builder = builder.add_extension(
-            x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-    else:
-        builder = builder.add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer[1].public_key()),
-            critical=False)
-    if names:
-        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-    return builder.sign(issuer[1] if issuer else key, hashes.SHA256())
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     directory = tmp_path_factory.mktemp("pki")
-    ca_key, other_key = _key(), _key()
-    ca = _certificate("cluster-ca", ca_key, None)
-    other = _certificate("another-ca", other_key, None)
+    ca_key, other_key = new_key(), new_key()
+    ca = issue_certificate("cluster-ca", ca_key, None)
+    other = issue_certificate("another-ca", other_key, None)
     issued = {
         "server": [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName(SERVICE_NAME)],
         "server-by-name": [x509.DNSName(SERVICE_NAME)],
         "client": None,
     }
     for name, names in issued.items():
-        key = _key()
-        certificate = _certificate(f"stand-in-{name}", key, (ca, ca_key), names)
+        key = new_key()
+        certificate = issue_certificate(f"stand-in-{name}", key, (ca, ca_key), names)
         pem = certificate.public_bytes(serialization.Encoding.PEM)
         (directory / f"{name}.crt").write_bytes(pem)
-        _write_key(directory / f"{name}.key", key)
+        write_key(directory / f"{name}.key", key)
     (directory / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     (directory / "other-ca.crt").write_bytes(other.public_bytes(serialization.Encoding.PEM))
     return Pki(directory)

@@ -317,16 +317,24 @@ def debian_host(tmp_path: Path, key: Key, sources: str) -> Path:
     return root
 
 
-def test_air_gapped_debian_node_builds_with_headers_from_the_mirror(archive: Any,
-                                                                    tmp_path: Path) -> None:
-    """No route to the host's sources; the mirror has them: fetched before the driver, built
-    against, cached for the next run (which asks the archive for nothing)."""
-    base, www, key, requests = archive
+def air_gapped_node(tmp_path: Path, archive: Any) -> tuple[Path, dict[str, str]]:
+    """Debian 12 with no route to its sources, set to fetch its headers from the mirror and the
+    driver from the archive's runfiles (vouched for by a digests file)."""
+    base, www, key, _ = archive
     root = debian_host(tmp_path, key, f"{UNREACHABLE}/debian")
     env = fetching_env(root, DEBIAN_K, base,
                        NVIDIA_DRIVER_DIGESTS_FILE=str(kit.write_digests(tmp_path / "digests",
                                                                          www / "runfiles")),
                        NVIDIA_INSTALLER_HEADERS_MIRROR=f"{base}/debian")
+    return root, env
+
+
+def test_air_gapped_debian_node_builds_with_headers_from_the_mirror(archive: Any,
+                                                                    tmp_path: Path) -> None:
+    """No route to the host's sources; the mirror has them: fetched before the driver, built
+    against, cached for the next run (which asks the archive for nothing)."""
+    base, _, _, requests = archive
+    root, env = air_gapped_node(tmp_path, archive)
     plan = run_installer(env, "plan")
     assert plan.returncode == 0, plan.stderr
     assert f"kernel-headers: fetch linux-headers-{DEBIAN_K}" in plan.stdout
@@ -363,12 +371,8 @@ def test_prebuild_gets_the_headers_of_a_kernel_not_running_as_a_node_does(
     """`installer prebuild --kernel K` (a CI job ahead of a kernel rollout) on a
     machine without K's headers fetches them the way a node does (here from the mirror), builds,
     and installs nothing on the host."""
-    base, www, key, requests = archive
-    root = debian_host(tmp_path, key, f"{UNREACHABLE}/debian")
-    env = fetching_env(root, DEBIAN_K, base,
-                       NVIDIA_DRIVER_DIGESTS_FILE=str(kit.write_digests(tmp_path / "digests",
-                                                                         www / "runfiles")),
-                       NVIDIA_INSTALLER_HEADERS_MIRROR=f"{base}/debian")
+    _, _, _, requests = archive
+    root, env = air_gapped_node(tmp_path, archive)
     env.pop("NVIDIA_KERNEL_RELEASE")
     requests.clear()
     result = run_installer(env, "prebuild", "--kernel", DEBIAN_K, timeout=600)

@@ -267,24 +267,23 @@ def test_a_forged_unsigned_or_misplaced_user_space_is_refused(
     ua.push(_settings(unsigned), key, source, paths, signer)
     assert ua.published(_settings(unsigned), key, signer)
 
+    def retagged(name: str, genuine: ua.UserspaceKey) -> str:
+        """A repository where the user space of `genuine`, signed, stands under key's tag."""
+        repository = reg.repository(name)
+        _publish_modules(node_a, repository, private)
+        pushed = ua.push(_settings(repository), genuine, source, paths, load_signer(private))
+        host, path = repository.split("/", 1)
+        http_push(host, path, key.tag(), [], pushed.evidence.manifest)
+        return repository
+
     # A genuine, signed user space of another version re-tagged as this version's.
-    misplaced = reg.repository("misplaced/nvidia")
-    _publish_modules(node_a, misplaced, private)
-    other = ua.push(_settings(misplaced), ua.UserspaceKey(OTHER, "x86_64"),
-                    source, paths, load_signer(private))
-    host, name = misplaced.split("/", 1)
-    http_push(host, name, key.tag(), [], other.evidence.manifest)
+    misplaced = retagged("misplaced/nvidia", ua.UserspaceKey(OTHER, "x86_64"))
     result = _falls_back(tmp_path / "m", served, node_a, misplaced, public, "artifact-invalid")
     assert f"holds the user space of {{'arch': 'x86_64', 'content': 'userspace', 'version': " \
            f"'{OTHER}'}}" in result.stderr
 
     # And another architecture's, the same way.
-    arm = reg.repository("arm/nvidia")
-    _publish_modules(node_a, arm, private)
-    aarch64 = ua.push(_settings(arm), ua.UserspaceKey(A, "aarch64"),
-                      source, paths, load_signer(private))
-    host, name = arm.split("/", 1)
-    http_push(host, name, key.tag(), [], aarch64.evidence.manifest)
+    arm = retagged("arm/nvidia", ua.UserspaceKey(A, "aarch64"))
     _falls_back(tmp_path / "arm", served, node_a, arm, public, "artifact-invalid")
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lib.httpfaults import QuietHandler
 from lib.registrykit import PASSWORD, USER, Registry, http_push, make_key_pair
 
 from installer.delivery import artifact, registry, trust
@@ -57,8 +58,7 @@ def policy(keys: dict[str, tuple[Path, Path]]) -> Policy:
 def settings(reg: Registry, request: pytest.FixtureRequest) -> RegistrySettings:
     # One repository per test: tests do not see each other's artifacts.
     name = "nvidia/" + request.node.name.lower().replace("_", "-")[:60]
-    return RegistrySettings(reg.repository(name), plain_http=True, username=USER,
-                            password=PASSWORD)
+    return reg.settings(name)
 
 
 @pytest.fixture
@@ -290,12 +290,8 @@ class _Stub(ThreadingHTTPServer):
     handle_fn: Any
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     server: _Stub
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
     def do_GET(self) -> None:
         self.server.seen.append(("GET", self.path, self.headers.get("Authorization", "")))

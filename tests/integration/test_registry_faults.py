@@ -27,7 +27,7 @@ from lib.hostkit import (
     make_debian_host,
     run_installer,
 )
-from lib.httpfaults import FaultServer, serve_directory
+from lib.httpfaults import FaultServer, QuietHandler, serve_directory
 from lib.registrykit import make_key_pair
 
 from installer.delivery import artifact, registry, trust
@@ -87,6 +87,17 @@ def publish(srv: FaultServer, key: ArtifactKey, private: Path,
     return paths
 
 
+def registry_env(root: Path, kernel: str, served: str, srv: FaultServer, keys: tuple[Path, Path],
+                 **settings: str) -> dict[str, str]:
+    """A node installing A from `served`, its modules from the artifact `srv` serves (trusting
+    the builder's key)."""
+    return installer_env(
+        root, kernel, NVIDIA_DRIVER_VERSION=A, NVIDIA_DRIVER_MIRRORS=served,
+        NVIDIA_MODULE_REGISTRY=f"127.0.0.1:{srv.port}/{NAME}",
+        NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true", NVIDIA_MODULE_TRUSTED_KEYS=str(keys[1]),
+        **settings)
+
+
 def drivers(root: Path) -> list[str]:
     return sorted(p.name for p in (root / INSTALL_DIR_HOST.lstrip("/") / "drivers").glob("*.ko"))
 
@@ -115,11 +126,7 @@ def test_a_registry_that_breaks_mid_body_costs_a_compile_not_a_traceback(
     kernel = make_debian_host(root)
     with FaultServer() as srv:
         paths = publish(srv, ArtifactKey(A, kernel, "open", "x86_64"), keys[0], faults)
-        env = installer_env(
-            root, kernel, NVIDIA_DRIVER_VERSION=A, NVIDIA_DRIVER_MIRRORS=served,
-            NVIDIA_MODULE_REGISTRY=f"127.0.0.1:{srv.port}/{NAME}",
-            NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true", NVIDIA_MODULE_TRUSTED_KEYS=str(keys[1]),
-            NVIDIA_INSTALLER_READ_TIMEOUT="1")
+        env = registry_env(root, kernel, served, srv, keys, NVIDIA_INSTALLER_READ_TIMEOUT="1")
         plan = run_installer(env, "plan")
         run = run_installer(env, "run")
 
@@ -157,11 +164,7 @@ def test_preparing_the_next_kernel_outlives_a_registry_that_breaks(
     with FaultServer() as srv:
         paths = publish(srv, ArtifactKey(A, pending, "open", "x86_64"), keys[0],
                         {"manifest": {"reset_after": 30, "reset_times": ALWAYS}})
-        env = installer_env(
-            root, kernel, NVIDIA_DRIVER_VERSION=A, NVIDIA_DRIVER_MIRRORS=served,
-            NVIDIA_MODULE_REGISTRY=f"127.0.0.1:{srv.port}/{NAME}",
-            NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true", NVIDIA_MODULE_TRUSTED_KEYS=str(keys[1]),
-            NVIDIA_INSTALLER_NEXT_KERNEL="separate")
+        env = registry_env(root, kernel, served, srv, keys, NVIDIA_INSTALLER_NEXT_KERNEL="separate")
         installed = run_installer(env, "run")
         assert installed.returncode == 0, installed.stderr[-3000:]
         prepared = run_installer(env, "prepare-next-kernel")
@@ -189,12 +192,8 @@ class _Stub(ThreadingHTTPServer):
         super().process_request(request, client_address)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     server: _Stub
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
     def do_GET(self) -> None:
         try:

@@ -26,7 +26,6 @@ from lib.registrykit import PASSWORD, USER, Registry, http_push, make_key_pair
 
 from installer.delivery import registry, trust
 from installer.delivery.artifact import ArtifactKey, Policy
-from installer.delivery.oci import RegistrySettings
 from installer.errors import ArtifactInvalid, ArtifactUntrusted
 
 OLD = ArtifactKey("580.95.05", "6.1.0-26-amd64", "open", "x86_64")
@@ -49,11 +48,6 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture
 def policy(keys: tuple[Path, Path]) -> Policy:
     return Policy(trust.load_trust_root(keys[1]))
-
-
-def settings_of(reg: Registry, name: str) -> RegistrySettings:
-    return RegistrySettings(reg.repository(name), plain_http=True, username=USER,
-                            password=PASSWORD)
 
 
 @pytest.fixture
@@ -86,7 +80,7 @@ def copy(reg: Registry, source: str, reference: str, dest: str, tag: str) -> str
 
 def test_an_older_signed_build_retagged_as_a_newer_version_is_refused(
         reg: Registry, modules: list[Path], keys: tuple[Path, Path], policy: Policy) -> None:
-    settings = settings_of(reg, "fleet/retag")
+    settings = reg.settings("fleet/retag")
     old = registry.push(settings, OLD, modules, trust.load_signer(keys[0]))
 
     retagged = copy(reg, "fleet/retag", OLD.tag(), "fleet/retag", NEW.tag())
@@ -102,7 +96,7 @@ def test_an_older_signed_build_retagged_as_a_newer_version_is_refused(
 
 def test_a_staging_build_copied_with_its_signature_into_production_is_refused(
         reg: Registry, modules: list[Path], keys: tuple[Path, Path], policy: Policy) -> None:
-    staging, production = settings_of(reg, "staging/m"), settings_of(reg, "production/m")
+    staging, production = reg.settings("staging/m"), reg.settings("production/m")
     built = registry.push(staging, NEW, modules, trust.load_signer(keys[0]))
     assert registry.find(staging, NEW, policy) is not None
 

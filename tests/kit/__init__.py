@@ -10,6 +10,7 @@ from kit.builder import build_runfile, runfile_name
 from kit.digests import write_digests
 
 __all__ = [
+    "build_mirror",
     "build_runfile",
     "extract_runfile",
     "install_nvml",
@@ -54,3 +55,12 @@ def install_nvml(extracted: Path, install: Path, version: str) -> Path:
         raise FileNotFoundError("ldconfig is not installed")
     subprocess.run([ldconfig, "-n", str(install / "lib64")], check=True)
     return install
+
+
+def build_mirror(www: Path, versions: list[str]) -> Path:
+    """A driver mirror at `www`: the kit's .run of each version at <version>/, and the digests
+    file that vouches for them (a mirror serves bytes only)."""
+    for version in versions:
+        build_runfile(version, www / version)
+    write_digests(www / "digests", www)
+    return www

@@ -177,13 +177,19 @@ class _Abort(Exception):
     pass
 
 
-class _Handler(BaseHTTPRequestHandler):
+class QuietHandler(BaseHTTPRequestHandler):
+    """HTTP/1.1 (connections kept alive, as the clients under test keep them) and no access log
+    on the test's stderr."""
+
     protocol_version = "HTTP/1.1"
-    server: _Server
-    timeout = 5  # idle keep-alive connections end on their own
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+
+class _Handler(QuietHandler):
+    server: _Server
+    timeout = 5  # idle keep-alive connections end on their own
 
     def do_HEAD(self) -> None:
         self._serve(head=True)

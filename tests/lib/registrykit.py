@@ -11,8 +11,12 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from installer.delivery.oci import RegistrySettings
 
 USER, PASSWORD = "robot", "s3cr3t-pa55"
 
@@ -91,6 +95,13 @@ class Registry:
 
     def repository(self, name: str) -> str:
         return f"{self.host}/{name}"
+
+    def settings(self, name: str) -> RegistrySettings:
+        """The installer's client settings for repository `name` here: plain http, USER."""
+        from installer.delivery.oci import RegistrySettings
+
+        return RegistrySettings(self.repository(name), plain_http=True, username=USER,
+                                password=PASSWORD)
 
     def blob_path(self, digest: str) -> Path:
         """Where the filesystem driver keeps a blob's bytes (distribution's storage layout)."""

@@ -1,6 +1,6 @@
 """A throwaway CA and a server certificate for 127.0.0.1: HTTPS test servers whose certificate
 a client verifies (REQUESTS_CA_BUNDLE or dnf's sslcacert= names the CA), as NVIDIA's download
-hosts are verified."""
+hosts are verified; issue_certificate makes the other test PKIs (the stand-in API server's)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ import ipaddress
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from lib.httpfaults import static_server
+
+if TYPE_CHECKING:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 
 class Tls(NamedTuple):
@@ -20,52 +24,68 @@ class Tls(NamedTuple):
     context: ssl.SSLContext  # the server side, for 127.0.0.1
 
 
-def make_tls(directory: Path) -> Tls:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
+def new_key() -> ec.EllipticCurvePrivateKey:
     from cryptography.hazmat.primitives.asymmetric import ec
+
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+
+
+def issue_certificate(subject: str, key: ec.EllipticCurvePrivateKey,
+                      issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
+                      names: list[x509.GeneralName] | None = None) -> x509.Certificate:
+    """A certificate for `key`, valid for a day: a CA's own (issuer None) or one `issuer`
+    (its certificate and key) signs, for the subject alternative `names`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
     from cryptography.x509.oid import NameOID
 
-    directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+    builder = (x509.CertificateBuilder().subject_name(name)
+               .issuer_name(issuer[0].subject if issuer else name)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5))
+               .not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None),
+                              critical=True))
+    if issuer is None:
+        builder = builder.add_extension(
+            x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                          content_commitment=False, key_encipherment=False,
+                          data_encipherment=False, key_agreement=False,
+                          encipher_only=False, decipher_only=False), critical=True)
+        builder = builder.add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    else:
+        builder = builder.add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer[1].public_key()),
+            critical=False)
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return builder.sign(issuer[1] if issuer else key, hashes.SHA256())
 
-    def issue(subject: str, key: ec.EllipticCurvePrivateKey,
-              issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None
-              ) -> x509.Certificate:
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-        builder = (x509.CertificateBuilder().subject_name(name)
-                   .issuer_name(issuer[0].subject if issuer else name)
-                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5))
-                   .not_valid_after(now + datetime.timedelta(days=1))
-                   .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None),
-                                  critical=True))
-        if issuer is None:
-            builder = builder.add_extension(
-                x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                              content_commitment=False, key_encipherment=False,
-                              data_encipherment=False, key_agreement=False,
-                              encipher_only=False, decipher_only=False), critical=True)
-            builder = builder.add_extension(
-                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        else:
-            builder = builder.add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer[1].public_key()),
-                critical=False).add_extension(
-                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                critical=False)
-        return builder.sign(issuer[1] if issuer else key, hashes.SHA256())
 
-    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(
-        ec.SECP256R1())
-    ca = issue("test download CA", ca_key, None)
-    server = issue("127.0.0.1", server_key, (ca, ca_key))
+def make_tls(directory: Path) -> Tls:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key, server_key = new_key(), new_key()
+    ca = issue_certificate("test download CA", ca_key, None)
+    server = issue_certificate("127.0.0.1", server_key, (ca, ca_key),
+                               [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
     ca_file = directory / "ca.pem"
     ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     (directory / "server.pem").write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    (directory / "server.key").write_bytes(server_key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
+    write_key(directory / "server.key", server_key)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(directory / "server.pem", directory / "server.key")
     return Tls(ca_file, context)

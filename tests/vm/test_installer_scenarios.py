@@ -128,10 +128,7 @@ class Boots:
 
 @pytest.fixture(scope="module")
 def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Boots]:
-    www = tmp_path_factory.mktemp("www")
-    for version in (A, B):
-        kit.build_runfile(version, www / version)
-    kit.write_digests(www / "digests", www)  # a mirror serves bytes only
+    www = kit.build_mirror(tmp_path_factory.mktemp("www"), [A, B])
     modules = prebuild_modules([B], www, vm_kernel.release, tmp_path_factory.mktemp("prebuilt"))
     state = tmp_path_factory.mktemp("vmstate")
     files = {"www": www, "modules": modules}

@@ -96,9 +96,7 @@ class Boots:
 def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Boots]:
     assert is_newer(vm_kernel.release, SECOND), (vm_kernel.release, SECOND)
     base = unpacked()
-    www = tmp_path_factory.mktemp("www")
-    kit.build_runfile(A, www / A)
-    kit.write_digests(www / "digests", www)  # a mirror serves bytes only
+    www = kit.build_mirror(tmp_path_factory.mktemp("www"), [A])
     ahead = tmp_path_factory.mktemp("ahead")
     make_debian_host(ahead, gpus=(), headers=False)
     add_headers(ahead)

@@ -60,9 +60,7 @@ cat /tmp/compiler-calls 2>/dev/null || echo "no compiler process"
 
 @pytest.fixture(scope="module")
 def node_b(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VmResult]:
-    www = tmp_path_factory.mktemp("www")
-    kit.build_runfile(A, www / A)
-    kit.write_digests(www / "digests", www)  # a mirror serves bytes only
+    www = kit.build_mirror(tmp_path_factory.mktemp("www"), [A])
     private, _public = make_key_pair(www / "keys")  # node B gets the public key only
     private = private.replace(tmp_path_factory.mktemp("builder-key") / private.name)
     registry = Registry(tmp_path_factory.mktemp("registry")).start()

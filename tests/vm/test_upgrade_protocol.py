@@ -135,10 +135,7 @@ kill "$(cat /tmp/stuck.pid)"
 
 @pytest.fixture(scope="module")
 def boot(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VmResult]:
-    www = tmp_path_factory.mktemp("www")
-    for version in (A, B):
-        kit.build_runfile(version, www / version)
-    kit.write_digests(www / "digests", www)  # a mirror serves bytes only
+    www = kit.build_mirror(tmp_path_factory.mktemp("www"), [A, B])
     modules = prebuild_modules([A, B], www, vm_kernel.release, tmp_path_factory.mktemp("prebuilt"))
     yield boot_and_run(SCENARIO, gpus=GPUS, files={"www": www, "modules": modules},
                        timeout=2400)
