@@ -1,4 +1,4 @@
-"""Prints the README's settings and exit-code tables from the code (a test keeps them equal)."""
+"""Prints the tables of docs/settings.md and docs/errors.md from the code (a test checks them)."""
 
 from __future__ import annotations
 

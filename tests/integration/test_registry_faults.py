@@ -40,11 +40,13 @@ NAME = "gpu/m"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The settings of a mirror serving the kit's .run, and the digests file vouching for it."""
     www = tmp_path_factory.mktemp("www")
     kit.build_runfile(A, www / A)
+    digests = kit.write_digests(www.parent / f"{www.name}.digests", www)
     with serve_directory(www) as (base, _requests):
-        yield base
+        yield {"NVIDIA_DRIVER_MIRRORS": base, "NVIDIA_DRIVER_DIGESTS_FILE": str(digests)}
 
 
 @pytest.fixture(scope="module")
@@ -87,12 +89,12 @@ def publish(srv: FaultServer, key: ArtifactKey, private: Path,
     return paths
 
 
-def registry_env(root: Path, kernel: str, served: str, srv: FaultServer, keys: tuple[Path, Path],
-                 **settings: str) -> dict[str, str]:
-    """A node installing A from `served`, its modules from the artifact `srv` serves (trusting
-    the builder's key)."""
+def registry_env(root: Path, kernel: str, served: dict[str, str], srv: FaultServer,
+                 keys: tuple[Path, Path], **settings: str) -> dict[str, str]:
+    """A node installing A from the `served` mirror, its modules from the artifact `srv` serves
+    (trusting the builder's key)."""
     return installer_env(
-        root, kernel, NVIDIA_DRIVER_VERSION=A, NVIDIA_DRIVER_MIRRORS=served,
+        root, kernel, NVIDIA_DRIVER_VERSION=A, **served,
         NVIDIA_MODULE_REGISTRY=f"127.0.0.1:{srv.port}/{NAME}",
         NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true", NVIDIA_MODULE_TRUSTED_KEYS=str(keys[1]),
         **settings)
@@ -120,7 +122,7 @@ FAULTS = {
 @pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_a_registry_that_breaks_mid_body_costs_a_compile_not_a_traceback(
-        tmp_path: Path, served: str, keys: tuple[Path, Path], fault: str) -> None:
+        tmp_path: Path, served: dict[str, str], keys: tuple[Path, Path], fault: str) -> None:
     faults, reason = FAULTS[fault]
     root = tmp_path / "node"
     kernel = make_debian_host(root)
@@ -151,7 +153,7 @@ def test_a_registry_that_breaks_mid_body_costs_a_compile_not_a_traceback(
 
 @pytest.mark.skipif(debian_headers() is None, reason="needs linux-headers-amd64")
 def test_preparing_the_next_kernel_outlives_a_registry_that_breaks(
-        tmp_path: Path, served: str, keys: tuple[Path, Path]) -> None:
+        tmp_path: Path, served: dict[str, str], keys: tuple[Path, Path]) -> None:
     """What the DaemonSet's `prepare-next-kernel --watch` container does each round: the
     artifact of the pending kernel breaks mid-body, so it falls back to compiling (here: no
     headers for that kernel) and reports a clear error instead of dying with a traceback."""

@@ -143,6 +143,7 @@ def test_a_node_compiles_rather_than_use_a_staging_build_copied_into_production(
         tmp_path: Path, reg: Registry, keys: tuple[Path, Path]) -> None:
     www = tmp_path / "www"
     kit.build_runfile(A, www / A)
+    digests = kit.write_digests(tmp_path / "digests", www)
     with serve_directory(www) as (base, _requests):
         builder = tmp_path / "builder"
         kernel = make_debian_host(builder, gpus=())
@@ -150,6 +151,7 @@ def test_a_node_compiles_rather_than_use_a_staging_build_copied_into_production(
         def env(root: Path, name: str, **extra: str) -> dict[str, str]:
             return installer_env(
                 root, kernel, NVIDIA_DRIVER_VERSION=A, NVIDIA_DRIVER_MIRRORS=base,
+                NVIDIA_DRIVER_DIGESTS_FILE=str(digests),
                 NVIDIA_MODULE_REGISTRY=reg.repository(name),
                 NVIDIA_MODULE_REGISTRY_PLAIN_HTTP="true", NVIDIA_MODULE_REGISTRY_USERNAME=USER,
                 NVIDIA_MODULE_REGISTRY_PASSWORD=PASSWORD, **extra)
