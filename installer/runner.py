@@ -1,5 +1,5 @@
 """The only place that starts processes: argv lists, LC_ALL=C, timeouts, streamed output.
-subprocess is imported when a process starts: a warm run starts none (issue 22)."""
+subprocess is imported when a process starts: a warm run starts none, so it never pays for it."""
 
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def _collect(
     return lines
 
 
-# --- long-running children (issue 21: the daemons beside the driver) -----------------------
+# --- long-running children: the daemons beside the driver ---------------------------------
 
 
 class Child:

@@ -249,7 +249,8 @@ def test_our_daemons_are_known_by_their_program_in_the_install_dir(tmp_path: Pat
     add_process(tmp_path, 103, "python3", {5: "/dev/nvidia0"})
     # The DaemonSet's container sees the install dir at NVIDIA_INSTALL_DIR_CONTAINER.
     our_process(tmp_path, 104, str(config.install_dir_container), "nv-fabricmanager")
-    found = processes.find(root, components.DAEMONS, (layout.install_host,))
+    found = processes.find(root, ("nv-fabricmanager", "nvidia-persistenced"),
+                           (layout.install_host,))
     assert [(d.pid, d.name) for d in found] == [(100, "nv-fabricmanager"),
                                                 (101, "nvidia-persistenced")]
     from installer import host
