@@ -52,17 +52,11 @@ class Result(NamedTuple):
 
 
 class Runner(Protocol):
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        check: bool = True,
-        timeout: float | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        stream: bool = False,
-        input_text: str | None = None,
-    ) -> Result: ...
+    """What runs a command: SubprocessRunner, or a test's stand-in (see its `run`)."""
+
+    def run(self, argv: Sequence[str], *, check: bool = True, timeout: float | None = None,
+            env: Mapping[str, str] | None = None, cwd: str | None = None,
+            stream: bool = False, input_text: str | None = None) -> Result: ...
 
 
 class SubprocessRunner:

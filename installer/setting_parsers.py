@@ -37,11 +37,16 @@ def choice(*allowed: str) -> Callable[[str, Named], str]:
     return parse
 
 
-def number(value: str, setting: Named) -> float:
+def _float(value: str) -> float:
+    """What `value` says as a number, or -1 for no number (no setting takes a negative one)."""
     try:
-        number = float(value)
+        return float(value)
     except ValueError:
-        number = -1.0
+        return -1.0
+
+
+def number(value: str, setting: Named) -> float:
+    number = _float(value)
     if number <= 0:
         raise ConfigError(f"{setting.env}={value!r} must be a positive number")
     return number
@@ -276,10 +281,7 @@ def trusted_origins(value: str, setting: Named) -> tuple[str, ...]:
 
 def seconds_or_never(value: str, setting: Named) -> float:
     """Seconds >= 0, where 0 means never."""
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
+    number = _float(value)
     if not number >= 0 or number == float("inf"):
         raise ConfigError(f"{setting.env}={value!r} must be a number of seconds >= 0 "
                           "(0: never)")
