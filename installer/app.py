@@ -27,7 +27,7 @@ def build_plan(config: Config, runner: Runner | None = None) -> Plan:
         fetch_bytes=fetch_bytes_for(config),
         fetch_runfile=fetch_runfile_for(config),
     )
-    nextkernel.extend(plan, build_modules)  # issue 21: the next kernel before the reboot
+    nextkernel.extend(plan, build_modules)  # the next kernel before the reboot
     return plan
 
 
@@ -57,14 +57,12 @@ def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutco
 def _execute(config: Config, layout: Layout, plan: Plan) -> list[pipeline.StepOutcome]:
     from dataclasses import replace
 
-    # Issue 21: the node is given back (restored, uncordoned) before the next kernel's modules
+    # The node is given back (restored, uncordoned) before the next kernel's modules
     # are prepared.
     install, after = nextkernel.split_steps(plan.steps)
-    # Issue 13: the node restored (or marked failed) after an upgrade; issue 20: restored too
-    # when an earlier run left it mid-upgrade and the protocol is off now. A plan without a
-    # context (an install stubbed out) has its gate chosen here.
-    gate = upgrade_gate.of(plan.context) if plan.context is not None \
-        else upgrade_gate.choose(config)
+    # The node restored (or marked failed) after an upgrade; restored too when an earlier run
+    # left it mid-upgrade and the protocol is off now, so no node stays cordoned for good.
+    gate = upgrade_gate.of(plan.context)
     try:
         outcomes = pipeline.execute(replace(plan, steps=install))
     except InstallerError as error:
@@ -118,7 +116,7 @@ def verify_installed(config: Config, runner: Runner | None = None) -> Any:
     expected = record.version if record else None
     if record is None and versions.parse_request(config.version).kind == "exact":
         expected = config.version
-    fabric_required, switches = components.fabric_required(root)  # issue 21
+    fabric_required, switches = components.fabric_required(root)  # NVSwitch nodes
     return verify.verify(
         install_dir=layout.install_local,
         expected_version=expected,
@@ -142,8 +140,8 @@ def status(config: Config) -> dict[str, Any]:
         else None,
         "ready": ready is not None,
         "ready_file": str(READY_FILE),
-        "next_kernel": nextkernel.status(config, root, layout, record),  # issue 21
-        "daemons": _daemons(root),  # issue 21
+        "next_kernel": nextkernel.status(config, root, layout, record),
+        "daemons": _daemons(root),  # Fabric Manager, persistenced
     }
 
 
@@ -173,7 +171,7 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
     with state.HostLock(layout.lock_file, config.lock_timeout):
         record = state.read_record(layout.state_file)
         holders = components.holders(root, layout, config)
-        # Issue 21: when the unload goes ahead, the scheduling gate closes (the label goes),
+        # When the unload goes ahead, the scheduling gate closes (the label goes),
         # then our daemons stop (they run again only for a driver verified anew).
         gate_steps.close_before_unload(config, root, "uninstalling the driver", drop_label=True)
         with components.paused(root, layout, config, when=not holders):
@@ -213,7 +211,7 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
 
 
 def serve_gate(config: Config) -> None:
-    """`installer gate` (issue 21): keep the node's scheduling gate in step with its readiness
+    """`installer gate`: keep the node's scheduling gate in step with its readiness
     until SIGTERM. Raises ConfigError when the gate is off."""
     from installer.errors import ConfigError
 
@@ -235,7 +233,7 @@ def list_versions(config: Config) -> list[str]:
     return lines
 
 
-# Issue 14: the steps that produce (and publish) the modules of one key, nothing on the host.
+# The steps that produce (and publish) the modules of one key, nothing on the host.
 _PREBUILD_STEPS = ("fetch-runfile", "extract-runfile", "kernel-headers", "build-modules")
 
 

@@ -13,7 +13,6 @@ from installer.errors import CatalogUnavailable
 LTS = "lts branch"
 PRODUCTION = "production branch"
 NEW_FEATURE = "new feature branch"
-BRANCH_TYPES = (PRODUCTION, LTS, NEW_FEATURE)
 
 SHIPPED = "installer/data/releases.json"
 
@@ -145,7 +144,7 @@ def load(source: str | None, fetch: Fetch) -> Catalog:
 def shipped() -> Catalog:
     """The catalog shipped with the package (parsed once per process)."""
     # Beside this module, as gpus.shipped_database reads gpus.json (not importlib.resources:
-    # issue 22's warm path).
+    # it costs the warm path its zipfile readers).
     data = (Path(__file__).parent / "data" / "releases.json").read_bytes()
     return parse(data, SHIPPED)
 

@@ -157,7 +157,7 @@ class Config:
         "Where a failure's reference and hint are written for `kubectl describe pod` (only if the"
         " file exists, as Kubernetes creates it).",
     )
-    # issue 14
+    # where the driver comes from and who vouches for it; the prebuilt-module registry
     allow_unverified: bool = setting(
         "NVIDIA_DRIVER_ALLOW_UNVERIFIED", "false", parse.switch,
         "Accept a downloaded .run or Fabric Manager archive that no SHA-256 (pin, digests file "
@@ -203,7 +203,7 @@ class Config:
         "Environment only; prefer NVIDIA_MODULE_REGISTRY_PASSWORD_FILE.",
         secret=True,
     )
-    # issue 12
+    # kernel headers on nodes without the distro's archive
     headers_mirror: str | None = setting(
         "NVIDIA_INSTALLER_HEADERS_MIRROR", "", parse.url,
         "Mirror of the host's package archive for kernel headers (air-gapped nodes): replaces the"
@@ -215,14 +215,14 @@ class Config:
         "Rocky Linux's vault: kernel-devel of older minor releases (<vault>/<minor>/BaseOS and "
         "AppStream).",
     )
-    # issue 10
+    # the dnf source
     dnf_enable_epel: bool = setting(
         "NVIDIA_DNF_ENABLE_EPEL", "false", parse.switch,
         "dnf source, DKMS streams: install epel-release (from the host's repos) when no EPEL repo"
         " is enabled, for `dkms`. Off: adding a third-party repo is the operator's call.",
         switch=True,
     )
-    # issue 13: the node-side upgrade protocol (installer/cluster)
+    # the node-side upgrade protocol (installer/cluster)
     upgrade_protocol: bool = setting(
         "NVIDIA_INSTALLER_UPGRADE_PROTOCOL", "false", parse.switch,
         "When a different, held driver is loaded: cordon, pause GPU clients, evict GPU pods, "
@@ -259,7 +259,7 @@ class Config:
         " during an upgrade.",
     )
 
-    # issue 20: who may publish the modules a node loads
+    # who may publish the modules a node loads
     module_trusted_keys: Path | None = setting(
         "NVIDIA_MODULE_TRUSTED_KEYS", "", parse.local_file,
         "PEM file (public keys or certificates) whose cosign signatures make a pulled module "
@@ -289,7 +289,7 @@ class Config:
         "Comma-separated https://host[:port] token services the registry may send the "
         "installer to besides itself (e.g. https://auth.docker.io); others are refused.",
     )
-    # issue 21: the next kernel before the reboot (installer/nextkernel)
+    # the next kernel before the reboot (installer/nextkernel)
     next_kernel: str = setting(
         "NVIDIA_INSTALLER_NEXT_KERNEL", "run", parse.choice("run", "separate", "off"),
         "Modules for a newer installed kernel (the next boot's) into the cache: run (each run, "
@@ -297,7 +297,7 @@ class Config:
         "DaemonSet's long-running container) or off.",
     )
 
-    # issue 21: the daemons beside the driver (installer/components)
+    # the daemons beside the driver (installer/components)
     fabricmanager: str = setting(
         "NVIDIA_FABRICMANAGER", "auto", parse.choice("auto", "false"),
         "auto: where NVSwitch PCI functions are found (HGX/DGX A100, H100, H200), install "
@@ -322,7 +322,7 @@ class Config:
         "died (backoff 1 s doubling to 30 s) within 10 minutes before exiting non-zero.",
     )
 
-    # issue 21: the scheduling gate (installer/cluster/gate.py, docs/deploy.md)
+    # the scheduling gate (installer/cluster/gate.py, docs/deploy.md)
     scheduling_gate: bool = setting(
         "NVIDIA_INSTALLER_SCHEDULING_GATE", "false", parse.switch,
         "Keep the node tainted (NVIDIA_INSTALLER_GATE_TAINT, NoSchedule) until the driver is "

@@ -1,4 +1,4 @@
-"""The scheduling gate in a run (issue 21): closed at the start while the node is not ready,
+"""The scheduling gate in a run: closed at the start while the node is not ready,
 opened at the end once it is, closed again before a driver is unloaded (upgrade, uninstall).
 The Kubernetes side is installer/cluster/gate.py, loaded only with the gate on."""
 

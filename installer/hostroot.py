@@ -78,7 +78,7 @@ class HostRoot(NamedTuple):
         pending = list(PurePosixPath(host_path).parts[1:])
         pending.reverse()
         # The resolved names below /, joined as strings: a run resolves some 30 host paths,
-        # and pathlib objects per component cost it 3 ms (issue 22).
+        # and pathlib objects per component cost it 3 ms.
         resolved: list[str] = []
         root = str(self.root)
         hops = 0

@@ -38,7 +38,7 @@ def ldconfig_argv(root: HostRoot, *extra: str) -> list[str]:
 def cached_libraries(root: HostRoot, runner: Runner) -> dict[str, list[str]]:
     """soname -> host paths, as the host's /etc/ld.so.cache lists them: read from the file as
     the dynamic loader reads it or, for a file this does not know, as `ldconfig -p` prints it
-    (issue 22: a warm run spawns no ldconfig)."""
+    (a warm run spawns no ldconfig)."""
     try:
         pairs = read_cache(root.local_resolved(CACHE_FILE).read_bytes())
     except OSError:

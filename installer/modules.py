@@ -94,7 +94,8 @@ def load(root: HostRoot, runner: Runner, request: LoadRequest) -> None:
             try:
                 runner.run(argv, timeout=120)
             except CommandFailed as exc:
-                # Issue 19: the kernel's own reason (NVRM: No NVIDIA GPU found., ...).
+                # The kernel's own reason (NVRM: No NVIDIA GPU found., ...): modprobe's error
+                # alone does not say why.
                 said = kernel_log.lines()
                 kernel = ("; the kernel logged: " + " | ".join(said)) if said else ""
                 raise ModuleLoadFailed(

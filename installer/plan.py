@@ -46,7 +46,7 @@ class Target:
     headers: Headers | None
     load: bool
     gpu_addresses: tuple[str, ...]
-    # Issue 19: dnf without cached module metadata installs the stream's newest, known only
+    # dnf without cached module metadata installs the stream's newest, known only
     # when run; `version` is then a placeholder that plan and step summaries must not name.
     version_pending: bool = False
     # What the shared steps need of the source (sources.Source), set by the planner so that no

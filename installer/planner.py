@@ -97,7 +97,7 @@ def make_plan(
     ctx = Context(config, root, layout, runner, facts, target, fetch_runfile,
                   upgrade_gate=upgrade_gate.choose(config))  # refuse or free a held driver
     decisions = source.decisions(ctx, decisions)
-    decisions += components.decisions(ctx)  # issue 21: Fabric Manager on NVSwitch nodes
+    decisions += components.decisions(ctx)  # Fabric Manager on NVSwitch nodes
     return Plan(ctx, decisions, _steps(ctx), blockers)
 
 
@@ -105,15 +105,15 @@ def _steps(ctx: Context) -> list[Step]:
     source = sources.named(ctx.target.source)
     load = ctx.target.load
     plan = [steps.secure_boot_step(ctx)]
-    gate = load and ctx.config.scheduling_gate  # issue 21: tainted while not ready
+    gate = load and ctx.config.scheduling_gate  # tainted while not ready
     if gate:
         plan.append(gate_steps.close_step(ctx))
     if load:
         plan.append(steps.nouveau_step(ctx))
     plan += source.steps(ctx)
-    plan += components.steps(ctx)  # issue 21: beside the user space in versions/<ver>
+    plan += components.steps(ctx)  # beside the user space in versions/<ver>
     # Stage everything on the host first, so the old driver is unloaded and the new one
-    # loaded back to back (issue 9).
+    # loaded back to back: the node is without a driver for the shortest time.
     if load and not source.frees_driver_itself:
         plan.append(steps.driver_free_step(ctx))
     if source.stages_module_files:
@@ -150,7 +150,7 @@ def _flavour_reason(setting: str, flavour: str) -> str:
 
 
 def _choose_source(config: Config, facts: host.HostFacts) -> Source:
-    # Issue 4: under auto, the first source with evidence on this host (dnf where NVIDIA's repo
+    # Under auto, the first source with evidence on this host (dnf where NVIDIA's repo
     # is configured: an offline check), else the one that builds modules (NVIDIA's .run).
     if config.source != "auto":
         chosen = sources.named(config.source)

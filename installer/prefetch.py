@@ -1,6 +1,6 @@
 """Getting NVIDIA's .run by URL: its name and the URLs to try, the fetch functions the plan is
 given, and `installer download`. Kept light (the delivery stack is imported when a fetch
-starts): `installer download` imports this, not the planner and its steps (issue 19)."""
+starts): `installer download` imports this, not the planner and its steps."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The only place that starts processes: argv lists, LC_ALL=C, timeouts, streamed output.
-subprocess is imported when a process starts: a warm run starts none (issue 22)."""
+subprocess is imported when a process starts: a warm run starts none, so it never pays for it."""
 
 from __future__ import annotations
 
@@ -52,17 +52,11 @@ class Result(NamedTuple):
 
 
 class Runner(Protocol):
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        check: bool = True,
-        timeout: float | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        stream: bool = False,
-        input_text: str | None = None,
-    ) -> Result: ...
+    """What runs a command: SubprocessRunner, or a test's stand-in (see its `run`)."""
+
+    def run(self, argv: Sequence[str], *, check: bool = True, timeout: float | None = None,
+            env: Mapping[str, str] | None = None, cwd: str | None = None,
+            stream: bool = False, input_text: str | None = None) -> Result: ...
 
 
 class SubprocessRunner:
@@ -155,7 +149,7 @@ def _collect(
     return lines
 
 
-# --- long-running children (issue 21: the daemons beside the driver) -----------------------
+# --- long-running children: the daemons beside the driver ---------------------------------
 
 
 class Child:

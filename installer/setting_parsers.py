@@ -37,11 +37,16 @@ def choice(*allowed: str) -> Callable[[str, Named], str]:
     return parse
 
 
-def number(value: str, setting: Named) -> float:
+def _float(value: str) -> float:
+    """What `value` says as a number, or -1 for no number (no setting takes a negative one)."""
     try:
-        number = float(value)
+        return float(value)
     except ValueError:
-        number = -1.0
+        return -1.0
+
+
+def number(value: str, setting: Named) -> float:
+    number = _float(value)
     if number <= 0:
         raise ConfigError(f"{setting.env}={value!r} must be a positive number")
     return number
@@ -276,10 +281,7 @@ def trusted_origins(value: str, setting: Named) -> tuple[str, ...]:
 
 def seconds_or_never(value: str, setting: Named) -> float:
     """Seconds >= 0, where 0 means never."""
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
+    number = _float(value)
     if not number >= 0 or number == float("inf"):
         raise ConfigError(f"{setting.env}={value!r} must be a number of seconds >= 0 "
                           "(0: never)")
@@ -318,12 +320,12 @@ def check_consistency(config: Config) -> None:
     if not config.root.is_absolute():
         raise ConfigError(f"ROOT_MOUNT_DIR={config.root} must be an absolute path")
     check_registry(config)
-    if config.scheduling_gate and not config.node_name:  # issue 21
+    if config.scheduling_gate and not config.node_name:  # the gate labels this node
         raise ConfigError(
             "NVIDIA_INSTALLER_SCHEDULING_GATE=true needs NODE_NAME (this node's name)",
             hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
         )
-    if config.upgrade_protocol and not config.node_name:  # issue 13
+    if config.upgrade_protocol and not config.node_name:  # the protocol cordons this node
         raise ConfigError(
             "NVIDIA_INSTALLER_UPGRADE_PROTOCOL=true needs NODE_NAME (this node's name)",
             hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
@@ -332,7 +334,7 @@ def check_consistency(config: Config) -> None:
 
 def check_registry(config: Config) -> None:
     """Asking to publish without a registry or a publisher key is an error, not a silent
-    no-op; one password source only (issue 20)."""
+    no-op; one password source only (two would leave which one wins to chance)."""
     if config.module_registry_push and not config.module_registry:
         raise ConfigError(
             "NVIDIA_MODULE_REGISTRY_PUSH=true (or --push) needs NVIDIA_MODULE_REGISTRY: there "

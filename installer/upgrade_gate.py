@@ -1,6 +1,6 @@
 """The upgrade gate: what stands between a held driver and its unload, chosen once per run from
 NVIDIA_INSTALLER_UPGRADE_PROTOCOL. Off, a held driver is refused (and a node an earlier run left
-mid-upgrade is restored after the run); on, the node-side upgrade protocol (issue 13: cordon,
+mid-upgrade is restored after the run); on, the node-side upgrade protocol (cordon,
 evict, wait) frees it, and the node is restored or marked failed after the run. Steps and `app`
 ask the gate; none of them tests the switch."""
 
@@ -64,7 +64,7 @@ class RefusingGate:
         raise modules.in_use_error(holders, modules.loaded_modules(ctx.root), detail)
 
     def finished(self, config: Config, layout: Layout) -> None:
-        # Issue 20: a node an earlier run left mid-upgrade (its marker, protocol.HINT_NAME) is
+        # A node an earlier run left mid-upgrade (its marker, protocol.HINT_NAME) is
         # restored even with the protocol switched off since; the warm path only stats a file.
         if (layout.install_local / MID_UPGRADE_MARKER).exists():
             from installer.cluster import protocol
@@ -76,7 +76,7 @@ class RefusingGate:
 
 
 class ClusterGate:
-    """The upgrade protocol on (issue 13): the node is cordoned, its GPU clients paused and its
+    """The upgrade protocol on: the node is cordoned, its GPU clients paused and its
     GPU pods evicted until the driver is free; restored after the run. The cluster code is
     imported only when a method runs."""
 

@@ -1,6 +1,7 @@
 """The `installer` command (and `python -m installer`): flags and environment become a Config,
 and the one place errors become exit codes. The click commands are in `commands.py`; the
-images' default command, a bare `installer run`, starts without importing click (issue 22)."""
+images' default command, a bare `installer run`, starts without importing click (a sixth of
+a warm run)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def run_without_click() -> None:
     """`installer run` with no flags, as the `run` command runs it (every setting from the
     environment) and as click ends it when interrupted: a newline, `aborted`, exit 130; a
     closed pipe: exit 1. Without click: its import and the flags of every command (about 23 ms
-    on the bench machine) were a sixth of a warm run (issue 22)."""
+    on the bench machine) were a sixth of a warm run."""
     from installer import app
 
     try:

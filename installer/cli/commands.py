@@ -23,7 +23,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def settings_options(func: F) -> F:
     """Add one flag per setting; the environment variable is the fallback (shown in --help)."""
     for setting in reversed(SETTINGS):
-        if setting.secret:  # issue 20: a flag's value shows in `ps`; environment or file only
+        if setting.secret:  # a flag's value shows in `ps`; environment or file only
             continue
         if setting.flag_is_switch:
             option = click.option(setting.flag, setting.name, is_flag=True, default=None,
@@ -179,7 +179,8 @@ def prebuild(kernel_release_: str, push: bool, **options: Any) -> None:
               help="Seconds between looks with --watch.")
 @settings_options
 def prepare_next_kernel(watch: bool, interval: float, **options: Any) -> None:
-    """Modules of the installed driver for a newer installed kernel, into the cache (issue 21)."""
+    """Modules of the installed driver for a newer installed kernel, into the cache before the
+    reboot into it."""
     from installer import app
 
     config = make_config(options)

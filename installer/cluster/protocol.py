@@ -127,8 +127,9 @@ def finish(config: Config, layout: Layout, client: ClientFactory = _client) -> N
 def finish_switched_off(config: Config, layout: Layout,
                         client: ClientFactory = _client) -> None:
     """After a successful run with the protocol off, on a node whose marker says an earlier
-    run (protocol on) may have left it cordoned and paused: restore it all the same (issue 20,
-    finding 8). Raises ClusterApi* errors, and ClusterApiUnavailable without NODE_NAME."""
+    run (protocol on) may have left it cordoned and paused: restore it all the same (switching
+    the protocol off must not strand a cordoned node). Raises ClusterApi* errors, and
+    ClusterApiUnavailable without NODE_NAME."""
     if not config.node_name:
         raise ClusterApiUnavailable(
             f"{hint_path(layout)} says an upgrade by an earlier run (upgrade protocol on) may "
@@ -164,7 +165,8 @@ def failed(config: Config, layout: Layout, error: InstallerError,
 
 def _saved(node: Json) -> dict[str, Any] | None:
     """What the annotation says to restore, or None when there is none. Raises
-    UpgradeAnnotationInvalid when it is not what _begin writes (issue 20, finding 7)."""
+    UpgradeAnnotationInvalid when it is not what _begin writes (a forged annotation must not
+    choose what is restored)."""
     text = (node["metadata"].get("annotations") or {}).get(ANNOTATION)
     if text is None:
         return None
@@ -288,7 +290,7 @@ def _name(pod: Json) -> tuple[str, str]:
 
 def not_evictable(pod: Json) -> str | None:
     """Why evicting this pod would not free the node (it comes straight back, or cannot be
-    evicted at all), or None. Such pods are waited for instead (issue 20, finding 4)."""
+    evicted at all), or None. Such pods are waited for instead."""
     meta = pod["metadata"]
     if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
         return "mirror pod of a static pod: the kubelet runs it"

@@ -3,195 +3,36 @@
 The one door: the plan's decisions and steps, which cached downloads to keep, stopping our
 daemons before a driver is unloaded, the readiness an NVSwitch node needs, and the
 long-running container commands (`installer fabricmanager`, `installer persistenced`). Each
-asks every component registered in `COMPONENTS` (a `component.Component` each).
+asks every component registered in `registry.COMPONENTS` (a `component.Component` each);
+`lifecycle` keeps our daemons out of the way of an unload.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
-import signal
-import threading
-from collections.abc import Callable, Iterator
-from pathlib import PurePosixPath
-from typing import TYPE_CHECKING
+from installer.components.lifecycle import (
+    driver_held,
+    holders,
+    not_ours,
+    our_daemons,
+    pause,
+    pause_for,
+    paused,
+    resume,
+)
+from installer.components.registry import (
+    COMPONENTS,
+    daemons,
+    decisions,
+    fabric_required,
+    keeps_download,
+    named,
+    names,
+    serve,
+    steps,
+)
 
-from installer import host, modules
-from installer.components import fabricmanager, nvswitch, persistenced
-from installer.config import Config
-from installer.host import Holder
-from installer.hostroot import HostRoot
-from installer.layout import Layout
-from installer.plan import Context, Decision, Step
-
-if TYPE_CHECKING:  # the protocol is for the type checker; the tuple is what runs
-    from installer.components.component import Component
-
-log = logging.getLogger(__name__)
-
-# Every component, in plan order: a new one is its module (a `Component`) and a line here.
-COMPONENTS: tuple[Component, ...] = (fabricmanager.COMPONENT, persistenced.COMPONENT)
-DAEMONS = tuple(c.daemon for c in COMPONENTS)
-
-
-def named(name: str) -> Component:
-    """The registered component `name` (`installer <name>`). Raises KeyError for another."""
-    for component in COMPONENTS:
-        if component.name == name:
-            return component
-    raise KeyError(name)
-
-
-def names() -> tuple[str, ...]:
-    """Their container commands (`installer <name>`) and readiness files: what the scheduling
-    gate waits for beside the driver's."""
-    return tuple(c.name for c in COMPONENTS)
-
-
-def _daemons() -> tuple[str, ...]:
-    return tuple(c.daemon for c in COMPONENTS)
-
-
-def decisions(ctx: Context) -> list[Decision]:
-    return [component.decision(ctx) for component in COMPONENTS]
-
-
-def steps(ctx: Context) -> list[Step]:
-    """After the user space is in versions/<ver>/, before it is activated."""
-    return [step for component in COMPONENTS for step in component.steps(ctx)]
-
-
-def keeps_download(name: str, version: str, arch: str) -> bool:
-    """A cached download of a component of `version` (kept while that version is installed)."""
-    return any(component.keeps_download(name, version, arch) for component in COMPONENTS)
-
-
-def _install_dirs(layout: Layout, config: Config) -> tuple[PurePosixPath, ...]:
-    """The install dir as the host, this process and the DaemonSet's containers see it."""
-    dirs = {layout.install_host, PurePosixPath(str(layout.install_local)),
-            PurePosixPath(str(config.install_dir_container))}
-    return tuple(sorted(dirs))
-
-
-def our_daemons(root: HostRoot, layout: Layout, config: Config) -> set[int]:
-    """Pids of the daemons we run from the install dir (they hold /dev/nvidia*)."""
-    from installer.components import processes
-
-    return {d.pid for d in processes.find(root, _daemons(), _install_dirs(layout, config))}
-
-
-def not_ours(root: HostRoot, layout: Layout, config: Config,
-             holders: list[Holder]) -> list[Holder]:
-    """`holders` less our own daemons, which `pause` stops right before an unload."""
-    if not holders:
-        return holders
-    ours = our_daemons(root, layout, config)
-    return [h for h in holders if h.pid not in ours]
-
-
-def holders(root: HostRoot, layout: Layout, config: Config) -> list[str]:
-    """The processes other than our daemons that hold /dev/nvidia*, a phrase each."""
-    return [f"pid {h.pid} ({h.command}) holds {h.path}"
-            for h in not_ours(root, layout, config, host.holders_of(root, "/dev/nvidia"))]
-
-
-def driver_held(root: HostRoot, layout: Layout, config: Config) -> bool:
-    """Whether an unload would be refused for a reason other than our own daemons (which
-    `pause` stops right before it): another holder of /dev/nvidia*, or a module in use while
-    none of its holders is ours."""
-    everyone = host.holders_of(root, "/dev/nvidia")
-    others = not_ours(root, layout, config, everyone)
-    busy = any(count > 0 for name, count in modules.loaded_modules(root).items()
-               if name in modules.UNLOAD_ORDER)
-    # When our daemons are the only processes holding the driver, the module references are
-    # theirs; the unload checks again once they are stopped.
-    return bool(others or (busy and len(others) == len(everyone)))
-
-
-def pause(root: HostRoot, layout: Layout, config: Config) -> None:
-    """Before the driver is freed for an unload: the pause file tells `installer
-    fabricmanager` and `installer persistenced` to stop their daemons and not restart them
-    while this installer holds the host lock; our daemons get SIGTERM here too and are waited
-    for. A daemon this process cannot signal (another PID namespace) is left: the unload then
-    names it as a holder. The pause ends with `resume`, or with this process (a pause file
-    whose installer released the lock is stale)."""
-    from installer.components import processes
-    from installer.components.supervisor import PAUSE_FILE, ready_file
-
-    root.write_atomic(PAUSE_FILE, f"INSTALLER_PID={os.getpid()}\n")
-    daemons = processes.find(root, _daemons(), _install_dirs(layout, config))
-    if daemons:
-        for daemon in processes.terminate(root, daemons):
-            log.warning("cannot stop %s (pid %d) from here", daemon.name, daemon.pid)
-    for name in names():  # their containers are not ready while the daemons are stopped
-        root.local(ready_file(name)).unlink(missing_ok=True)
-
-
-def resume(root: HostRoot) -> None:
-    from installer.components.supervisor import PAUSE_FILE
-
-    path = root.local(PAUSE_FILE)
-    if path.exists():
-        path.unlink()
-
-
-@contextlib.contextmanager
-def paused(root: HostRoot, layout: Layout, config: Config, *, when: bool = True
-           ) -> Iterator[None]:
-    """Our daemons stopped (and kept stopped) for the duration; nothing unless `when` (an
-    unload that will be refused for other holders leaves them running)."""
-    if when:
-        pause(root, layout, config)
-    try:
-        yield
-    finally:
-        if when:
-            resume(root)
-
-
-def pause_for(root: HostRoot, layout: Layout, config: Config,
-              make_room: Callable[[], None]) -> None:
-    """Our daemons stopped before the upgrade protocol's `make_room`, which waits for every
-    holder of the driver to go, ours included. They stay stopped until the unload, or until
-    this run ends (its host lock released); `make_room` failing resumes them."""
-    pause(root, layout, config)
-    try:
-        make_room()
-    except BaseException:
-        resume(root)
-        raise
-
-
-def fabric_required(root: HostRoot) -> tuple[bool, tuple[str, ...]]:
-    """Whether readiness needs the NVLink fabric (an NVSwitch node whose fabric the node
-    manages), and the switches: the driver's list, else the PCI functions."""
-    gpus = host.nvidia_gpus(root)
-    fabric = nvswitch.fabric(root, tuple(g.device_id for g in gpus))
-    switches = nvswitch.driver_switches(root) or tuple(s.address for s in fabric.switches)
-    return fabric.needed, switches
-
-
-def serve(name: str, config: Config) -> None:
-    """The long-running container command: keep the daemon up beside the verified driver until
-    SIGTERM or SIGINT (then stop it and return). Raises the daemon's error when it cannot be
-    kept up."""
-    from installer.components.supervisor import Supervisor
-
-    root = HostRoot(config.root)
-    daemon = named(name).supervised(config, root)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        log.info("%s: signal %d: stopping", name, signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        Supervisor(daemon, root, config.daemon_restarts, stop,
-                   lock_file=Layout.from_config(config, root).lock_file).run()
-    finally:
-        close = getattr(daemon, "close", None)
-        if close is not None:
-            close()
+__all__ = [
+    "COMPONENTS", "daemons", "decisions", "driver_held", "fabric_required", "holders",
+    "keeps_download", "named", "names", "not_ours", "our_daemons", "pause", "pause_for",
+    "paused", "resume", "serve", "steps",
+]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from installer.host import NVIDIA_VENDOR_ID
+from installer.host import NVIDIA_VENDOR_ID, pci_id
 from installer.hostroot import HostRoot
 
 # PCI class 0x0680, "bridge: other": NVIDIA's driver claims every NVIDIA function of this class
@@ -22,10 +22,6 @@ OFF_HOST_FABRIC_GPUS = frozenset({0x2941, 0x31C2, 0x31C3})
 class PciSwitch(NamedTuple):
     address: str
     device_id: int
-
-    @property
-    def pci_id(self) -> str:
-        return f"10de:{self.device_id:04x}"
 
 
 def pci_switches(root: HostRoot) -> tuple[PciSwitch, ...]:
@@ -69,11 +65,11 @@ def fabric(root: HostRoot, gpu_device_ids: tuple[int, ...]) -> Fabric:
     if not switches:
         return Fabric((), False, "no NVSwitch PCI function (class 0x0680, vendor 10de) in "
                       "/sys/bus/pci/devices")
-    ids = ", ".join(sorted({s.pci_id for s in switches}))
+    ids = ", ".join(sorted({pci_id(s.device_id) for s in switches}))
     off_host = sorted(i for i in gpu_device_ids if i in OFF_HOST_FABRIC_GPUS)
     if off_host:
         return Fabric(switches, False, f"{len(switches)} NVSwitch function(s) ({ids}), but the "
-                      f"GPUs (10de:{off_host[0]:04x}) are NVL72 parts whose fabric is managed "
+                      f"GPUs ({pci_id(off_host[0])}) are NVL72 parts whose fabric is managed "
                       "off the node")
     return Fabric(switches, True, f"{len(switches)} NVSwitch function(s) ({ids}) at "
                   f"{', '.join(s.address for s in switches)}")

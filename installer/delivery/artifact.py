@@ -15,10 +15,11 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 from installer.delivery import trust
-from installer.delivery.oci import MANIFEST_MEDIA_TYPE, digest_of
+from installer.delivery.checksums import is_sha256_hex
+from installer.delivery.oci import MANIFEST_MEDIA_TYPE, Client, RegistrySettings, digest_of
 from installer.errors import ArtifactInvalid, ArtifactUntrusted
 
 CONFIG_MEDIA_TYPE = "application/vnd.nvidia-driver-installer.modules.config.v1+json"
@@ -32,8 +33,6 @@ CONFIG_LIMIT = 256 << 10
 LAYER_LIMIT = 512 << 20  # one module (NVIDIA's largest is ~100 MB unstripped)
 TOTAL_LIMIT = 1 << 30
 SIGNATURE_LAYERS = 32
-_TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class ArtifactKey:
         """A tag naming the key (tags allow [A-Za-z0-9_.-], 128 characters)."""
         signing = "unsigned" if self.signing == "unsigned" else "key-" + self.signing[7:19]
         raw = f"{self.version}-{self.kernel}-{self.flavour}-{self.arch}-{signing}"
-        tag = _TAG_UNSAFE.sub("_", raw)
+        tag = re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
         if len(tag) > 128:
             tag = tag[:111] + "-" + hashlib.sha256(raw.encode()).hexdigest()[:16]
         return tag
@@ -126,7 +125,8 @@ class Artifact:
     evidence: Evidence
 
 
-def _load(data: bytes, what: str) -> dict[str, Any]:
+def load_json(data: bytes, what: str) -> dict[str, Any]:
+    """A registry document as a JSON object. Raises ArtifactInvalid for anything else."""
     try:
         document = json.loads(data)
     except ValueError as exc:
@@ -136,12 +136,14 @@ def _load(data: bytes, what: str) -> dict[str, Any]:
     return document
 
 
-def _descriptor(desc: Any, what: str, limit: int) -> tuple[str, int, str]:
+def descriptor(desc: Any, what: str, limit: int) -> tuple[str, int, str]:
+    """An OCI descriptor's digest, size (at most `limit`) and media type. Raises
+    ArtifactInvalid."""
     if not isinstance(desc, dict):
         raise ArtifactInvalid(f"{what}: a descriptor is not an object")
     digest, size, media = desc.get("digest"), desc.get("size"), desc.get("mediaType")
     if not (isinstance(digest, str) and digest.startswith("sha256:")
-            and _HEX64.fullmatch(digest[7:])):
+            and is_sha256_hex(digest[7:])):
         raise ArtifactInvalid(f"{what}: bad digest {digest!r}")
     if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= limit:
         raise ArtifactInvalid(f"{what}: size {size!r} is not within 0..{limit}")
@@ -154,15 +156,58 @@ def check_pinned(digest: str, policy: Policy, ref: str) -> None:
                                 "NVIDIA_MODULE_DIGESTS")
 
 
+class Signed(NamedTuple):
+    """A manifest a trusted key signed and its config blob: the reference by digest, the
+    manifest's layers as its `layers_of` reads them, and the evidence that vouched for it."""
+
+    ref: str
+    layers: Any
+    signer: str
+    evidence: Evidence
+
+
+def signed_manifest(client: Client, settings: RegistrySettings, tag: str, policy: Policy,
+                    layers_of: Callable[[bytes, str], tuple[tuple[str, int], Any]]
+                    ) -> Signed | None:
+    """The manifest at `tag` and its config blob, once its digest is pinned (if pins are set),
+    `layers_of` accepts it (media types and sizes, before anything else is read) and a trusted
+    key signed it; None when there is no such tag. Raises ArtifactUntrusted, ArtifactInvalid,
+    RegistryUnavailable and its subclasses."""
+    manifest = client.get_manifest(tag, MANIFEST_LIMIT)
+    if manifest is None:
+        return None
+    digest = digest_of(manifest)
+    ref = settings.reference(digest)
+    check_pinned(digest, policy, ref)
+    (config_digest, config_size), layers = layers_of(manifest, ref)
+    payload, signature, signer = trusted_signature(digest, signatures(client, digest, ref),
+                                                   policy, ref)
+    config = client.get_blob(config_digest, config_size)
+    return Signed(ref, layers, signer,
+                  Evidence(settings.repository, manifest, config, payload, signature))
+
+
+def signatures(client: Client, digest: str, ref: str) -> list[tuple[bytes, str]]:
+    """(payload, base64 signature) of each cosign signature stored for `digest`: what a module
+    or user-space artifact is trusted by. Reads the registry."""
+    manifest = client.get_manifest(trust.signature_tag(digest), MANIFEST_LIMIT)
+    if manifest is None:
+        return []
+    signed = []
+    for payload_digest, size, signature in signature_candidates(manifest, ref):
+        signed.append((client.get_blob(payload_digest, size), signature))
+    return signed
+
+
 def signature_candidates(signature_manifest: bytes, ref: str) -> list[tuple[str, int, str]]:
     """(payload digest, size, base64 signature) of every cosign signature layer."""
-    document = _load(signature_manifest, f"signature manifest of {ref}")
+    document = load_json(signature_manifest, f"signature manifest of {ref}")
     layers = document.get("layers")
     if not isinstance(layers, list):
         raise ArtifactInvalid(f"signature manifest of {ref} has no layers")
     found = []
     for layer in layers[:SIGNATURE_LAYERS]:
-        digest, size, media = _descriptor(layer, f"signature of {ref}", trust.PAYLOAD_LIMIT)
+        digest, size, media = descriptor(layer, f"signature of {ref}", trust.PAYLOAD_LIMIT)
         annotations = layer.get("annotations") or {}
         signature = annotations.get(trust.SIGNATURE_ANNOTATION) if isinstance(
             annotations, dict) else None
@@ -199,10 +244,10 @@ def trusted_signature(digest: str, signed: list[tuple[bytes, str]], policy: Poli
 def layers_of(manifest: bytes, ref: str) -> tuple[tuple[str, int], dict[str, int]]:
     """The config descriptor (digest, size) and the module layers {digest: size}, checked
     against the media types and the size limits."""
-    document = _load(manifest, f"manifest {ref}")
+    document = load_json(manifest, f"manifest {ref}")
     if document.get("mediaType", MANIFEST_MEDIA_TYPE) != MANIFEST_MEDIA_TYPE:
         raise ArtifactInvalid(f"{ref} is a {document.get('mediaType')}, not an OCI manifest")
-    digest, size, media = _descriptor(document.get("config"), f"config of {ref}", CONFIG_LIMIT)
+    digest, size, media = descriptor(document.get("config"), f"config of {ref}", CONFIG_LIMIT)
     if media != CONFIG_MEDIA_TYPE:
         raise ArtifactInvalid(f"{ref} is not a module artifact (config {media})")
     layers = document.get("layers")
@@ -211,7 +256,7 @@ def layers_of(manifest: bytes, ref: str) -> tuple[tuple[str, int], dict[str, int
                               f"layers, not 1..{len(MODULE_NAMES)} modules")
     found: dict[str, int] = {}
     for layer in layers:
-        layer_digest, layer_size, layer_media = _descriptor(layer, f"layer of {ref}",
+        layer_digest, layer_size, layer_media = descriptor(layer, f"layer of {ref}",
                                                             LAYER_LIMIT)
         if layer_media != MODULE_MEDIA_TYPE:
             raise ArtifactInvalid(f"{ref}: a layer of type {layer_media}, not a module")
@@ -221,17 +266,24 @@ def layers_of(manifest: bytes, ref: str) -> tuple[tuple[str, int], dict[str, int
     return (digest, size), found
 
 
+def config_key(config: bytes, described: tuple[str, int], ref: str) -> tuple[dict[str, str], Any]:
+    """The key an artifact's config blob names, and its "files", once the blob is the one the
+    manifest describes (`described`: digest, size). Raises ArtifactInvalid."""
+    if (digest_of(config), len(config)) != described:
+        raise ArtifactInvalid(f"{ref}: the config blob does not match the manifest")
+    document = load_json(config, f"config of {ref}")
+    key = document.get("key")
+    if not isinstance(key, dict) or not all(isinstance(v, str) for v in key.values()):
+        raise ArtifactInvalid(f"{ref}: the config names no key")
+    return key, document.get("files")
+
+
 def contents(manifest: bytes, config: bytes, ref: str) -> tuple[dict[str, str],
                                                                  tuple[ModuleFile, ...]]:
     """The key and the files of an artifact whose config blob is `config`: NVIDIA's module
     names only, each once, each matching a layer of the manifest and every layer a file."""
-    (config_digest, config_size), layers = layers_of(manifest, ref)
-    if digest_of(config) != config_digest or len(config) != config_size:
-        raise ArtifactInvalid(f"{ref}: the config blob does not match the manifest")
-    document = _load(config, f"config of {ref}")
-    key, entries = document.get("key"), document.get("files")
-    if not isinstance(key, dict) or not all(isinstance(v, str) for v in key.values()):
-        raise ArtifactInvalid(f"{ref}: the config names no key")
+    config_desc, layers = layers_of(manifest, ref)
+    key, entries = config_key(config, config_desc, ref)
     if not isinstance(entries, list):
         raise ArtifactInvalid(f"{ref}: the config lists no files")
     files: list[ModuleFile] = []

@@ -10,7 +10,6 @@ from installer.delivery.settings import VerifiedBy
 from installer.errors import ConfigError
 
 CHECKSUM_SUFFIX = ".sha256sum"
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -23,6 +22,14 @@ class Expected:
     size: Optional[int] = None
 
 
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def is_sha256_hex(text: str) -> bool:
+    """64 lowercase hex digits: a SHA-256 as sha256sum, pins and OCI digests write it."""
+    return _SHA256_HEX.fullmatch(text) is not None
+
+
 def parse_sha256sum(text: str, name: str) -> str | None:
     """The digest for `name` in `sha256sum` output (`<hex>  <name>`), or the only digest there."""
     digests: list[str] = []
@@ -32,7 +39,7 @@ def parse_sha256sum(text: str, name: str) -> str | None:
             continue
         fields = line.split(None, 1)
         digest = fields[0].lower()
-        if not _SHA256_RE.match(digest):
+        if not is_sha256_hex(digest):
             continue
         listed = fields[1].strip().lstrip("*") if len(fields) > 1 else ""
         if listed and (listed == name or listed.rsplit("/", 1)[-1] == name):
@@ -45,7 +52,7 @@ def normalize_pin(sha256: str) -> str:
     pin = sha256.strip().lower()
     if pin.startswith("sha256:"):
         pin = pin[len("sha256:") :]
-    if not _SHA256_RE.match(pin):
+    if not is_sha256_hex(pin):
         raise ConfigError(f"the pinned SHA-256 {sha256!r} is not 64 hexadecimal digits")
     return pin
 

@@ -35,7 +35,7 @@ from installer.delivery.transport import (
     read_errors,
     reason_of,
 )
-from installer.delivery.urls import local_path, redact_url, remote_name, scheme_of
+from installer.delivery.urls import local_path, open_local, redact_url, remote_name, scheme_of
 from installer.delivery.vouch import published, still_vouched, vouched_locally
 from installer.errors import (
     ChecksumMismatch,
@@ -130,16 +130,9 @@ def _http_attempt(
 def _copy_local(url: str, part: Part, label: str, settings: DownloadSettings,
                 limit: int) -> None:
     red = redact_url(url)
-    path = local_path(url)
+    local_path(url)  # a file:// URL that names no local path is refused before the reset
     part.reset()
-    try:
-        src = path.open("rb")
-    except FileNotFoundError:
-        raise DownloadNotFound(f"{red}: no such file") from None
-    except PermissionError:
-        raise DownloadForbidden(f"{red}: permission denied") from None
-    except OSError as exc:
-        raise DownloadFailed(f"{red}: {exc.strerror or exc}") from None
+    src = open_local(url)
     with src:
         total = os.fstat(src.fileno()).st_size
         if total > limit:

@@ -13,9 +13,9 @@ naming the reason and the redacted URL. A client has an overall deadline (`budge
 connections are shut down (installer.delivery.deadline). Only bodies the installer needs are
 read, each within a size limit; redirects are followed here so that no redirect body is read.
 
-Why not oras-py, which issue 14 used: its token flow sends Basic credentials to whatever realm
-a registry names, it reads manifests whole, and its retry decorator sleeps for minutes on a
-dead registry.
+Why not oras-py, which an earlier version used: its token flow sends Basic credentials to
+whatever realm a registry names, it reads manifests whole, and its retry decorator sleeps for
+minutes on a dead registry.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from installer.delivery import trust
@@ -25,15 +26,13 @@ from installer.delivery.artifact import (
     Evidence,
     ModuleFile,
     Policy,
-    check_pinned,
     config_for,
     contents,
     layers_of,
     manifest_for,
-    signature_candidates,
     signature_manifest,
+    signed_manifest,
     signing_identity,
-    trusted_signature,
 )
 from installer.delivery.oci import Client, RegistrySettings, budget, digest_of
 from installer.errors import ArtifactInvalid, RegistryUnavailable
@@ -55,38 +54,19 @@ def find(settings: RegistrySettings, key: ArtifactKey, policy: Policy) -> Artifa
         client.probe()
         tag = key.tag()
         ref = settings.reference(tag)
-        manifest = client.get_manifest(tag, MANIFEST_LIMIT)
-        if manifest is None:
+        signed = signed_manifest(client, settings, tag, policy, layers_of)
+        if signed is None:
             return None
-        digest = digest_of(manifest)
-        by_digest = settings.reference(digest)
-        check_pinned(digest, policy, by_digest)
-        layers_of(manifest, by_digest)  # media types and sizes before anything else is read
-        signed = _signatures(client, digest, by_digest)
-        payload, signature, signer = trusted_signature(digest, signed, policy, by_digest)
-        (config_digest, config_size), _ = layers_of(manifest, by_digest)
-        config = client.get_blob(config_digest, config_size)
-        found_key, files = contents(manifest, config, by_digest)
+        evidence, digest = signed.evidence, signed.evidence.digest
+        found_key, files = contents(evidence.manifest, evidence.config, signed.ref)
         if found_key != key.fields():
             # The tag is only a lookup; the signed config says what the build is. Another
             # key's build under this tag is a replay (an older signed version re-tagged).
             raise ArtifactInvalid(f"{ref} is {digest}, signed as the build for {found_key}, not "
                                   f"for {key.fields()}: not used (a build re-tagged)")
-        evidence = Evidence(settings.repository, manifest, config, payload, signature)
-        return Artifact(by_digest, digest, found_key, files, signer, evidence)
+        return Artifact(signed.ref, digest, found_key, files, signed.signer, evidence)
     finally:
         client.close()
-
-
-def _signatures(client: Client, digest: str, ref: str) -> list[tuple[bytes, str]]:
-    """(payload, base64 signature) of each cosign signature stored for `digest`."""
-    manifest = client.get_manifest(trust.signature_tag(digest), MANIFEST_LIMIT)
-    if manifest is None:
-        return []
-    signed = []
-    for payload_digest, size, signature in signature_candidates(manifest, ref):
-        signed.append((client.get_blob(payload_digest, size), signature))
-    return signed
 
 
 def pull(settings: RegistrySettings, artifact: Artifact, dest: Path) -> list[Path]:
@@ -144,15 +124,30 @@ def push(settings: RegistrySettings, key: ArtifactKey, files: list[Path],
     digest = digest_of(manifest)
     ref = settings.reference(digest)
     contents(manifest, config, ref)  # what nodes will check: refuse to publish anything else
+    evidence = push_signed(settings, signer, key.tag(), manifest, config,
+                           (path.read_bytes() for _, path in blobs),
+                           sum(item.size for item in entries))
+    log.info("published %s (%s), signed by %s", settings.reference(key.tag()), digest,
+             signer.fingerprint())
+    return Artifact(ref, digest, key.fields(), tuple(entries), signer.fingerprint(), evidence)
+
+
+def push_signed(settings: RegistrySettings, signer: trust.Signer, tag: str, manifest: bytes,
+                config: bytes, layers: Iterable[bytes], size: int) -> Evidence:
+    """Push `layers` (read as the push reaches them), `config` and `manifest` tagged `tag`, then
+    `signer`'s signature of the manifest's digest beside those already there (cosign's
+    scheme): the one way a module or user-space artifact is published. Raises
+    RegistryUnavailable and its subclasses."""
+    digest = digest_of(manifest)
     payload = trust.payload(settings.repository, digest)
     signature = signer.sign(payload)
-    client = Client(settings, budget(settings, sum(item.size for item in entries)))
+    client = Client(settings, budget(settings, size))
     try:
         client.probe()
-        for _, path in blobs:
-            client.put_blob(path.read_bytes())
+        for layer in layers:
+            client.put_blob(layer)
         client.put_blob(config)
-        client.put_manifest(key.tag(), manifest)
+        client.put_manifest(tag, manifest)
         sig_tag = trust.signature_tag(digest)
         sig_config = trust.signature_config(digest_of(payload))
         client.put_blob(payload)
@@ -162,7 +157,4 @@ def push(settings: RegistrySettings, key: ArtifactKey, files: list[Path],
                                                         sig_config))
     finally:
         client.close()
-    log.info("published %s (%s), signed by %s", settings.reference(key.tag()), digest,
-             signer.fingerprint())
-    evidence = Evidence(settings.repository, manifest, config, payload, signature)
-    return Artifact(ref, digest, key.fields(), tuple(entries), signer.fingerprint(), evidence)
+    return Evidence(settings.repository, manifest, config, payload, signature)

@@ -12,8 +12,8 @@ from installer.delivery.transport import (
     read_errors,
     reason_of,
 )
-from installer.delivery.urls import local_path, redact_url, scheme_of
-from installer.errors import DownloadFailed, DownloadForbidden, DownloadNotFound
+from installer.delivery.urls import open_local, redact_url, scheme_of
+from installer.errors import DownloadFailed
 
 DEFAULT_MAX_BYTES = 16 << 20
 
@@ -39,16 +39,11 @@ def fetch_bytes(
     if https_only and scheme_of(url) != "https":
         raise DownloadFailed(f"{red}: not https: a checksum file must come over TLS")
     if scheme_of(url) == "file":
-        path = local_path(url)
-        try:
-            with path.open("rb") as handle:
+        with open_local(url) as handle:
+            try:
                 data = handle.read(max_bytes + 1)
-        except FileNotFoundError:
-            raise DownloadNotFound(f"{red}: no such file") from None
-        except PermissionError:
-            raise DownloadForbidden(f"{red}: permission denied") from None
-        except OSError as exc:
-            raise DownloadFailed(f"{red}: {exc.strerror or exc}") from None
+            except OSError as exc:
+                raise DownloadFailed(f"{red}: {exc.strerror or exc}") from None
         if len(data) > max_bytes:
             raise DownloadFailed(f"{red}: larger than {max_bytes} bytes")
         return data

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from io import BufferedReader
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from installer.errors import DownloadFailed
+from installer.errors import DownloadFailed, DownloadForbidden, DownloadNotFound
 
 SUPPORTED_SCHEMES = ("http", "https", "file")
 # Query parameters that carry secrets in signed URLs (S3 X-Amz-Signature/Credential, GCS
@@ -102,6 +103,20 @@ def local_path(url: str) -> Path:
             hint="Write file:///path/to/file (three slashes) for a file on this node.",
         )
     return Path(unquote(parts.path))
+
+
+def open_local(url: str) -> BufferedReader:
+    """The file a file:// URL names, open for reading. Raises DownloadNotFound (no such file),
+    DownloadForbidden (unreadable), DownloadFailed (any other error)."""
+    red = redact_url(url)
+    try:
+        return local_path(url).open("rb")
+    except FileNotFoundError:
+        raise DownloadNotFound(f"{red}: no such file") from None
+    except PermissionError:
+        raise DownloadForbidden(f"{red}: permission denied") from None
+    except OSError as exc:
+        raise DownloadFailed(f"{red}: {exc.strerror or exc}") from None
 
 
 def scheme_of(url: str) -> str:

@@ -23,13 +23,12 @@ from typing import Any
 from installer.delivery import trust
 from installer.delivery.artifact import (
     ANNOTATION_PREFIX,
-    MANIFEST_LIMIT,
     Evidence,
     Policy,
-    check_pinned,
-    signature_candidates,
-    signature_manifest,
-    trusted_signature,
+    config_key,
+    descriptor,
+    load_json,
+    signed_manifest,
 )
 from installer.delivery.oci import (
     MANIFEST_MEDIA_TYPE,
@@ -79,31 +78,16 @@ class UserspaceArtifact:
     evidence: Evidence
 
 
-def _load(data: bytes, what: str) -> dict[str, Any]:
-    try:
-        document = json.loads(data)
-    except ValueError as exc:
-        raise ArtifactInvalid(f"{what} is not JSON ({exc})") from None
-    if not isinstance(document, dict):
-        raise ArtifactInvalid(f"{what} is not a JSON object")
-    return document
-
-
 def _descriptor(desc: Any, what: str, limit: int, media: str) -> tuple[str, int]:
     if not isinstance(desc, dict) or desc.get("mediaType") != media:
         raise ArtifactInvalid(f"{what} is not a {media}")
-    digest, size = desc.get("digest"), desc.get("size")
-    if not (isinstance(digest, str) and digest.startswith("sha256:") and len(digest) == 71
-            and all(c in "0123456789abcdef" for c in digest[7:])):
-        raise ArtifactInvalid(f"{what}: bad digest {digest!r}")
-    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= limit:
-        raise ArtifactInvalid(f"{what}: size {size!r} is not within 0..{limit}")
+    digest, size, _ = descriptor(desc, what, limit)
     return digest, size
 
 
 def layers_of(manifest: bytes, ref: str) -> tuple[tuple[str, int], tuple[str, int]]:
     """The config and the one layer (digest, size) of a user-space manifest."""
-    document = _load(manifest, f"manifest {ref}")
+    document = load_json(manifest, f"manifest {ref}")
     if document.get("mediaType", MANIFEST_MEDIA_TYPE) != MANIFEST_MEDIA_TYPE:
         raise ArtifactInvalid(f"{ref} is not an OCI manifest")
     config = _descriptor(document.get("config"), f"config of {ref}", CONFIG_LIMIT,
@@ -135,13 +119,8 @@ def _entry(raw: Any, ref: str) -> Entry:
 def contents(manifest: bytes, config: bytes, ref: str) -> tuple[dict[str, str],
                                                                  tuple[Entry, ...]]:
     """The key and the listing of a user-space artifact whose config blob is `config`."""
-    (config_digest, config_size), _ = layers_of(manifest, ref)
-    if digest_of(config) != config_digest or len(config) != config_size:
-        raise ArtifactInvalid(f"{ref}: the config blob does not match the manifest")
-    document = _load(config, f"config of {ref}")
-    key, files = document.get("key"), document.get("files")
-    if not isinstance(key, dict) or not all(isinstance(v, str) for v in key.values()):
-        raise ArtifactInvalid(f"{ref}: the config names no key")
+    config_desc, _ = layers_of(manifest, ref)
+    key, files = config_key(config, config_desc, ref)
     if not isinstance(files, list) or not 0 < len(files) <= ENTRY_LIMIT:
         raise ArtifactInvalid(f"{ref}: the config lists no files (or more than {ENTRY_LIMIT})")
     entries = check_entries([_entry(raw, ref) for raw in files], ref)
@@ -194,26 +173,16 @@ def find(settings: RegistrySettings, key: UserspaceKey, policy: Policy
     client = Client(settings)
     try:
         client.probe()
-        manifest = client.get_manifest(key.tag(), MANIFEST_LIMIT)
-        if manifest is None:
+        signed = signed_manifest(client, settings, key.tag(), policy, layers_of)
+        if signed is None:
             return None
-        digest = digest_of(manifest)
-        ref = settings.reference(digest)
-        check_pinned(digest, policy, ref)
-        (config_digest, config_size), layer = layers_of(manifest, ref)
-        signed = []
-        sig_manifest = client.get_manifest(trust.signature_tag(digest), MANIFEST_LIMIT)
-        if sig_manifest is not None:
-            for payload_digest, size, signature in signature_candidates(sig_manifest, ref):
-                signed.append((client.get_blob(payload_digest, size), signature))
-        payload, signature, signer = trusted_signature(digest, signed, policy, ref)
-        config = client.get_blob(config_digest, config_size)
-        found_key, entries = contents(manifest, config, ref)
+        ref, evidence = signed.ref, signed.evidence
+        found_key, entries = contents(evidence.manifest, evidence.config, ref)
         if found_key != key.fields():
             raise ArtifactInvalid(f"{ref} at {key.tag()} holds the user space of {found_key}, "
                                   f"not {key.fields()}")
-        evidence = Evidence(settings.repository, manifest, config, payload, signature)
-        return UserspaceArtifact(ref, digest, found_key, entries, layer, signer, evidence)
+        return UserspaceArtifact(ref, evidence.digest, found_key, entries, signed.layers,
+                                 signed.signer, evidence)
     finally:
         client.close()
 
@@ -257,6 +226,8 @@ def push(settings: RegistrySettings, key: UserspaceKey, tree: Path, paths: list[
          signer: trust.Signer, level: int = 1) -> UserspaceArtifact:
     """Publish `paths` of `tree` as the user-space artifact of `key`, signed by `signer`.
     Raises ArtifactInvalid (a member a node would refuse), RegistryUnavailable."""
+    from installer.delivery import registry  # the module artifact's push, signed the same way
+
     entries = scan(tree, paths)
     layer = pack(tree, entries, level)
     config = config_for(key, entries)
@@ -264,26 +235,10 @@ def push(settings: RegistrySettings, key: UserspaceKey, tree: Path, paths: list[
     digest = digest_of(manifest)
     ref = settings.reference(digest)
     contents(manifest, config, ref)  # what nodes will check: refuse to publish anything else
-    payload = trust.payload(settings.repository, digest)
-    signature = signer.sign(payload)
-    client = Client(settings, budget(settings, len(layer)))
-    try:
-        client.probe()
-        client.put_blob(layer)
-        client.put_blob(config)
-        client.put_manifest(key.tag(), manifest)
-        sig_tag = trust.signature_tag(digest)
-        sig_config = trust.signature_config(digest_of(payload))
-        client.put_blob(payload)
-        client.put_blob(sig_config)
-        existing = client.get_manifest(sig_tag, MANIFEST_LIMIT)
-        client.put_manifest(sig_tag, signature_manifest(existing, payload, signature,
-                                                        sig_config))
-    finally:
-        client.close()
+    evidence = registry.push_signed(settings, signer, key.tag(), manifest, config, (layer,),
+                                    len(layer))
     log.info("published the user space %s (%s, %d files, layer %.1f MB), signed by %s",
              settings.reference(key.tag()), digest, len(entries), len(layer) / 1e6,
              signer.fingerprint())
-    evidence = Evidence(settings.repository, manifest, config, payload, signature)
     return UserspaceArtifact(ref, digest, key.fields(), tuple(entries),
                              (digest_of(layer), len(layer)), signer.fingerprint(), evidence)

@@ -24,7 +24,6 @@ class Debian(Family):
         "ubuntu": ("20.04", "22.04", "24.04"),
         "debian": ("11", "12"),
     }
-    package_manager = "apt"
     image_tool = "apt-get"
     sources_where = "/etc/apt/sources.list(.d)"
     image_tags: ClassVar[dict[str, tuple[int, ...]]] = {

@@ -30,8 +30,6 @@ class Family(ABC):
     name: ClassVar[str]
     # os-release ID -> the VERSION_IDs supported, or their majors ("9" takes 9.4).
     releases: ClassVar[dict[str, tuple[str, ...]]]
-    # The host's package manager.
-    package_manager: ClassVar[str]
     # The installer image's package tool: fetches headers (reading the host's sources) and
     # installs the kernel's compiler in the container.
     image_tool: ClassVar[str]

@@ -26,7 +26,6 @@ class Rhel(Family):
         "rhel": ("8", "9", "10"),
         "almalinux": ("8", "9", "10"),
     }
-    package_manager = "dnf"
     image_tool = "dnf"
     sources_where = "/etc/yum.repos.d"
     image_tags: ClassVar[dict[str, tuple[int, ...]]] = {"rocky8": (8,), "rocky9": (11,)}

@@ -81,7 +81,7 @@ class UpgradeAnnotationInvalid(InstallerError):
 
 
 class SchedulingGateUnavailable(ClusterApiUnavailable):
-    """Issue 21: the API server did not answer while the node's scheduling gate was opened or
+    """The API server did not answer while the node's scheduling gate was opened or
     closed."""
 
     reference = "scheduling-gate-unavailable"
@@ -95,7 +95,7 @@ class SchedulingGateUnavailable(ClusterApiUnavailable):
 
 
 class SchedulingGateForbidden(ClusterApiForbidden):
-    """Issue 21: the API server refused a change of the node's scheduling gate."""
+    """The API server refused a change of the node's scheduling gate."""
 
     reference = "scheduling-gate-forbidden"
     exit_code = 111

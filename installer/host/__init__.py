@@ -28,7 +28,7 @@ from installer.host.loaded import (
     parse_driver_version,
     parse_proc_modules,
 )
-from installer.host.pci import NVIDIA_VENDOR_ID, PciGpu, nvidia_gpus
+from installer.host.pci import NVIDIA_VENDOR_ID, PciGpu, nvidia_gpus, pci_id
 from installer.hostroot import HostRoot
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "parse_driver_version",
     "parse_os_release",
     "parse_proc_modules",
+    "pci_id",
     "secure_boot",
 ]
 

@@ -24,10 +24,6 @@ class Distro(NamedTuple):
     codename: str = ""
     source: str = ""
 
-    @property
-    def package_manager(self) -> str:
-        return distros.named(self.family).package_manager
-
     def __str__(self) -> str:
         return self.pretty_name or f"{self.id} {self.version_id}"
 

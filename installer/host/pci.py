@@ -14,6 +14,11 @@ NVIDIA_VENDOR_ID = 0x10DE
 _GPU_CLASS_PREFIXES = (0x0300, 0x0302)
 
 
+def pci_id(device_id: int) -> str:
+    """An NVIDIA function's `vendor:device`, as lspci and NVIDIA's support lists write it."""
+    return f"10de:{device_id:04x}"
+
+
 class PciGpu(NamedTuple):
     """One NVIDIA display/3D function found in sysfs (no driver needed)."""
 
@@ -26,7 +31,7 @@ class PciGpu(NamedTuple):
 
     @property
     def pci_id(self) -> str:
-        return f"10de:{self.device_id:04x}"
+        return pci_id(self.device_id)
 
 
 def _read_hex(path: Path) -> int | None:

@@ -41,7 +41,7 @@ def dnf_steps(ctx: Context) -> list[Step]:
     if dt.stream is None:
         plan.append(versionlock_step(ctx, dt))
     plan.append(populate_step(ctx, dt))
-    if dt.fabric:  # issue 21: Fabric Manager came with the fm profile
+    if dt.fabric:  # Fabric Manager came with the fm profile
         from installer.sources import dnf_fabricmanager
 
         plan.append(dnf_fabricmanager.install_step(ctx))

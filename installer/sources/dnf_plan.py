@@ -34,7 +34,7 @@ def repo_url(config: Config, distro: Distro, arch: str) -> str:
 
 
 def target_of(ctx: Context) -> DnfTarget:
-    from installer.components import fabricmanager  # issue 21: NVSwitch nodes
+    from installer.components import fabricmanager  # NVSwitch nodes only
 
     request = versions.parse_request(ctx.config.version)
     t = ctx.target
@@ -90,7 +90,8 @@ def plan_decisions(ctx: Context) -> list[Decision]:
 
 def _pending_version(ctx: Context, dt: DnfTarget, where: str) -> list[Decision]:
     """Unpinned, dnf installs the newest the repo offers, which is known only when run: the
-    catalog's version (what the runfile source would install) is not named (issue 19)."""
+    catalog's version (what the runfile source would install) is not named: dnf may install
+    another."""
     if dt.pinned:
         return []
     ctx.target.version_pending = True

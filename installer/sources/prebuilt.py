@@ -29,9 +29,11 @@ from installer.sources.prebuilt_key import (
     EVIDENCE_FILE,
     PUBLISHED_MARKER,
     STAT_FILE,
+    Lookup,
     artifact_key,
     policy,
     registry_settings,
+    shared_lookup,
     vermagic,
 )
 
@@ -57,37 +59,18 @@ def _pulled(build: Path) -> bool:
 # --------------------------------------------------------------------------- the lookup
 
 
-class _Lookup:
-    """One registry lookup per run, shared by the plan's decision and the pull step."""
+def _find(ctx: Context) -> Artifact | None:
+    settings = registry_settings(ctx.config)
+    trusted = policy(ctx)
+    if settings is None or trusted is None:
+        return None
+    from installer.delivery import registry
 
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-        self.done = False
-        self.artifact: Artifact | None = None
-        self.error: RegistryUnavailable | None = None
-
-    def get(self) -> Artifact | None:
-        if self.done:
-            return self.artifact
-        self.done = True
-        try:
-            settings = registry_settings(self.ctx.config)
-            trusted = policy(self.ctx)
-            if settings is not None and trusted is not None:
-                from installer.delivery import registry
-
-                self.artifact = registry.find(settings, artifact_key(self.ctx), trusted)
-        except RegistryUnavailable as exc:
-            self.error = exc
-        return self.artifact
+    return registry.find(settings, artifact_key(ctx), trusted)
 
 
-def _lookup(ctx: Context) -> _Lookup:
-    found = ctx.memo.get("prebuilt-lookup")
-    if found is None:
-        found = ctx.memo["prebuilt-lookup"] = _Lookup(ctx)
-    assert isinstance(found, _Lookup)
-    return found
+def _lookup(ctx: Context) -> Lookup[Artifact]:
+    return shared_lookup(ctx, "prebuilt-lookup", lambda: _find(ctx))
 
 
 def decision(ctx: Context) -> Decision | None:
@@ -180,10 +163,7 @@ def _pull_or_compile(ctx: Context) -> None:
             log.info("NVIDIA_MODULE_TRUSTED_KEYS is unset: no pulled artifact is used; "
                      "compiling")
             return
-        lookup = _lookup(ctx)
-        artifact = lookup.get()
-        if lookup.error is not None:
-            raise lookup.error
+        artifact = _lookup(ctx).found()
         if artifact is None:
             message = (f"no prebuilt modules for {artifact_key(ctx).tag()} in "
                        f"{config.module_registry}")

@@ -1,12 +1,13 @@
 """What prebuilt modules are found and trusted by: the files beside a build, the registry to
-ask, the operator's trust root, the artifact key of a plan, a module's vermagic."""
+ask, the operator's trust root, the artifact key of a plan, a module's vermagic, the run's one
+lookup per artifact."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Generic, Optional, TypeVar
 
-from installer.errors import RegistryAuthFailed
+from installer.errors import RegistryAuthFailed, RegistryUnavailable
 from installer.plan import Context
 
 if TYPE_CHECKING:
@@ -84,3 +85,42 @@ def vermagic(path: Path) -> str | None:
     start += len(b"\0vermagic=")
     end = data.find(b"\0", start)
     return data[start:end].decode("ascii", "replace")
+
+
+Found = TypeVar("Found")
+
+
+class Lookup(Generic[Found]):
+    """One registry lookup per run, shared by the plan's decision and the pull step: a
+    registry that cannot be reached is an answer too (`error`), asked once."""
+
+    def __init__(self, find: Callable[[], Optional[Found]]) -> None:
+        self._find = find
+        self.done = False
+        self.artifact: Found | None = None
+        self.error: RegistryUnavailable | None = None
+
+    def get(self) -> Found | None:
+        if not self.done:
+            self.done = True
+            try:
+                self.artifact = self._find()
+            except RegistryUnavailable as exc:
+                self.error = exc
+        return self.artifact
+
+    def found(self) -> Found | None:
+        """The artifact, or None (no such tag). Raises the lookup's RegistryUnavailable."""
+        artifact = self.get()
+        if self.error is not None:
+            raise self.error
+        return artifact
+
+
+def shared_lookup(ctx: Context, name: str, find: Callable[[], Optional[Found]]) -> Lookup[Found]:
+    """The run's lookup `name` (made with `find` the first time it is asked for)."""
+    found = ctx.memo.get(name)
+    if found is None:
+        found = ctx.memo[name] = Lookup(find)
+    assert isinstance(found, Lookup)
+    return found

@@ -13,12 +13,12 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from installer.dirs import is_complete, mark_complete, scratch, staged_dir
-from installer.errors import ArtifactInvalid, RegistryUnavailable, TrustRootInvalid
+from installer.errors import ArtifactInvalid, InstallerError, RegistryUnavailable, TrustRootInvalid
 from installer.plan import Context, Decision, Step
-from installer.sources.prebuilt_key import policy, registry_settings
+from installer.sources.prebuilt_key import Lookup, policy, registry_settings, shared_lookup
 
 if TYPE_CHECKING:
     from installer.delivery.trust import Signer
@@ -74,36 +74,17 @@ def _modules_ready(ctx: Context) -> bool:
     return _built(ctx) and not is_extracted(ctx.layout.extracted(version), version)
 
 
-class _Lookup:
-    """One registry lookup per run, shared by the plan's decision and the pull step."""
+def _find(ctx: Context) -> UserspaceArtifact | None:
+    settings, trusted = registry_settings(ctx.config), policy(ctx)
+    if settings is None or trusted is None:
+        return None
+    from installer.delivery import userspace_artifact
 
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-        self.done = False
-        self.artifact: UserspaceArtifact | None = None
-        self.error: RegistryUnavailable | None = None
-
-    def get(self) -> UserspaceArtifact | None:
-        if not self.done:
-            self.done = True
-            try:
-                settings, trusted = registry_settings(self.ctx.config), policy(self.ctx)
-                if settings is not None and trusted is not None:
-                    from installer.delivery import userspace_artifact
-
-                    self.artifact = userspace_artifact.find(settings, userspace_key(self.ctx),
-                                                            trusted)
-            except RegistryUnavailable as exc:
-                self.error = exc
-        return self.artifact
+    return userspace_artifact.find(settings, userspace_key(ctx), trusted)
 
 
-def _lookup(ctx: Context) -> _Lookup:
-    found = ctx.memo.get("userspace-lookup")
-    if found is None:
-        found = ctx.memo["userspace-lookup"] = _Lookup(ctx)
-    assert isinstance(found, _Lookup)
-    return found
+def _lookup(ctx: Context) -> Lookup[UserspaceArtifact]:
+    return shared_lookup(ctx, "userspace-lookup", lambda: _find(ctx))
 
 
 def decision(ctx: Context, modules: Decision | None) -> Decision | None:
@@ -131,36 +112,46 @@ def decision(ctx: Context, modules: Decision | None) -> Decision | None:
                     "the registry, the .run is not downloaded")
 
 
-def pull_steps(ctx: Context) -> list[Step]:
-    """`pull-userspace` after the module pull and before the .run's download."""
-    if not ctx.config.module_registry:
-        return []
+def _tried_once(name: str, summary: str, done: Callable[[], bool], work: Callable[[], None],
+                errors: tuple[type[InstallerError], ...], warning: str) -> Step:
+    """A step tried once a run (satisfied after it, or once `done`) whose `errors` only warn:
+    the user space is installed (or kept) either way."""
     tried = [False]
 
     def satisfied() -> bool:
-        return tried[0] or _userspace_done(ctx) or not _modules_ready(ctx)
+        return tried[0] or done()
 
     def apply() -> None:
         tried[0] = True
         try:
-            if policy(ctx) is None:
-                return
-            lookup = _lookup(ctx)
-            artifact = lookup.get()
-            if lookup.error is not None:
-                raise lookup.error
-            if artifact is None:
-                log.info("no user-space artifact %s:%s: installing it from the .run",
-                         ctx.config.module_registry, userspace_key(ctx).tag())
-                return
-            install(ctx, artifact)
-        except RegistryUnavailable as exc:  # untrusted and invalid artifacts too
-            log.warning("user space not pulled (error[%s]: %s); installing it from the .run",
-                        exc.reference, exc.message)
+            work()
+        except errors as exc:
+            log.warning(warning, exc.reference, exc.message)
 
-    return [Step("pull-userspace", "install the user space from the registry when a trusted "
-                 "artifact of this version and architecture exists (else from the .run)",
-                 satisfied, apply)]
+    return Step(name, summary, satisfied, apply)
+
+
+def pull_steps(ctx: Context) -> list[Step]:
+    """`pull-userspace` after the module pull and before the .run's download."""
+    if not ctx.config.module_registry:
+        return []
+
+    def pull() -> None:
+        if policy(ctx) is None:
+            return
+        artifact = _lookup(ctx).found()
+        if artifact is None:
+            log.info("no user-space artifact %s:%s: installing it from the .run",
+                     ctx.config.module_registry, userspace_key(ctx).tag())
+            return
+        install(ctx, artifact)
+
+    return [_tried_once(
+        "pull-userspace", "install the user space from the registry when a trusted artifact of "
+        "this version and architecture exists (else from the .run)",
+        lambda: _userspace_done(ctx) or not _modules_ready(ctx), pull,
+        (RegistryUnavailable,),  # untrusted and invalid artifacts too
+        "user space not pulled (error[%s]: %s); installing it from the .run")]
 
 
 def install(ctx: Context, artifact: UserspaceArtifact) -> Path:
@@ -194,25 +185,21 @@ def publish_steps(ctx: Context) -> list[Step]:
     if not config.module_registry or not config.module_registry_push:
         return []
     final = ctx.layout.version_dir(ctx.target.version)
-    tried = [False]
 
-    def satisfied() -> bool:
+    def done() -> bool:
         # A tree installed before listings were kept cannot be published: nothing to do.
-        return (tried[0] or not is_complete(final) or not (final / LISTING).is_file()
+        return (not is_complete(final) or not (final / LISTING).is_file()
                 or (final / PUBLISHED_MARKER).is_file() or (final / PULLED_MARKER).is_file())
 
-    def apply() -> None:
-        tried[0] = True
-        try:
-            reference = publish(ctx, final)
-            (final / PUBLISHED_MARKER).write_text(f"{reference}\n")
-        except (RegistryUnavailable, TrustRootInvalid) as exc:
-            log.warning("user space not published (error[%s]: %s); the install goes on",
-                        exc.reference, exc.message)
+    def push() -> None:
+        reference = publish(ctx, final)
+        (final / PUBLISHED_MARKER).write_text(f"{reference}\n")
 
-    return [Step("publish-userspace", "push the user space to the registry, signed with the "
-                 "publisher key, when it has none for this version and architecture",
-                 satisfied, apply)]
+    return [_tried_once(
+        "publish-userspace", "push the user space to the registry, signed with the publisher "
+        "key, when it has none for this version and architecture", done, push,
+        (RegistryUnavailable, TrustRootInvalid),
+        "user space not published (error[%s]: %s); the install goes on")]
 
 
 def publish(ctx: Context, tree: Path) -> str:

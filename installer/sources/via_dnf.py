@@ -1,4 +1,4 @@
-"""The dnf source's answers to the source protocol (issue 4): chosen under auto where NVIDIA's
+"""The dnf source's answers to the source protocol: chosen under auto where NVIDIA's
 repo is configured. Its plan (`sources/dnf_plan.py`) and steps (`sources/dnf.py`) are imported
 only when it is the source (the warm path never loads dnf)."""
 
@@ -68,7 +68,7 @@ class DnfSource(Source):
     def decisions(self, ctx: Context, decided: list[Decision]) -> list[Decision]:
         from installer.sources import dnf_plan
 
-        # Issue 10: the stream and version dnf will install replace the catalog's version.
+        # The stream and version dnf will install replace the catalog's version.
         extra = dnf_plan.plan_decisions(ctx)
         topics = {d.topic for d in extra}
         return [d for d in decided if d.topic not in topics] + extra

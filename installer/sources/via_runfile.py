@@ -75,7 +75,8 @@ def _url_reason(config: Config, urls: list[str]) -> str:
 def header_decisions(config: Config, root: HostRoot, layout: Layout, runner: Runner,
                      facts: HostFacts, headers: kernel.Headers | None,
                      running: str) -> list[Decision]:
-    """Where the headers and the compiler come from, or why they cannot be had (issue 12)."""
+    """Where the headers and the compiler come from, or why they cannot be had: a build needs
+    both, matching the kernel."""
     release = facts.kernel_release
     major: int | None = None
     gcc_from = ""
@@ -103,7 +104,7 @@ def header_decisions(config: Config, root: HostRoot, layout: Layout, runner: Run
         first = Decision("kernel-headers", str(headers.output_path), f"found {where}")
         major = compiler.headers_gcc_major(tree)
         gcc_from = "the headers' CONFIG_GCC_VERSION"
-    # Issue 19: the source and output paths nvidia-installer is given, and why.
+    # The source and output paths nvidia-installer is given, and why.
     paths = header_steps.path_decisions(headers)
     if major is None and release == running:
         major = compiler.kernel_gcc_major(root.read_text("/proc/version"))

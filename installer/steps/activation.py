@@ -32,12 +32,12 @@ def unload_old_step(ctx: Context) -> Step:
         log.info("replacing loaded driver %s with %s",
                  driver.version if driver else "unknown", target.version)
         try:
-            if holders:  # issue 13: freed (cordon, evict, wait) or refused by the gate
+            if holders:  # freed (cordon, evict, wait) or refused by the gate
                 old = (driver.version if driver else None) or "unknown"
                 upgrade_gate.of(ctx).free_driver(ctx, holders, old, target.version)
                 remove_ready_file(ctx)
                 holders = []
-            # Issue 21: when the unload goes ahead, the scheduling gate closes first, then our
+            # When the unload goes ahead, the scheduling gate closes first, then our
             # daemons (Fabric Manager, persistenced) stop, then the driver goes.
             gate_steps.close_before_unload(ctx.config, ctx.root, f"unloading driver "
                                            f"{driver.version if driver else 'unknown'} for "
@@ -45,7 +45,8 @@ def unload_old_step(ctx: Context) -> Step:
             with components.paused(ctx.root, ctx.layout, ctx.config, when=not holders):
                 modules.unload(ctx.root, ctx.runner, holders)
         except InstallerError:
-            # The new module files were staged before the unload (issue 9's order).
+            # The new module files were staged before the unload (so that unload and load
+            # are back to back): put the old ones back.
             if target.stages_module_files:
                 restore_module_files(ctx, driver)
             raise
@@ -83,7 +84,7 @@ def activate_step(ctx: Context) -> Step:
     def apply() -> None:
         install = layout.install_local
         _retire_old_layout(install, ("bin", "lib64", "drivers", "current"))
-        load_rollback.note_links(ctx, ("current", *links, "drivers"))  # issue 19
+        load_rollback.note_links(ctx, ("current", *links, "drivers"))  # undone if the load fails
         _swap_link(install / "current", str(Path("versions") / target.version))
         for name, dest in links.items():
             _swap_link(install / name, str(dest))
@@ -127,7 +128,7 @@ def ld_cache_step(ctx: Context) -> Step:
                                      ctx.target.version)
 
     def apply() -> None:
-        load_rollback.note_drop_in(ctx)  # issue 19
+        load_rollback.note_drop_in(ctx)  # undone if the load fails
         ldcache.configure(ctx.root, ctx.runner, layout.lib_dir_host)
 
     return Step("configure-ld-cache", "ld.so.conf.d drop-in for lib64/ and the host's ldconfig",

@@ -68,7 +68,7 @@ def _nouveau_loaded(ctx: Context) -> bool:
 def driver_free_step(ctx: Context) -> Step:
     """Refuse an upgrade while the loaded driver is held, before anything is staged on the
     host (the unload right before the load checks again). With the upgrade protocol on, the
-    protocol frees the driver right before the unload (issue 13); here it only checks that the
+    protocol frees the driver right before the unload; here it only checks that the
     API server answers, so a held upgrade that cannot reach it changes nothing on the host."""
 
     def satisfied() -> bool:

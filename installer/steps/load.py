@@ -32,7 +32,7 @@ def load_step(ctx: Context) -> Step:
         try:
             modules.load(ctx.root, ctx.runner, request)
         except ModuleLoadFailed as exc:
-            # Issue 19: a refused load leaves no half-activated install behind.
+            # A refused load leaves no half-activated install behind.
             undone = load_rollback.undo(ctx, restore_module_files)
             raise ModuleLoadFailed(
                 exc.message + (f"; put back: {', '.join(undone)}" if undone else ""),

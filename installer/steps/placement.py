@@ -43,7 +43,7 @@ def module_files_step(ctx: Context) -> Step:
 
 def _same_modules(installed: Path, build: Path) -> bool:
     """The same .ko files, each of the same size and mtime (copy2 keeps the build's): a
-    rebuilt or re-pulled cache is copied again (issue 20)."""
+    rebuilt or re-pulled cache is copied again (never the stale modules of an earlier build)."""
     names = modules.ko_files(build)
     if modules.ko_files(installed) != names:
         return False
@@ -124,7 +124,7 @@ def firmware_step(ctx: Context) -> Step:
 
     def apply() -> None:
         dest = ctx.root.local_resolved(host_dir)
-        load_rollback.note_firmware(ctx, dest)  # issue 19
+        load_rollback.note_firmware(ctx, dest)  # undone if the load fails
         try:
             for item in missing():
                 dest.mkdir(parents=True, exist_ok=True)

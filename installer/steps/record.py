@@ -57,7 +57,7 @@ def prune_step(ctx: Context) -> Step:
         name = path.name
         if path.parent == layout.downloads:
             return name.startswith(f"NVIDIA-Linux-{ctx.facts.arch}-{target.version}.run") or (
-                components.keeps_download(name, target.version, ctx.facts.arch))  # issue 21
+                components.keeps_download(name, target.version, ctx.facts.arch))  # Fabric Manager's
         return name == target.version and path.parent != layout.cache_local / "extracted"
 
     def leftovers() -> list[Path]:

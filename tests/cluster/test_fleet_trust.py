@@ -14,6 +14,8 @@ import pytest
 pytest.importorskip("celpy", reason="pip install cel-python")
 
 import requests
+from lib.fakes import FakeRunner
+from lib.hosttrees import make_host
 
 from cluster.apiserver import Cluster
 from cluster.nodes import (
@@ -24,16 +26,17 @@ from cluster.nodes import (
     Env,
     make_room,
 )
-from installer import app
+from installer import app, host
 from installer.cluster import protocol
 from installer.cluster.client import NodeClient
+from installer.config import Config
 from installer.errors import (
     ClusterApiForbidden,
     ClusterApiUnavailable,
     EvictionTimeout,
     UpgradeAnnotationInvalid,
 )
-from installer.plan import Plan
+from installer.plan import Context, Plan, Target
 
 OTHER = "gpu-node-2"
 CONTROL_PLANE = "control-plane-1"
@@ -213,9 +216,16 @@ def test_a_malformed_upgrade_annotation_is_a_clear_error_naming_it(env: Env,
 
 # -------------------------------------------------- a node left mid-upgrade, protocol now off
 
-# The install itself is stubbed out; _execute still splits the plan's steps, so it gets an
-# empty plan.
-NO_STEPS = Plan(None, [], [])  # type: ignore[arg-type]
+def no_steps(env: Env, config: Config) -> Plan:
+    """A plan with no steps (the install itself is stubbed out) for a real host context, whose
+    upgrade gate the run chooses from `config` as the planner does."""
+    root = make_host(env.root)
+    layout = env.layout(config)
+    facts = host.gather(root, free_space_path=env.root)
+    target = Target("580.126.20", 580, "open", facts.kernel_release, "runfile", [], None, True,
+                    ())
+    ctx = Context(config, root, layout, FakeRunner(), facts, target, lambda *a: Path())
+    return Plan(ctx, [], [])
 
 
 def test_a_node_left_mid_upgrade_is_restored_with_the_protocol_switched_off(
@@ -227,7 +237,7 @@ def test_a_node_left_mid_upgrade_is_restored_with_the_protocol_switched_off(
     layout = env.layout(off)
     monkeypatch.setattr(app.pipeline, "execute", lambda plan: [])  # the install itself
 
-    app._execute(off, layout, plan=NO_STEPS)
+    app._execute(off, layout, plan=no_steps(env, off))
 
     after = env.node()
     assert "unschedulable" not in after["spec"]
@@ -235,7 +245,7 @@ def test_a_node_left_mid_upgrade_is_restored_with_the_protocol_switched_off(
     assert after["metadata"]["annotations"] == {}
     assert not protocol.hint_path(layout).exists()
     writes = len(env.cluster.writes())
-    app._execute(off, layout, plan=NO_STEPS)
+    app._execute(off, layout, plan=no_steps(env, off))
     assert len(env.cluster.writes()) == writes  # and then never again
 
 
@@ -246,5 +256,5 @@ def test_without_node_name_a_node_left_mid_upgrade_is_an_error_not_forgotten(
     off = env.config(NVIDIA_INSTALLER_UPGRADE_PROTOCOL="false", NODE_NAME="")
     monkeypatch.setattr(app.pipeline, "execute", lambda plan: [])
     with pytest.raises(ClusterApiUnavailable, match="NODE_NAME is unset: cannot restore it"):
-        app._execute(off, env.layout(off), plan=NO_STEPS)
+        app._execute(off, env.layout(off), plan=no_steps(env, off))
     assert env.node()["spec"]["unschedulable"] is True

@@ -47,7 +47,7 @@ from cluster.nodes import NodeHost
 from installer import app, components, gate_steps, host, pipeline, readiness, state, steps
 from installer import verify as verify_package
 from installer.cluster import gate, protocol
-from installer.components import fabricmanager, supervisor
+from installer.components import fabricmanager, lifecycle, registry, supervisor
 from installer.components.fabricmanager import FabricManagerDaemon
 from installer.components.persistenced import PersistencedDaemon
 from installer.config import Config
@@ -166,7 +166,7 @@ def shipped_components() -> None:
 def driver_only(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver's part of readiness alone, unless the test asks for `shipped_components`."""
     if "shipped_components" not in request.fixturenames:
-        monkeypatch.setattr(components, "COMPONENTS", ())
+        monkeypatch.setattr(registry, "COMPONENTS", ())
 
 
 @pytest.fixture
@@ -281,7 +281,7 @@ def test_a_component_not_up_keeps_the_gate_closed(env: Gate, monkeypatch: pytest
     taint on while one has not reported ready; the scheduling-gate container opens it."""
     caplog.set_level(logging.INFO, "installer")
     registered_tainted(env.cluster)
-    monkeypatch.setattr(components, "COMPONENTS", (fabricmanager.COMPONENT,))
+    monkeypatch.setattr(registry, "COMPONENTS", (fabricmanager.COMPONENT,))
     fake_verify(monkeypatch, env)
     ctx = env.context(env.config(), FakeRunner())
     run(ctx, [load_step(env, NEW)])
@@ -548,7 +548,7 @@ def serving(env: Gate, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[...
 def test_the_gate_container_opens_once_ready_and_closes_when_fabric_manager_stays_down(
         env: Gate, serving: Callable[..., None], monkeypatch: pytest.MonkeyPatch) -> None:
     registered_tainted(env.cluster)
-    monkeypatch.setattr(components, "COMPONENTS", (fabricmanager.COMPONENT,))
+    monkeypatch.setattr(registry, "COMPONENTS", (fabricmanager.COMPONENT,))
     env.loaded(NEW)
     env.ready(NEW)
     serving(NVIDIA_INSTALLER_GATE_CLOSE_AFTER="0.3")
@@ -754,13 +754,13 @@ def test_an_upgrade_closes_the_gate_then_stops_our_daemons_then_unloads(
     env.component_up("persistenced", OLD)
     root = HostRoot(env.root)
     order: list[str] = []
-    pause = components.pause
+    pause = lifecycle.pause
 
     def pausing(*args: object) -> None:
         order.append(f"pause (tainted: {env.tainted()})")
         pause(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(components, "pause", pausing)
+    monkeypatch.setattr(lifecycle, "pause", pausing)
 
     def rmmod(argv: Sequence[str]) -> None:
         if not order or not order[-1].startswith("rmmod"):

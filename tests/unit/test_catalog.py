@@ -69,7 +69,7 @@ def test_shipped_catalog_shape_matches_nvidia_releases_json() -> None:
     assert set(raw) == {str(b) for b in BRANCH_TYPES} | {"590"}
     for key, branch in raw.items():
         assert set(branch) == {"type", "driver_info"}
-        assert branch["type"] in catalog.BRANCH_TYPES
+        assert branch["type"] in {PRODUCTION, LTS, NEW_FEATURE}
         versions = [info["release_version"] for info in branch["driver_info"]]
         assert versions == sorted(versions, key=catalog.version_key, reverse=True), key
         for info in branch["driver_info"]:

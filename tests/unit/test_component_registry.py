@@ -21,7 +21,7 @@ from lib.hosttrees import (
 )
 
 from installer import components, planner, readiness, steps
-from installer.components import fabricmanager, persistenced
+from installer.components import fabricmanager, persistenced, registry
 from installer.components.supervisor import PAUSE_FILE, Daemon, ready_file
 from installer.config import Config, from_env
 from installer.hostroot import HostRoot
@@ -57,7 +57,7 @@ class Extra:
 @pytest.fixture
 def extra(monkeypatch: pytest.MonkeyPatch) -> Extra:
     added = Extra()
-    monkeypatch.setattr(components, "COMPONENTS", (*components.COMPONENTS, added))
+    monkeypatch.setattr(registry, "COMPONENTS", (*components.COMPONENTS, added))
     return added
 
 
@@ -72,7 +72,7 @@ def test_the_registered_components_are_fabric_manager_then_persistenced() -> Non
     assert components.COMPONENTS == (fabricmanager.COMPONENT, persistenced.COMPONENT)
     # Their commands and what the scheduling gate waits for.
     assert components.names() == ("fabricmanager", "persistenced")
-    assert components.DAEMONS == ("nv-fabricmanager", "nvidia-persistenced")
+    assert components.daemons() == ("nv-fabricmanager", "nvidia-persistenced")
     assert components.named("persistenced") is persistenced.COMPONENT
     with pytest.raises(KeyError):
         components.named("dcgm")

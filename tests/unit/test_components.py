@@ -64,9 +64,8 @@ def test_switches_are_nvidia_functions_of_class_0680(tmp_path: Path) -> None:
     add_pci_device(tmp_path, "0000:10:00.1", device=0x22BA, klass=CLASS_AUDIO)
     add_pci_device(tmp_path, "0000:08:00.0", device=A100_SWITCH, klass=CLASS_BRIDGE)
     found = nvswitch.pci_switches(root)
-    assert [(s.address, s.pci_id) for s in found] == [
-        ("0000:05:00.0", "10de:22a3"), ("0000:06:00.0", "10de:22a3"),
-        ("0000:08:00.0", "10de:1af1")]
+    assert [(s.address, s.device_id) for s in found] == [
+        ("0000:05:00.0", 0x22A3), ("0000:06:00.0", 0x22A3), ("0000:08:00.0", 0x1AF1)]
     fabric = nvswitch.fabric(root, (H100,))
     assert fabric.needed
     assert fabric.reason == ("3 NVSwitch function(s) (10de:1af1, 10de:22a3) at 0000:05:00.0, "
@@ -240,7 +239,8 @@ def test_our_daemons_are_known_by_their_program_in_the_install_dir(tmp_path: Pat
     add_process(tmp_path, 103, "python3", {5: "/dev/nvidia0"})
     # The DaemonSet's container sees the install dir at NVIDIA_INSTALL_DIR_CONTAINER.
     our_process(tmp_path, 104, str(config.install_dir_container), "nv-fabricmanager")
-    found = processes.find(root, components.DAEMONS, (layout.install_host,))
+    found = processes.find(root, ("nv-fabricmanager", "nvidia-persistenced"),
+                           (layout.install_host,))
     assert [(d.pid, d.name) for d in found] == [(100, "nv-fabricmanager"),
                                                 (101, "nvidia-persistenced")]
     from installer import host

@@ -24,7 +24,6 @@ class Suse(Family):
 
     name = "suse"
     releases: ClassVar[dict[str, tuple[str, ...]]] = {"sles": ("15",)}
-    package_manager = "zypper"
     image_tool = "zypper"
     sources_where = "/etc/zypp/repos.d"
     image_tags: ClassVar[dict[str, tuple[int, ...]]] = {"sles15": (7,)}
@@ -50,7 +49,6 @@ def test_every_family_answers_each_question() -> None:
     debian, rhel = distros.named("debian"), distros.named("rhel")
     assert (debian.headers_package(K), rhel.headers_package(K)) == (
         f"linux-headers-{K}", f"kernel-devel-{K}")
-    assert (debian.package_manager, rhel.package_manager) == ("apt", "dnf")
     assert (debian.image_tool, rhel.image_tool) == ("apt-get", "dnf")
     assert (debian.package_sources, rhel.package_sources) == ((), ("dnf",))
     assert distros.for_compiler_package("gcc-12") is debian
@@ -85,8 +83,7 @@ def test_a_new_family_is_one_class_and_one_registration(
     (tmp_path / "etc/zypp/repos.d").mkdir(parents=True)
     (tmp_path / "etc/zypp/repos.d/repo-oss.repo").write_text("[repo-oss]\n")
     facts = host.gather(HostRoot(tmp_path), free_space_path=tmp_path)
-    assert (facts.distro.family, facts.distro.major, facts.distro.package_manager) == (
-        "suse", 15, "zypper")
+    assert (facts.distro.family, facts.distro.major) == ("suse", 15)
     monkeypatch.setattr(fetch.shutil, "which", lambda tool: f"/usr/bin/{tool}")
     source = fetch.plan_source(HostRoot(tmp_path), from_env({}), facts)
     assert source.tool == "zypper"

@@ -124,11 +124,11 @@ def test_the_cluster_gate_asks_the_api_before_staging(
 
 def record_pause_and_resume(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Our daemons' pause and resume replaced by entries in the returned list."""
-    from installer import components
+    from installer.components import lifecycle
 
     events: list[object] = []
-    monkeypatch.setattr(components, "pause", lambda root, layout, config: events.append("pause"))
-    monkeypatch.setattr(components, "resume", lambda root: events.append("resume"))
+    monkeypatch.setattr(lifecycle, "pause", lambda root, layout, config: events.append("pause"))
+    monkeypatch.setattr(lifecycle, "resume", lambda root: events.append("resume"))
     return events
 
 

@@ -1,0 +1,90 @@
+"""The registered components and what the plan and the container commands ask of them all."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import TYPE_CHECKING
+
+from installer import host
+from installer.components import fabricmanager, nvswitch, persistenced
+from installer.config import Config
+from installer.hostroot import HostRoot
+from installer.layout import Layout
+from installer.plan import Context, Decision, Step
+
+if TYPE_CHECKING:  # the protocol is for the type checker; the tuple is what runs
+    from installer.components.component import Component
+
+log = logging.getLogger(__name__)
+
+# Every component, in plan order: a new one is its module (a `Component`) and a line here.
+COMPONENTS: tuple[Component, ...] = (fabricmanager.COMPONENT, persistenced.COMPONENT)
+
+
+def named(name: str) -> Component:
+    """The registered component `name` (`installer <name>`). Raises KeyError for another."""
+    for component in COMPONENTS:
+        if component.name == name:
+            return component
+    raise KeyError(name)
+
+
+def names() -> tuple[str, ...]:
+    """Their container commands (`installer <name>`) and readiness files: what the scheduling
+    gate waits for beside the driver's."""
+    return tuple(c.name for c in COMPONENTS)
+
+
+def daemons() -> tuple[str, ...]:
+    """The names of their daemons' processes (what an unload waits for or stops)."""
+    return tuple(c.daemon for c in COMPONENTS)
+
+
+def decisions(ctx: Context) -> list[Decision]:
+    return [component.decision(ctx) for component in COMPONENTS]
+
+
+def steps(ctx: Context) -> list[Step]:
+    """After the user space is in versions/<ver>/, before it is activated."""
+    return [step for component in COMPONENTS for step in component.steps(ctx)]
+
+
+def keeps_download(name: str, version: str, arch: str) -> bool:
+    """A cached download of a component of `version` (kept while that version is installed)."""
+    return any(component.keeps_download(name, version, arch) for component in COMPONENTS)
+
+
+def fabric_required(root: HostRoot) -> tuple[bool, tuple[str, ...]]:
+    """Whether readiness needs the NVLink fabric (an NVSwitch node whose fabric the node
+    manages), and the switches: the driver's list, else the PCI functions."""
+    gpus = host.nvidia_gpus(root)
+    fabric = nvswitch.fabric(root, tuple(g.device_id for g in gpus))
+    switches = nvswitch.driver_switches(root) or tuple(s.address for s in fabric.switches)
+    return fabric.needed, switches
+
+
+def serve(name: str, config: Config) -> None:
+    """The long-running container command: keep the daemon up beside the verified driver until
+    SIGTERM or SIGINT (then stop it and return). Raises the daemon's error when it cannot be
+    kept up."""
+    from installer.components.supervisor import Supervisor
+
+    root = HostRoot(config.root)
+    daemon = named(name).supervised(config, root)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        log.info("%s: signal %d: stopping", name, signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        Supervisor(daemon, root, config.daemon_restarts, stop,
+                   lock_file=Layout.from_config(config, root).lock_file).run()
+    finally:
+        close = getattr(daemon, "close", None)
+        if close is not None:
+            close()
