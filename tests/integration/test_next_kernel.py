@@ -22,7 +22,7 @@ from httpfaults import serve_directory
 from registrykit import PASSWORD, USER, Registry, make_key_pair
 from secondkernel import SECOND, add_headers, mark_installed
 
-from installer.sources.prebuilt_key import vermagic
+from installer.sources.prebuilt.key import vermagic
 
 pytestmark = pytest.mark.skipif(debian_headers() is None or shutil.which("apt-get") is None,
                                 reason="needs linux-headers-amd64 and apt-get")

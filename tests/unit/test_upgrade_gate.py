@@ -13,8 +13,8 @@ from fakes import FakeRunner
 from hosttrees import make_host, root_env
 from test_upgrade_hook import NEW, OLD, held_host
 
-from installer import app, pipeline, planner, upgrade_gate
-from installer.cluster import protocol
+from installer import app, pipeline, planner
+from installer.cluster import protocol, upgrade_gate
 from installer.config import from_env
 from installer.errors import ClusterApiUnavailable, DriverInUse, InstallFailed
 from installer.layout import Layout

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from hosttrees import make_host
 
-from installer import catalog, cli
+from installer import cli
 from installer.config import from_env
 from installer.delivery import fetch_bytes, redact_url
 from installer.errors import CatalogUnavailable, ConfigError, DownloadFailed
+from installer.release import catalog
 
 SECRETS = ("s3cr3t", "robot", "T0KEN")
 
