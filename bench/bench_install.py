@@ -6,7 +6,8 @@ fake .run served on 127.0.0.1. Reports each phase's time from the installer's ow
 the installer's overhead: its wall time minus external commands and the download; then the
 process's wall time, the CPU seconds of it and its children, and the CPU seconds of the
 installer's Python process alone (what the imports and the Python work cost, the figure that
-other work on a busy machine disturbs least).
+other work on a busy machine disturbs least); beside each warm run, a bare `python3 -c pass`
+(plain and inside the same private mounts), so the ratio is measured under one load.
 
     python3 bench/bench_install.py [--warm-runs 5]
 
@@ -86,6 +87,15 @@ def run_once(env: dict[str, str]) -> dict[str, float]:
     return figures
 
 
+def bare_interpreter(env: dict[str, str], wrapped: bool) -> float:
+    """Wall seconds of `python3 -c pass` with the run's environment: the floor a warm run stands
+    on (`wrapped`: inside the same private mounts the installer runs in)."""
+    argv = [sys.executable, "-c", "pass"]
+    started = time.monotonic()
+    subprocess.run(hidden_headers_argv(argv) if wrapped else argv, env=env, check=True)
+    return time.monotonic() - started
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--warm-runs", type=int, default=5)
@@ -104,11 +114,20 @@ def main() -> int:
                                 NVIDIA_DRIVER_MIRRORS=base, NVIDIA_DRIVER_DIGESTS_FILE=str(
                                     kit.write_digests(Path(scratch) / "digests", www)))
             cold = run_once(env)
-            warm_runs = [run_once(env) for _ in range(args.warm_runs)]
+            warm_runs, bare, bare_wrapped = [], [], []
+            for _ in range(args.warm_runs):  # interleaved: each pair sees the same load
+                warm_runs.append(run_once(env))
+                bare.append(bare_interpreter(env, wrapped=False))
+                bare_wrapped.append(bare_interpreter(env, wrapped=True))
     warm = {key: statistics.median(r[key] for r in warm_runs) for key in cold}
     print(f"{'phase (s)':<18}{'cold':>10}{'warm (median of ' + str(args.warm_runs) + ')':>24}")
     for key in cold:
         print(f"{key:<18}{cold[key]:>10.3f}{warm[key]:>24.3f}")
+    floor, wrapped_floor = statistics.median(bare), statistics.median(bare_wrapped)
+    print(f"{'python3 -c pass':<18}{'':>10}{floor:>24.3f}")
+    print(f"{'  in the mounts':<18}{'':>10}{wrapped_floor:>24.3f}")
+    print(f"warm run / bare interpreter: {warm['process wall'] / floor:.1f}x "
+          f"({warm['process wall'] / wrapped_floor:.1f}x against the same mounts)")
     return 0
 
 

@@ -8,13 +8,15 @@ import logging
 import time
 from typing import Any
 
-from installer import catalog, host, nextkernel, pipeline, planner, state, upgrade_gate
+from installer import host, nextkernel, pipeline, planner, state
+from installer.cluster import upgrade_gate
 from installer.config import Config
 from installer.errors import InstallerError
 from installer.hostroot import HostRoot
 from installer.layout import LD_DROP_IN, READY_FILE, Layout
 from installer.plan import Plan
-from installer.prefetch import fetch_bytes_for, fetch_runfile_for
+from installer.release import catalog
+from installer.release.download import fetch_bytes_for, fetch_runfile_for
 from installer.runner import Runner, SubprocessRunner
 
 log = logging.getLogger(__name__)
@@ -107,7 +109,8 @@ def describe_plan(plan: Plan) -> list[str]:
 
 def verify_installed(config: Config, runner: Runner | None = None) -> Any:
     """Verify the driver that is loaded now against the record (or the requested version)."""
-    from installer import components, verify, versions
+    from installer import components, verify
+    from installer.release import versions
 
     root = HostRoot(config.root)
     layout = Layout.from_config(config, root)
@@ -161,8 +164,10 @@ def _daemons(root: HostRoot) -> dict[str, Any]:
 def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
     """Unload the driver and remove what the installer put on the host. Returns what it
     removed. Raises DriverInUse when the driver is held."""
-    from installer import components, gate_steps, ldcache, modules
+    from installer import components, modules
+    from installer.cluster import gate_steps
     from installer.dirs import remove_tree
+    from installer.steps import ldcache
 
     runner = runner or SubprocessRunner()
     root = HostRoot(config.root)
@@ -259,7 +264,7 @@ def prebuild(config: Config, runner: Runner | None = None) -> str:
     from dataclasses import replace
 
     from installer import sources
-    from installer.sources import prebuilt
+    from installer.sources.prebuilt import modules as prebuilt
 
     # Never pull what we are asked to build; the lookup below only reports.
     config = replace(config, allow_no_gpu=True, source=sources.module_builder().name)
@@ -274,7 +279,7 @@ def prebuild(config: Config, runner: Runner | None = None) -> str:
         if not config.module_registry_push:
             return str(built)
         artifact = prebuilt.publish(plan.context)
-        from installer.sources import prebuilt_userspace
+        from installer.sources.prebuilt import userspace as prebuilt_userspace
 
         prebuilt_userspace.publish_for_prebuild(plan.context)  # only warns: modules come first
         return f"{artifact.reference}"

@@ -1,5 +1,6 @@
 """The run's settings, each named once: its Config field and type, environment variable, CLI
-flag, default, meaning and parser in one entry (GKE's variable names first)."""
+flag, default, meaning and parser in one entry (GKE's variable names first); the rules between
+settings."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, NamedTuple
 
 from installer import setting_parsers as parse
+from installer.errors import ConfigError
 from installer.setting_parsers import check_build_path
 
 __all__ = ["SETTINGS", "Config", "Setting", "build_config", "check_build_path", "from_env",
@@ -378,10 +380,60 @@ def build_config(env: Mapping[str, str], overrides: Mapping[str, str | bool | No
         raw = override if override is not None else env.get(setting.env, setting.default)
         values[setting.name] = setting.parse(raw, setting)
     config = Config(**values)  # type: ignore[arg-type]
-    parse.check_consistency(config)
+    check_consistency(config)
     return config
 
 
 def from_env(env: Mapping[str, str]) -> Config:
     """A Config from environment variables alone (what a DaemonSet sets)."""
     return build_config(env, {})
+
+
+def check_consistency(config: Config) -> None:
+    """Settings that must agree with each other (ConfigError naming them)."""
+    if (config.signing_key is None) != (config.signing_cert is None):
+        raise ConfigError(
+            "NVIDIA_MODULE_SIGNING_KEY and NVIDIA_MODULE_SIGNING_CERT must be set together",
+        )
+    if not config.root.is_absolute():
+        raise ConfigError(f"ROOT_MOUNT_DIR={config.root} must be an absolute path")
+    check_registry(config)
+    if config.scheduling_gate and not config.node_name:  # issue 21
+        raise ConfigError(
+            "NVIDIA_INSTALLER_SCHEDULING_GATE=true needs NODE_NAME (this node's name)",
+            hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
+        )
+    if config.upgrade_protocol and not config.node_name:  # issue 13
+        raise ConfigError(
+            "NVIDIA_INSTALLER_UPGRADE_PROTOCOL=true needs NODE_NAME (this node's name)",
+            hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
+        )
+
+
+def check_registry(config: Config) -> None:
+    """Asking to publish without a registry or a publisher key is an error, not a silent
+    no-op; one password source only (issue 20)."""
+    if config.module_registry_push and not config.module_registry:
+        raise ConfigError(
+            "NVIDIA_MODULE_REGISTRY_PUSH=true (or --push) needs NVIDIA_MODULE_REGISTRY: there "
+            "is nowhere to publish",
+            hint="Set NVIDIA_MODULE_REGISTRY=<host[:port]/repository>, or drop the push.",
+        )
+    if config.module_registry_push and config.module_publisher_key is None:
+        raise ConfigError(
+            "NVIDIA_MODULE_REGISTRY_PUSH=true (or --push) needs NVIDIA_MODULE_PUBLISHER_KEY: "
+            "nodes use only artifacts signed by a key they trust",
+            hint="Give the builder the private key (a mounted Secret) whose public key the "
+            "nodes have in NVIDIA_MODULE_TRUSTED_KEYS (docs/deploy.md).",
+        )
+    if config.module_require_prebuilt and not (config.module_registry
+                                               and config.module_trusted_keys):
+        raise ConfigError(
+            "NVIDIA_MODULE_REQUIRE_PREBUILT=true needs NVIDIA_MODULE_REGISTRY and "
+            "NVIDIA_MODULE_TRUSTED_KEYS: without both no artifact can ever be used",
+        )
+    if config.module_registry_password and config.module_registry_password_file:
+        raise ConfigError(
+            "NVIDIA_MODULE_REGISTRY_PASSWORD and NVIDIA_MODULE_REGISTRY_PASSWORD_FILE are both "
+            "set: use one",
+        )

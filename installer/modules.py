@@ -78,7 +78,7 @@ class LoadRequest(NamedTuple):
 def load(root: HostRoot, runner: Runner, request: LoadRequest) -> None:
     """Load nvidia, nvidia-uvm, nvidia-modeset (those not loaded yet) with the host's
     modprobe.d options plus the user's arguments. Raises ModuleLoadFailed."""
-    from installer import kmsg
+    from installer.host import kmsg
 
     present = loaded_modules(root)
     for module in LOAD_ORDER:

@@ -2,20 +2,61 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from installer.config import Config
 from installer.host import HostFacts
 from installer.hostroot import HostRoot
-from installer.kernel import Headers
 from installer.layout import Layout
 from installer.runner import Runner
 
 if TYPE_CHECKING:
-    from installer.upgrade_gate import UpgradeGate
+    from installer.errors import InstallerError
+
+
+class Headers(NamedTuple):
+    """A kernel's header trees as nvidia-installer needs them: the source tree (its
+    `--kernel-source-path`) and the configured output tree (`--kernel-output-path`), which are
+    one directory except on Debian (`-common` and `-amd64`). Also the trees that must be visible
+    at their own absolute paths for kbuild to work (Debian's Makefile includes `-common` by
+    absolute path), and why these paths were chosen."""
+
+    output_path: PurePosixPath
+    source_path: PurePosixPath
+    binds: tuple[PurePosixPath, ...]
+    in_container: bool = False
+    # Where the trees lie here when they are not the host root's (headers unpacked into the
+    # install dir's cache): `binds` are then taken from below this directory.
+    unpacked_root: Path | None = None
+    output_why: str = ""
+    source_why: str = ""
+
+
+class UpgradeGate(Protocol):
+    """How a run gets past a loaded driver that processes hold."""
+
+    # True once `preflight` has passed: staging may go ahead while the driver is held.
+    cleared_to_stage: bool
+    # True once `free_driver` has freed the driver in this run.
+    freed: bool
+
+    def preflight(self, ctx: Context, holders: Sequence[str]) -> None:
+        """Before anything is staged on the host, the driver being held by `holders`: raise
+        when the upgrade cannot go ahead, so the host stays as it was."""
+
+    def free_driver(self, ctx: Context, holders: Sequence[str], old: str, new: str,
+                    detail: str = "") -> None:
+        """Right before the held driver `old` is unloaded (or replaced) for `new`: free it, or
+        raise driver-in-use naming `holders` (and `detail`)."""
+
+    def finished(self, config: Config, layout: Layout) -> None:
+        """After the install steps succeeded."""
+
+    def failed(self, config: Config, layout: Layout, error: InstallerError) -> None:
+        """After an install step raised `error` (which is raised on; best effort)."""
 
 
 class Decision(NamedTuple):
@@ -73,7 +114,7 @@ class Context:
     # Answers worth asking once per run and shared by the plan's decisions and its steps
     # (the registry lookup), keyed by who asks.
     memo: dict[str, Any] = field(default_factory=dict)
-    # What frees a held driver for its unload (upgrade_gate.py), chosen by the planner.
+    # What frees a held driver for its unload (cluster/upgrade_gate.py), chosen by the planner.
     upgrade_gate: UpgradeGate | None = None
 
 

@@ -5,21 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from installer import (
-    catalog,
-    components,
-    gate_steps,
-    host,
-    sources,
-    steps,
-    upgrade_gate,
-    versions,
-)
+from installer import components, host, sources, steps
+from installer.cluster import gate_steps, upgrade_gate
 from installer.config import Config, check_build_path
 from installer.errors import NoNvidiaGpu
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Plan, Step, Target
+from installer.release import catalog, versions
 from installer.runner import Runner
 from installer.sources.source import Groundwork, Source
 
@@ -73,7 +66,8 @@ def make_plan(
             blockers.append("no NVIDIA GPU found in /sys/bus/pci/devices")
 
     source = _choose_source(config, facts)
-    decisions.append(Decision("source", source.name, source.reason(config, facts)))
+    decisions.append(Decision("source", source.name, source.reason(
+        config, facts, sources.passed_over(source, facts.distro))))
     arrival = source.arrival(Groundwork(config, root, layout, runner, facts, resolution.version,
                                         shipped_or_custom, running))
     decisions += arrival.decisions

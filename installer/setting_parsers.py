@@ -1,17 +1,14 @@
 """Parsers of setting values: the text of a flag or environment variable to a typed value, or a
-ConfigError naming the variable (`config.py` names which parser each setting uses); and the
-settings that must agree with each other."""
+ConfigError naming the variable (`config.py` names which parser each setting uses, and the
+rules between settings)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import Callable, Protocol
 
 from installer.errors import ConfigError
-
-if TYPE_CHECKING:
-    from installer.config import Config
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -309,53 +306,3 @@ def taint_key(value: str, setting: Named) -> str:
                           "Kubernetes' node lifecycle controller",
                           hint="Use a key of its own, e.g. nvidia.com/gpu.driver-not-ready.")
     return value
-
-
-def check_consistency(config: Config) -> None:
-    """Settings that must agree with each other (ConfigError naming them)."""
-    if (config.signing_key is None) != (config.signing_cert is None):
-        raise ConfigError(
-            "NVIDIA_MODULE_SIGNING_KEY and NVIDIA_MODULE_SIGNING_CERT must be set together",
-        )
-    if not config.root.is_absolute():
-        raise ConfigError(f"ROOT_MOUNT_DIR={config.root} must be an absolute path")
-    check_registry(config)
-    if config.scheduling_gate and not config.node_name:  # the gate labels this node
-        raise ConfigError(
-            "NVIDIA_INSTALLER_SCHEDULING_GATE=true needs NODE_NAME (this node's name)",
-            hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
-        )
-    if config.upgrade_protocol and not config.node_name:  # the protocol cordons this node
-        raise ConfigError(
-            "NVIDIA_INSTALLER_UPGRADE_PROTOCOL=true needs NODE_NAME (this node's name)",
-            hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
-        )
-
-
-def check_registry(config: Config) -> None:
-    """Asking to publish without a registry or a publisher key is an error, not a silent
-    no-op; one password source only (two would leave which one wins to chance)."""
-    if config.module_registry_push and not config.module_registry:
-        raise ConfigError(
-            "NVIDIA_MODULE_REGISTRY_PUSH=true (or --push) needs NVIDIA_MODULE_REGISTRY: there "
-            "is nowhere to publish",
-            hint="Set NVIDIA_MODULE_REGISTRY=<host[:port]/repository>, or drop the push.",
-        )
-    if config.module_registry_push and config.module_publisher_key is None:
-        raise ConfigError(
-            "NVIDIA_MODULE_REGISTRY_PUSH=true (or --push) needs NVIDIA_MODULE_PUBLISHER_KEY: "
-            "nodes use only artifacts signed by a key they trust",
-            hint="Give the builder the private key (a mounted Secret) whose public key the "
-            "nodes have in NVIDIA_MODULE_TRUSTED_KEYS (docs/deploy.md).",
-        )
-    if config.module_require_prebuilt and not (config.module_registry
-                                               and config.module_trusted_keys):
-        raise ConfigError(
-            "NVIDIA_MODULE_REQUIRE_PREBUILT=true needs NVIDIA_MODULE_REGISTRY and "
-            "NVIDIA_MODULE_TRUSTED_KEYS: without both no artifact can ever be used",
-        )
-    if config.module_registry_password and config.module_registry_password_file:
-        raise ConfigError(
-            "NVIDIA_MODULE_REGISTRY_PASSWORD and NVIDIA_MODULE_REGISTRY_PASSWORD_FILE are both "
-            "set: use one",
-        )

@@ -1,5 +1,6 @@
 """docs/architecture.md's module map is the code's: every module listed with its job, each row's
-imports exactly what it imports, only rows above it, and DESIGN's boundaries held."""
+imports exactly what it imports, only rows above it (TYPE_CHECKING imports included), no circle
+between any two modules, and DESIGN's boundaries held."""
 
 from __future__ import annotations
 
@@ -175,15 +176,111 @@ def test_a_packages_files_leave_the_import_columns_to_the_package_row() -> None:
             assert row.imports == {}, row.name
 
 
+@functools.lru_cache(maxsize=1)
+def arrows() -> dict[str, set[str]]:
+    """Module (dotted) -> the installer modules it imports anywhere: at the top, inside
+    functions and under TYPE_CHECKING. `from installer.x import y` names y when y is a module,
+    else x (a door's name is the door)."""
+    modules = {_dotted(path): path for path in source_files()}
+
+    def module_of(dotted: str) -> str:
+        while dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                raise AssertionError(f"{path}: a relative import")
+            if isinstance(node, ast.Import):
+                targets.update(module_of(a.name) for a in node.names
+                               if a.name.split(".")[0] == "installer")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == (
+                    "installer"):
+                assert node.module is not None
+                targets.update(module_of(f"{node.module}.{a.name}") for a in node.names)
+        graph[name] = targets - {name}
+    return graph
+
+
+def _dotted(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _unit_of_dotted(dotted: str) -> str:
+    path = ROOT.joinpath(*dotted.split("."))
+    return unit_of_file(path / "__init__.py" if path.is_dir() else path.with_suffix(".py"))
+
+
 def test_no_row_imports_a_row_below_it() -> None:
+    """TYPE_CHECKING imports included: an annotation that names a room below is an arrow up."""
     rows = {row.name: row for row in map_rows()}
-    upward = []
-    for unit, found in found_imports().items():
-        for name in found.imports:
-            target = rows.get(name)
-            if target is not None and target.position > rows[unit].position:
-                upward.append(f"{unit} imports {name}, which is below it")
-    assert upward == []
+    upward = set()
+    for module, targets in arrows().items():
+        unit = _unit_of_dotted(module)
+        for target in targets:
+            name = _unit_of_dotted(target)
+            if name != unit and rows[name].position > rows[unit].position:
+                upward.add(f"{module} imports {target}, which is below it")
+    assert sorted(upward) == []
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                connect(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return found
+
+
+def test_no_circle_between_modules() -> None:
+    """Module by module, inside rooms as well as between them, every kind of import counted."""
+    assert circles(arrows()) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
+
+
+def test_no_module_imports_the_door_of_its_own_room() -> None:
+    """A room's door (its `__init__`) stands above the modules behind it: they import each
+    other, never the door (the contract a module needs lives in the module that defines it)."""
+    offenders = []
+    for module, targets in arrows().items():
+        is_door = (ROOT.joinpath(*module.split(".")) / "__init__.py").is_file()
+        for target in targets:
+            inside = module.startswith(target + ".")
+            if inside and target != "installer" and not (is_door and module == target):
+                offenders.append(f"{module} imports {target}")
+    assert offenders == []
 
 
 @pytest.mark.parametrize(("library", "owner"), sorted(ONLY_IN.items()))

@@ -13,8 +13,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from installer import logs
-from installer.config import Config, build_config
+from installer.cli.options import _termination_log, make_config
 from installer.errors import InstallerError
 
 if TYPE_CHECKING:
@@ -28,12 +27,6 @@ TERMINATION_LIMIT = 4096
 # click's shell completion for `installer` runs when this is set, whatever the arguments.
 COMPLETION_ENV = "_INSTALLER_COMPLETE"
 
-# Where report_error writes the termination message: --termination-log when the command got
-# one (taken before the other settings are checked, so a bad setting is reported there too),
-# else the environment, else Kubernetes' default.
-_termination_log: dict[str, str] = {}
-
-
 def __getattr__(name: str) -> Any:
     """`cli` (the click group) and `InstallerGroup` load the commands on first use."""
     if name not in ("cli", "InstallerGroup"):
@@ -41,15 +34,6 @@ def __getattr__(name: str) -> Any:
     from installer.cli import commands
 
     return getattr(commands, name)
-
-
-def make_config(options: dict[str, Any]) -> Config:
-    verbose = bool(options.pop("verbose", False))
-    if options.get("termination_log"):
-        _termination_log["path"] = str(options["termination_log"])
-    config = build_config(os.environ, options)
-    logs.setup(config.log_format, verbose)
-    return config
 
 
 def run_without_click() -> None:

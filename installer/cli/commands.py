@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from installer import __version__
-from installer.cli import make_config
+from installer.cli.options import make_config
 from installer.config import SETTINGS
 from installer.errors import VerificationFailed
 
@@ -148,7 +148,9 @@ def versions(**options: Any) -> None:
 @settings_options
 def download(dest: Path, arch: str, **options: Any) -> None:
     """Prefetch the .run for a version (air-gapped nodes, mirrors)."""
-    from installer import prefetch  # not app: the planner and its steps are not needed here
+    from installer.release import (
+        download as prefetch,  # not app: the planner and its steps are not needed here
+    )
 
     config = make_config(options)
     path = prefetch.download_runfile(config, dest, arch)

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from installer import readiness
 from installer.cluster.client import Conflict, Json, NodeClient
 from installer.config import Config
 from installer.errors import (
@@ -26,6 +25,7 @@ from installer.errors import (
     SchedulingGateForbidden,
     SchedulingGateUnavailable,
 )
+from installer.host import readiness
 from installer.hostroot import HostRoot
 
 log = logging.getLogger(__name__)

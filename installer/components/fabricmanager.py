@@ -82,7 +82,7 @@ def decision(ctx: Context) -> Decision:
 
 
 def steps(ctx: Context) -> list[Step]:
-    """The runfile source's; the dnf source's come with its packages (sources/dnf.py)."""
+    """The runfile source's; the dnf source's come with its packages (sources/dnf/steps.py)."""
     if not applies(ctx) or ctx.target.packages_own_user_space:
         return []
     return [fetch_step(ctx), install_step(ctx)]

@@ -102,14 +102,14 @@ def parse_manifest(data: bytes, version: str, arch: str, where: str) -> Listed:
 
 
 def download_settings(config: Config) -> Any:
-    from installer import prefetch
+    from installer.release import download as prefetch
 
     return prefetch.download_settings(config)
 
 
 def digest_source(config: Config, version: str, arch: str) -> str:
     """Where the archive's SHA-256 will come from, for `installer plan`."""
-    from installer import prefetch
+    from installer.release import download as prefetch
 
     return prefetch.digest_source(
         config, archive_name(version, arch),

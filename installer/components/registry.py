@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 from typing import TYPE_CHECKING
 
 from installer import host
@@ -69,6 +67,9 @@ def serve(name: str, config: Config) -> None:
     """The long-running container command: keep the daemon up beside the verified driver until
     SIGTERM or SIGINT (then stop it and return). Raises the daemon's error when it cannot be
     kept up."""
+    import signal  # only the container command waits for signals
+    import threading
+
     from installer.components.supervisor import Supervisor
 
     root = HostRoot(config.root)

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol, Union
 
-from installer import host, readiness
+from installer import host
 from installer.errors import InstallerError
+from installer.host import readiness
 from installer.hostroot import HostRoot
 from installer.layout import READY_FILE
 
@@ -69,7 +70,7 @@ def paused(root: HostRoot, lock_file: Path | None) -> bool:
 
 def ready_file(name: str) -> PurePosixPath:
     """Where `name`'s container says it is up (beside the driver's readiness file; the
-    scheduling gate waits for it: installer/readiness.py)."""
+    scheduling gate waits for it: installer/host/readiness.py)."""
     return readiness.component_file(name)
 
 

@@ -23,7 +23,7 @@ from installer.delivery.oci import MANIFEST_MEDIA_TYPE, Client, RegistrySettings
 from installer.errors import ArtifactInvalid, ArtifactUntrusted
 
 CONFIG_MEDIA_TYPE = "application/vnd.nvidia-driver-installer.modules.config.v1+json"
-MODULE_MEDIA_TYPE = "application/vnd.nvidia-driver-installer.kernel-module.v1"
+MODULE_MEDIA_TYPE = "application/vnd.nvidia-driver-installer.headers.trees-module.v1"
 ANNOTATION_PREFIX = "io.github.nvidia-driver-installer."
 # The modules NVIDIA's driver builds; nothing else may reach /lib/modules through an artifact.
 MODULE_NAMES = frozenset({"nvidia.ko", "nvidia-uvm.ko", "nvidia-modeset.ko", "nvidia-drm.ko",

@@ -24,6 +24,7 @@ from installer.delivery.part import (
     pump,
     raise_write_error,
 )
+from installer.delivery.progress import Progress
 from installer.delivery.retry import backoff_delay, with_retries
 from installer.delivery.settings import DownloadSettings, Fetched, VerifiedBy
 from installer.delivery.transport import (
@@ -46,7 +47,6 @@ from installer.errors import (
     HostLayoutError,
     UnverifiedDownload,
 )
-from installer.progress import Progress
 
 log = logging.getLogger("installer.download")
 _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)

@@ -13,9 +13,9 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, NoReturn, Optional
 
+from installer.delivery.progress import Progress
 from installer.delivery.transport import Transient
 from installer.errors import HostLayoutError, InsufficientSpace
-from installer.progress import Progress
 
 log = logging.getLogger("installer.download")
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-from installer.progress import ProgressMode, resolve_mode
+from installer.delivery.progress import ProgressMode, resolve_mode
 
 # NVIDIA's own download hosts: the catalog's (us.), the XFree86 tree that publishes
 # .run.sha256sum files, and the redist tree's redistrib_<version>.json.

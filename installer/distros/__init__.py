@@ -13,10 +13,19 @@ from installer.distros.rhel import Rhel
 from installer.errors import UnsupportedDistro
 
 if TYPE_CHECKING:
-    from installer.host import Distro
+    from installer.distros.family import Release
 
-__all__ = ["FAMILIES", "Family", "PackageNotFound", "for_compiler_package", "for_os_release",
-           "image_compilers", "named", "of"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "PackageNotFound",
+    "for_compiler_package",
+    "for_os_release",
+    "image_compilers",
+    "named",
+    "of",
+    "supporting",
+]
 
 FAMILIES: tuple[Family, ...] = (Debian(), Rhel())
 
@@ -31,7 +40,7 @@ def named(name: str) -> Family:
         f"no distro family {name!r} (known: {', '.join(f.name for f in FAMILIES)})")
 
 
-def of(distro: Distro) -> Family:
+def of(distro: Release) -> Family:
     """The family of a detected distro."""
     return named(distro.family)
 
@@ -42,6 +51,17 @@ def for_os_release(distro_id: str) -> Family | None:
         if distro_id in family.releases:
             return family
     return None
+
+
+def supporting(distro_id: str, version_id: str, found: str) -> Family:
+    """The family that supports os-release ID `distro_id` at `version_id` (the decision host/
+    asks for). Raises UnsupportedDistro naming `found` for any other distribution or version."""
+    family = for_os_release(distro_id)
+    if family is None or not version_id.split(".", 1)[0].isdigit():
+        raise UnsupportedDistro(f"unsupported distribution: {found}")
+    if not family.supports(distro_id, version_id):
+        raise UnsupportedDistro(f"unsupported distribution version: {found}")
+    return family
 
 
 def for_compiler_package(package: str) -> Family | None:

@@ -15,7 +15,7 @@ from installer.runner import Result, Runner
 
 if TYPE_CHECKING:
     from installer.config import Config
-    from installer.host import HostFacts
+    from installer.distros.family import Facts
 
 SOURCES_LIST = PurePosixPath("/etc/apt/sources.list")
 SOURCES_PARTS = PurePosixPath("/etc/apt/sources.list.d")
@@ -174,7 +174,7 @@ def unpack_argv(deb: Path, tree: Path) -> list[str]:
     return ["dpkg-deb", "--extract", str(deb), str(tree)]
 
 
-def fetch(root: HostRoot, config: Config, facts: HostFacts, work: Path, runner: Runner,
+def fetch(root: HostRoot, config: Config, facts: Facts, work: Path, runner: Runner,
           package: str, where: str) -> list[str]:
     """`package` and the header packages it depends on, fetched through the host's sources
     (or the mirror) and unpacked under `work/root`; returns their names. Raises

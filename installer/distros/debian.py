@@ -10,7 +10,7 @@ from installer.distros.family import Family
 
 if TYPE_CHECKING:
     from installer.config import Config
-    from installer.host import HostFacts
+    from installer.distros.family import Facts
     from installer.hostroot import HostRoot
     from installer.runner import Runner
 
@@ -41,7 +41,7 @@ class Debian(Family):
 
         return apt.source_files(root)
 
-    def fetch_headers(self, root: HostRoot, config: Config, facts: HostFacts, work: Path,
+    def fetch_headers(self, root: HostRoot, config: Config, facts: Facts, work: Path,
                       runner: Runner, package: str, where: str) -> list[str]:
         from installer.distros import apt
 

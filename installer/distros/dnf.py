@@ -17,7 +17,7 @@ from installer.runner import Result, Runner
 
 if TYPE_CHECKING:
     from installer.config import Config
-    from installer.host import Distro, HostFacts
+    from installer.distros.family import Facts, Release
 
 REPOS_DIR = PurePosixPath("/etc/yum.repos.d")
 VARS_DIRS = (PurePosixPath("/etc/dnf/vars"), PurePosixPath("/etc/yum/vars"))
@@ -72,7 +72,7 @@ def rewrite_repos(text: str, root: HostRoot, mirror: str | None) -> str:
     return out.getvalue()
 
 
-def kernel_minor(kernel: str, distro: Distro) -> str:
+def kernel_minor(kernel: str, distro: Release) -> str:
     """The minor release a RHEL-family kernel belongs to (`.el8_9` -> 8.9)."""
     match = _EL_MINOR.search(kernel)
     return f"{match.group(1)}.{match.group(2)}" if match else distro.version_id
@@ -113,7 +113,7 @@ def enabled_keys(repo_texts: list[str]) -> list[str]:
     return keys
 
 
-def releasever(root: HostRoot, distro: Distro) -> str:
+def releasever(root: HostRoot, distro: Release) -> str:
     """What dnf on the host substitutes for $releasever (a locked minor, else the major)."""
     for vars_dir in VARS_DIRS:
         text = root.read_text(vars_dir / "releasever")
@@ -138,7 +138,7 @@ class PrivateDnf:
         return ["rpm", f"--dbpath={self.work / 'rpmdb'}", *args]
 
 
-def prepare(root: HostRoot, work: Path, distro: Distro, kernel: str, *, mirror: str | None,
+def prepare(root: HostRoot, work: Path, distro: Release, kernel: str, *, mirror: str | None,
             vault: str) -> PrivateDnf:
     """Write the private dnf config and the re-rooted repo files under `work`; read only the
     host."""
@@ -193,7 +193,7 @@ def unpack_argv(rpm: Path, tree: Path) -> list[str]:
             'rm -f .payload.cpio; exit $rc', "sh", str(rpm), str(tree)]
 
 
-def fetch(root: HostRoot, config: Config, facts: HostFacts, work: Path, runner: Runner,
+def fetch(root: HostRoot, config: Config, facts: Facts, work: Path, runner: Runner,
           package: str, where: str) -> list[str]:
     """`package` fetched through the host's repos (or the mirror, or Rocky's vault), its signature
     checked against the keys those repos trust, unpacked under `work/root`. Raises

@@ -5,13 +5,37 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from installer.config import Config
-    from installer.host import Distro, HostFacts
     from installer.hostroot import HostRoot
     from installer.runner import Runner
+
+
+class Release(Protocol):
+    """What a family reads of the host's os-release (`host.Distro` is one): the family's contract,
+    so that distros/ asks nothing of host/."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def version_id(self) -> str: ...
+    @property
+    def major(self) -> int: ...
+    @property
+    def family(self) -> str: ...
+
+
+class Facts(Protocol):
+    """What a family's header fetch reads of the host facts (`host.HostFacts` is one)."""
+
+    @property
+    def distro(self) -> Release: ...
+    @property
+    def kernel_release(self) -> str: ...
+    @property
+    def arch(self) -> str: ...
 
 
 class PackageNotFound(Exception):
@@ -54,13 +78,13 @@ class Family(ABC):
         """The host's package source files (host paths), in the package manager's order."""
 
     @abstractmethod
-    def fetch_headers(self, root: HostRoot, config: Config, facts: HostFacts, work: Path,
+    def fetch_headers(self, root: HostRoot, config: Config, facts: Facts, work: Path,
                       runner: Runner, package: str, where: str) -> list[str]:
         """Fetch `package` (and what it needs) through the image's package tool reading the
         host's sources, unpacked under `work/root`; returns the packages fetched. Writes only
         under `work`. Raises PackageNotFound (no source has it) or HeadersFetchFailed."""
 
-    def vault(self, config: Config, distro: Distro, kernel: str) -> tuple[str, str] | None:
+    def vault(self, config: Config, distro: Release, kernel: str) -> tuple[str, str] | None:
         """An archive of older releases the header fetch also reads for `kernel`: (what it is,
         its URL), or None."""
         return None

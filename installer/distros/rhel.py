@@ -11,7 +11,7 @@ from installer.distros.family import Family
 
 if TYPE_CHECKING:
     from installer.config import Config
-    from installer.host import Distro, HostFacts
+    from installer.distros.family import Facts, Release
     from installer.hostroot import HostRoot
     from installer.runner import Runner
 
@@ -39,13 +39,13 @@ class Rhel(Family):
 
         return dnf.repo_files(root)
 
-    def fetch_headers(self, root: HostRoot, config: Config, facts: HostFacts, work: Path,
+    def fetch_headers(self, root: HostRoot, config: Config, facts: Facts, work: Path,
                       runner: Runner, package: str, where: str) -> list[str]:
         from installer.distros import dnf
 
         return dnf.fetch(root, config, facts, work, runner, package, where)
 
-    def vault(self, config: Config, distro: Distro, kernel: str) -> tuple[str, str] | None:
+    def vault(self, config: Config, distro: Release, kernel: str) -> tuple[str, str] | None:
         # Rocky moves the kernels of older minor releases to its vault.
         if distro.id != "rocky" or not config.rocky_vault:
             return None

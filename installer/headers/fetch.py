@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
-from installer import distros, kernel
+from installer import distros
 from installer.config import Config
 from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
+from installer.headers import trees as kernel
 from installer.host import HostFacts
 from installer.hostroot import HostRoot
-from installer.kernel import Headers
 from installer.layout import Layout
+from installer.plan import Headers
 from installer.runner import Runner
 
 log = logging.getLogger(__name__)

@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from installer import compiler
-from installer.headers import fetch
-from installer.kernel import SOURCE_MARKER, Headers
-from installer.plan import Context, Decision, Step
+from installer.headers import compiler, fetch
+from installer.headers.trees import SOURCE_MARKER
+from installer.plan import Context, Decision, Headers, Step
 
 
 def local_tree(ctx: Context, headers: Headers) -> Path:

@@ -65,16 +65,11 @@ def distro_from_os_release(text: str, source: str) -> Distro:
     distro_id = values.get("ID", "").lower()
     version_id = values.get("VERSION_ID", "")
     found = f"ID={distro_id or '?'} VERSION_ID={version_id or '?'} (read from {source})"
-    family = distros.for_os_release(distro_id)
-    head = version_id.split(".", 1)[0]
-    if family is None or not head.isdigit():
-        raise UnsupportedDistro(f"unsupported distribution: {found}")
-    if not family.supports(distro_id, version_id):
-        raise UnsupportedDistro(f"unsupported distribution version: {found}")
+    family = distros.supporting(distro_id, version_id, found)
     return Distro(
         id=distro_id,
         version_id=version_id,
-        major=int(head),
+        major=int(version_id.split(".", 1)[0]),
         family=family.name,
         pretty_name=values.get("PRETTY_NAME", f"{distro_id} {version_id}"),
         codename=values.get("VERSION_CODENAME", ""),

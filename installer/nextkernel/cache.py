@@ -34,7 +34,7 @@ PREPARE_STEPS = ("use-prebuilt-modules", "kernel-headers", "check-compiler", "fe
 def modules_ready(layout: Layout, version: str, kernel: str, flavour: str) -> bool:
     """The cache holds a complete build of `version` for `kernel` (what build-modules checks)."""
     from installer.dirs import COMPLETE_MARKER
-    from installer.sources.runfile_identity import module_version_matches
+    from installer.sources.runfile.identity import module_version_matches
 
     build = layout.module_build(version, kernel, flavour)
     return (build / COMPLETE_MARKER).is_file() and module_version_matches(build / "nvidia.ko",
@@ -42,7 +42,7 @@ def modules_ready(layout: Layout, version: str, kernel: str, flavour: str) -> bo
 
 
 def origin(layout: Layout, version: str, kernel: str, flavour: str) -> str:
-    from installer.sources.prebuilt_key import ARTIFACT_MARKER
+    from installer.sources.prebuilt.key import ARTIFACT_MARKER
 
     marker = layout.module_build(version, kernel, flavour) / ARTIFACT_MARKER
     return f"pulled {marker.read_text().strip()}" if marker.is_file() else "compiled"

@@ -75,8 +75,8 @@ def decision(ctx: Context) -> Decision:
 
 
 def _headers_note(ctx: Context, kernel: str) -> str:
-    from installer import kernel as kernels
     from installer.headers import fetch
+    from installer.headers import trees as kernels
 
     found = kernels.find_headers(ctx.root, kernel)
     if found is not None:

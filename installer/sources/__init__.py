@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from installer.sources.dnf.source import DnfSource
+from installer.sources.runfile.source import RunfileSource
 from installer.sources.source import Source
-from installer.sources.via_dnf import DnfSource
-from installer.sources.via_runfile import RunfileSource
+
+if TYPE_CHECKING:
+    from installer.host import Distro
 
 # One line per source; under `auto` the first with evidence wins, else the module builder.
 SOURCES: tuple[Source, ...] = (
@@ -27,6 +32,11 @@ def named(name: str) -> Source:
     if found is None:
         raise KeyError(f"no source named {name!r} (known: {', '.join(names())})")
     return found
+
+
+def passed_over(chosen: Source, distro: Distro) -> list[str]:
+    """Why `auto` passed over each other source offered on `distro` (for `chosen`'s reason)."""
+    return [s.passed_over() for s in SOURCES if s is not chosen and s.offered(distro)]
 
 
 def module_builder() -> Source:

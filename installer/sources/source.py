@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
@@ -14,9 +15,9 @@ from installer.plan import Context, Decision, Step
 from installer.runner import Runner
 
 if TYPE_CHECKING:
-    from installer.catalog import Catalog
     from installer.host import Distro, HostFacts
-    from installer.kernel import Headers
+    from installer.plan import Headers
+    from installer.release.catalog import Catalog
 
 
 class Groundwork(NamedTuple):
@@ -87,8 +88,9 @@ class Source:
         """Why `auto` did not choose it, in words, for the reason of the source chosen."""
         return f"no evidence for {self.name}"
 
-    def reason(self, config: Config, facts: HostFacts) -> str:
-        """The source decision's reason, once it is chosen."""
+    def reason(self, config: Config, facts: HostFacts, passed_over: Sequence[str]) -> str:
+        """The source decision's reason, once it is chosen; `passed_over` says why `auto` passed
+        over each other source offered on this host (the registry's `passed_over`)."""
         raise NotImplementedError
 
     def arrival(self, ground: Groundwork) -> Arrival:

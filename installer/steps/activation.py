@@ -8,9 +8,12 @@ import os
 import time
 from pathlib import Path
 
-from installer import components, gate_steps, host, ldcache, load_rollback, modules, upgrade_gate
+from installer import components, host, modules
+from installer.cluster import gate_steps, upgrade_gate
 from installer.errors import InstallerError
 from installer.plan import Context, Step
+from installer.steps import ldcache
+from installer.steps import rollback as load_rollback
 from installer.steps.load import remove_ready_file
 from installer.steps.placement import restore_module_files
 

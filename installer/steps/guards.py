@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from installer import components, host, upgrade_gate
+from installer import components, host
+from installer.cluster import upgrade_gate
 from installer.errors import NouveauActive, SecureBootKeysMissing
 from installer.layout import NOUVEAU_BLACKLIST
 from installer.plan import Context, Step

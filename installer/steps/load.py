@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 
-from installer import load_rollback, modules, state
+from installer import modules, state
 from installer.errors import ModuleLoadFailed
 from installer.layout import READY_FILE
 from installer.plan import Context, Step
+from installer.steps import rollback as load_rollback
 from installer.steps.placement import modules_dir_writable, restore_module_files
 
 log = logging.getLogger(__name__)

@@ -8,11 +8,12 @@ import os
 import shutil
 from pathlib import Path
 
-from installer import host, load_rollback, modules
+from installer import host, modules
 from installer.dirs import remove_tree
 from installer.errors import InstallFailed
 from installer.hostroot import write_atomic
 from installer.plan import Context, Step
+from installer.steps import rollback as load_rollback
 
 log = logging.getLogger(__name__)
 

@@ -44,9 +44,9 @@ from cluster.apiserver import ApiServer, Cluster, cluster_role_rules, write_kube
 from cluster.nodes import POLICY as PROTOCOL_POLICY
 from cluster.nodes import RBAC as PROTOCOL_RBAC
 from cluster.nodes import NodeHost
-from installer import app, components, gate_steps, host, pipeline, readiness, state, steps
+from installer import app, components, host, pipeline, state, steps
 from installer import verify as verify_package
-from installer.cluster import gate, protocol
+from installer.cluster import gate, gate_steps, protocol
 from installer.components import fabricmanager, lifecycle, registry, supervisor
 from installer.components.fabricmanager import FabricManagerDaemon
 from installer.components.persistenced import PersistencedDaemon
@@ -58,6 +58,7 @@ from installer.errors import (
     SchedulingGateUnavailable,
     VerificationFailed,
 )
+from installer.host import readiness
 from installer.hostroot import HostRoot
 from installer.layout import READY_FILE, Layout
 from installer.plan import Context, Plan, Step, Target

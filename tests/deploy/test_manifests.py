@@ -224,7 +224,8 @@ def test_pinned_driver_version_is_an_lts_release_in_the_shipped_catalog() -> Non
     version = container_env(installer_container(ds))[
         "NVIDIA_DRIVER_VERSION"
     ]
-    catalog = json.loads((REPO / "installer" / "data" / "releases.json").read_text("utf-8"))
+    shipped = REPO / "installer" / "release" / "data" / "releases.json"
+    catalog = json.loads(shipped.read_text("utf-8"))
     branch = catalog[version.split(".")[0]]
     assert branch["type"] == "lts branch"
     assert version in [d["release_version"] for d in branch["driver_info"]]

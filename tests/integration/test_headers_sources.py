@@ -35,10 +35,9 @@ from lib.hostkit import (
 from lib.hosttrees import make_host
 from lib.httpfaults import serve_directory
 
-from installer import compiler
 from installer.config import from_env
 from installer.errors import HeadersFetchFailed, KernelHeadersMissing
-from installer.headers import fetch
+from installer.headers import compiler, fetch
 from installer.host import gather
 from installer.hostroot import HostRoot
 from installer.layout import Layout
@@ -468,7 +467,7 @@ def test_headers_in_the_image_are_used_at_their_own_paths() -> None:
     """The installer's own image (here: this machine, Debian's headers installed): no bind
     mounts, and Debian's split trees as source and output (nvidia-installer looks for kernel.h
     in the source tree and the configuration in the output tree)."""
-    from installer import kernel
+    from installer.headers import trees as kernel
 
     found = debian_headers()
     assert found is not None

@@ -1,5 +1,5 @@
-"""installer.ldcache reads an ld.so.cache as the real `ldconfig -p` prints it (the warm run's ld
-cache probe reads the file instead of spawning ldconfig): caches the real ldconfig writes
+"""installer.steps.ldcache reads an ld.so.cache as the real `ldconfig -p` prints it (the warm
+run's ld cache probe reads the file instead of spawning ldconfig): caches the real ldconfig writes
 in each of glibc's formats, and this machine's own cache."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from installer.ldcache import read_cache
+from installer.steps.ldcache import read_cache
 
 LDCONFIG = shutil.which("ldconfig") or shutil.which("ldconfig", path="/sbin:/usr/sbin")
 

@@ -28,7 +28,7 @@ from lib.httpfaults import serve_directory
 from lib.registrykit import PASSWORD, USER, Registry, make_key_pair
 from lib.secondkernel import SECOND, add_headers, mark_installed
 
-from installer.sources.prebuilt_key import vermagic
+from installer.sources.prebuilt.key import vermagic
 
 pytestmark = pytest.mark.skipif(debian_headers() is None or shutil.which("apt-get") is None,
                                 reason="needs linux-headers-amd64 and apt-get")

@@ -1,4 +1,4 @@
-"""installer.catalog: the shipped releases.json, other sources, malformed input."""
+"""installer.release.catalog: the shipped releases.json, other sources, malformed input."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from installer import catalog
-from installer.catalog import LTS, NEW_FEATURE, PRODUCTION, Catalog
 from installer.errors import CatalogUnavailable, DownloadFailed
+from installer.release import catalog
+from installer.release.catalog import LTS, NEW_FEATURE, PRODUCTION, Catalog
 
 # NVIDIA's data-center support table (reference/versions-and-sources.md).
 BRANCH_TYPES = {
@@ -64,7 +64,7 @@ def small_document() -> dict[str, Any]:
 
 def test_shipped_catalog_shape_matches_nvidia_releases_json() -> None:
     raw = json.loads(
-        resources.files("installer").joinpath("data/releases.json").read_text(encoding="utf-8")
+        resources.files("installer.release").joinpath("data/releases.json").read_text(encoding="utf-8")
     )
     assert set(raw) == {str(b) for b in BRANCH_TYPES} | {"590"}
     for key, branch in raw.items():

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from lib.fakes import FakeRunner
 
-from installer import compiler
+from installer.headers import compiler
 
 
 @pytest.mark.parametrize(("text", "major"), [

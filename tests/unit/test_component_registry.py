@@ -20,10 +20,11 @@ from lib.hosttrees import (
     write_proc_modules,
 )
 
-from installer import components, planner, readiness, steps
+from installer import components, planner, steps
 from installer.components import fabricmanager, persistenced, registry
 from installer.components.supervisor import PAUSE_FILE, Daemon, ready_file
 from installer.config import Config, from_env
+from installer.host import readiness
 from installer.hostroot import HostRoot
 from installer.layout import READY_FILE, Layout
 from installer.plan import Context, Decision, Plan, Step

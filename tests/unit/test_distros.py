@@ -9,11 +9,12 @@ from typing import Any, ClassVar
 import pytest
 from lib.hosttrees import make_host, write_os_release
 
-from installer import compiler, distros, host, kernel
+from installer import distros, host
 from installer.config import from_env
 from installer.distros import Family
 from installer.errors import CompilerInstallFailed, UnsupportedDistro
-from installer.headers import fetch
+from installer.headers import compiler, fetch
+from installer.headers import trees as kernel
 from installer.hostroot import HostRoot
 
 K = "6.4.0-150600.23.7-default"

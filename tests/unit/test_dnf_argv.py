@@ -10,8 +10,8 @@ from lib.hosttrees import make_host
 from installer.errors import RepoFileRefused
 from installer.host import Distro
 from installer.hostroot import HostRoot
-from installer.sources import dnf_commands as cmd
-from installer.sources import dnf_repos
+from installer.sources.dnf import commands as cmd
+from installer.sources.dnf import repos as dnf_repos
 
 EL9 = Distro("rocky", "9.4", 9, "rhel", "Rocky Linux 9.4 (Blue Onyx)")
 EL8 = Distro("rocky", "8.9", 8, "rhel", "Rocky Linux 8.9 (Green Obsidian)")

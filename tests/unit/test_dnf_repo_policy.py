@@ -1,5 +1,5 @@
 """What a .repo file must say before it reaches the host's /etc/yum.repos.d, and the host's own
-NVIDIA repo files, which are refused when weak and never edited (installer/sources/dnf_repos)."""
+NVIDIA repo files, which are refused when weak and never edited (installer/sources/dnf/repos.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from installer.errors import HostRepoInsecure, RepoFileRefused
 from installer.hostroot import HostRoot
-from installer.sources import dnf_repos
+from installer.sources.dnf import repos as dnf_repos
 
 SHOWN = "https://mirror.example/cuda-rhel9.repo"
 BASE = "https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64"

@@ -16,8 +16,9 @@ from installer import pipeline
 from installer.errors import ModuleBuildFailed, ModuleMetadataMissing, RepoUnavailable
 from installer.host import Distro
 from installer.runner import Result
-from installer.sources import dnf_metadata, dnf_plan
-from installer.sources.dnf_commands import dnf_target
+from installer.sources.dnf import metadata as dnf_metadata
+from installer.sources.dnf import plan as dnf_plan
+from installer.sources.dnf.commands import dnf_target
 
 ROCKY9 = Distro("rocky", "9.4", 9, "rhel", "Rocky Linux 9.4")
 STREAMS = dnf_metadata.parse(modules_yaml(DEFAULT_SPEC))

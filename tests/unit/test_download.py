@@ -24,13 +24,13 @@ from installer.delivery import (
     transport,
     urls,
 )
+from installer.delivery.progress import Progress, resolve_mode
 from installer.errors import (
     ChecksumMismatch,
     ConfigError,
     DownloadFailed,
     DownloadNotFound,
 )
-from installer.progress import Progress, resolve_mode
 
 NAME = "NVIDIA-Linux-x86_64-580.95.05.run"
 QUIET = DownloadSettings(retries=0, progress="none")

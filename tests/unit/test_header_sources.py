@@ -190,10 +190,10 @@ def _runfile_context(tmp_path: Path, runner: FakeRunner, **env: str) -> Any:
 
 
 def test_headers_and_compiler_are_settled_before_the_driver_download(tmp_path: Path) -> None:
-    from installer.sources import runfile
+    from installer.sources.runfile import source as runfile_source
 
     ctx = _runfile_context(tmp_path, FakeRunner())
-    names = [step.name for step in runfile.runfile_steps(ctx)]
+    names = [step.name for step in runfile_source.runfile_steps(ctx)]
     assert names[:3] == ["kernel-headers", "check-compiler", "fetch-runfile"]
 
 
@@ -201,28 +201,29 @@ def test_missing_headers_stop_the_run_before_the_download(tmp_path: Path) -> Non
     from installer import pipeline
     from installer.errors import KernelHeadersMissing
     from installer.plan import Plan
-    from installer.sources import runfile
+    from installer.sources.runfile import source as runfile_source
 
     ctx = _runfile_context(tmp_path, FakeRunner().on("gcc", "-dumpversion", output="9.4.0\n"),
                            NVIDIA_INSTALLER_FETCH_HEADERS="false")
     with pytest.raises(KernelHeadersMissing, match=r"linux-headers-5\.4\.0-200-generic: fetching "
                        r"is off"):
-        pipeline.execute(Plan(ctx, [], runfile.runfile_steps(ctx)))
+        pipeline.execute(Plan(ctx, [], runfile_source.runfile_steps(ctx)))
 
 
 def test_a_compiler_the_image_lacks_stops_the_run_before_fetching_headers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from installer import compiler, pipeline
+    from installer import pipeline
     from installer.errors import CompilerMissing
+    from installer.headers import compiler
     from installer.plan import Plan
-    from installer.sources import runfile
+    from installer.sources.runfile import source as runfile_source
 
     monkeypatch.setattr(compiler.shutil, "which",
                         lambda name: "/usr/bin/gcc" if name == "gcc" else None)
     runner = FakeRunner().on("gcc", "-dumpversion", output="12\n")
     ctx = _runfile_context(tmp_path, runner)
     with pytest.raises(CompilerMissing, match=r"built with gcc 9 \(/proc/version\)") as info:
-        pipeline.execute(Plan(ctx, [], runfile.runfile_steps(ctx)))
+        pipeline.execute(Plan(ctx, [], runfile_source.runfile_steps(ctx)))
     assert info.value.hint == ("Compiler gcc-9: use the installer image tag ubuntu20.04, which "
                                "carries gcc-9.")
     assert [c.argv[0] for c in runner.calls] == ["gcc"] * len(runner.calls)

@@ -8,9 +8,10 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer import kernel
+from installer.headers import trees as kernel
 from installer.headers.steps import path_decisions
 from installer.hostroot import HostRoot
+from installer.plan import Headers
 
 K = "6.1.0-56-amd64"
 COMMON = "/usr/src/linux-headers-6.1.0-56-common"
@@ -136,7 +137,7 @@ def test_build_runs_with_the_host_trees_at_their_own_paths(tmp_path: Path) -> No
 
 
 def test_a_bare_host_needs_no_namespace() -> None:
-    headers = kernel.Headers(PurePosixPath("/usr/src/x"), PurePosixPath("/usr/src/x"),
+    headers = Headers(PurePosixPath("/usr/src/x"), PurePosixPath("/usr/src/x"),
                              (PurePosixPath("/usr/src"),))
     assert kernel.with_host_trees(HostRoot(Path("/")), headers, ["a"]) == ["a"]
 

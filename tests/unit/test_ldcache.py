@@ -12,7 +12,7 @@ import pytest
 from lib.fakes import FakeRunner
 from lib.hosttrees import host_root
 
-from installer import ldcache
+from installer.steps import ldcache
 
 LIB_DIR_HOST = PurePosixPath("/home/kubernetes/bin/nvidia/lib64")
 VERSION = "580.105.08"

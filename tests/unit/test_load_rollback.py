@@ -11,8 +11,9 @@ import pytest
 from lib.contexts import context
 from lib.fakes import FakeRunner
 
-from installer import dirs, kmsg, modules, state, steps
+from installer import dirs, modules, state, steps
 from installer.errors import ModuleLoadFailed
+from installer.host import kmsg
 from installer.layout import LD_DROP_IN, READY_FILE
 from installer.plan import Context
 

@@ -9,7 +9,7 @@ import pytest
 from installer.config import from_env
 from installer.delivery.registry import ArtifactKey, signing_identity
 from installer.errors import ConfigError
-from installer.sources.prebuilt_key import vermagic
+from installer.sources.prebuilt.key import vermagic
 
 KEY = ArtifactKey("580.95.05", "6.1.0-26-amd64", "open", "x86_64")
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 from installer.config import from_env
-from installer.prefetch import download_urls
-from installer.sources.runfile_argv import (
+from installer.release.download import download_urls
+from installer.sources.runfile.argv import (
     BuildRequest,
     build_modules_argv,
     extract_argv,

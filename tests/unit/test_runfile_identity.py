@@ -9,13 +9,13 @@ from lib.hosttrees import make_host, root_env
 
 from installer import planner
 from installer.config import from_env
-from installer.sources.runfile import copy_firmware
-from installer.sources.runfile_identity import (
+from installer.sources.runfile.identity import (
     archive_problems,
     header_identity,
     module_version_matches,
     tree_problems,
 )
+from installer.sources.runfile.steps import copy_firmware
 
 V = "580.105.08"
 

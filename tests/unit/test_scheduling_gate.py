@@ -14,11 +14,12 @@ from lib.contexts import context
 from lib.fakes import FakeRunner
 from lib.hosttrees import make_host, module_line, root_env, write_driver_version, write_proc_modules
 
-from installer import components, gate_steps, planner, readiness, sources
-from installer.cluster import gate
+from installer import components, planner, sources
+from installer.cluster import gate, gate_steps
 from installer.components import supervisor
 from installer.config import build_config, from_env
 from installer.errors import ConfigError
+from installer.host import readiness
 from installer.hostroot import HostRoot
 from installer.layout import READY_FILE
 

@@ -1,6 +1,6 @@
-"""The upgrade gate (upgrade_gate.py): the planner chooses it once from the switch; the refusing
-gate refuses a held driver and restores a node left mid-upgrade; the cluster gate hands each
-moment to the upgrade protocol (faked here: tests/cluster drives the real one)."""
+"""The upgrade gate (installer/cluster/upgrade_gate.py): the planner chooses it once from the
+switch; the refusing gate refuses a held driver and restores a node left mid-upgrade; the cluster
+gate hands each moment to the upgrade protocol (faked here: tests/cluster drives the real one)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from lib.contexts import NEW, OLD, held_host
 from lib.fakes import FakeRunner
 from lib.hosttrees import make_host, root_env
 
-from installer import app, pipeline, planner, upgrade_gate
-from installer.cluster import protocol
+from installer import app, pipeline, planner
+from installer.cluster import protocol, upgrade_gate
 from installer.config import from_env
 from installer.errors import ClusterApiUnavailable, DriverInUse, InstallFailed
 from installer.layout import Layout

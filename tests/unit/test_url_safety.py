@@ -12,10 +12,10 @@ import pytest
 from lib.cli import invoke
 from lib.hosttrees import make_host
 
-from installer import catalog
 from installer.config import from_env
 from installer.delivery import fetch_bytes, redact_url
 from installer.errors import CatalogUnavailable, ConfigError, DownloadFailed
+from installer.release import catalog
 
 SECRETS = ("s3cr3t", "robot", "T0KEN")
 

@@ -1,4 +1,4 @@
-"""installer.versions: request parsing and GPU-aware resolution against the shipped data."""
+"""installer.release.versions: request parsing and GPU-aware resolution against the shipped data."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from lib.hosttrees import (
     V100,
 )
 
-from installer import catalog, versions
 from installer.errors import (
     ConfigError,
     IncompatibleGpus,
@@ -33,9 +32,16 @@ from installer.errors import (
     UnknownVersion,
     UnsupportedGpu,
 )
-from installer.gpus import GpuDatabase, parse_database, shipped_database
 from installer.host import PciGpu
-from installer.versions import Resolution, VersionRequest, parse_request, resolve, runfile_url
+from installer.release import catalog, versions
+from installer.release.gpus import GpuDatabase, parse_database, shipped_database
+from installer.release.versions import (
+    Resolution,
+    VersionRequest,
+    parse_request,
+    resolve,
+    runfile_url,
+)
 
 SHIPPED = catalog.shipped()
 NEWEST = {b.major: b.newest.version for b in SHIPPED.branches}

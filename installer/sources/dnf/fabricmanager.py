@@ -13,7 +13,7 @@ from installer.components import fm_archive
 from installer.dirs import scratch
 from installer.errors import FabricManagerMismatch
 from installer.plan import Context, Step
-from installer.sources import dnf_commands as cmd
+from installer.sources.dnf import commands as cmd
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from installer.errors import (
     RepoUnavailable,
 )
 from installer.plan import Context
-from installer.sources import dnf_commands as cmd
-from installer.sources import dnf_repos as repos
-from installer.sources.dnf_commands import Choice
+from installer.sources.dnf import commands as cmd
+from installer.sources.dnf import repos
+from installer.sources.dnf.commands import Choice
 
 REPO_DOWN = (
     "Failed to download metadata for repo",

@@ -108,7 +108,7 @@ def _unknown_model(device_id: int) -> GpuModel:
 
 @functools.lru_cache(maxsize=1)
 def shipped_database() -> GpuDatabase:
-    """The GPU list shipped as installer/data/gpus.json (parsed once per process)."""
+    """The GPU list shipped as installer/release/data/gpus.json (parsed once per process)."""
     # Beside this module, as the package is installed (importlib.resources would load zipfile
     # and its readers for the same bytes: 5 ms of the warm path).
     data = (Path(__file__).parent / "data" / "gpus.json").read_bytes()

@@ -3,19 +3,23 @@ protocol and its plan decisions (download, headers and compiler)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from installer import compiler, kernel, prefetch, versions
 from installer.config import Config
 from installer.delivery.urls import redact_url
+from installer.headers import compiler
 from installer.headers import fetch as header_fetch
 from installer.headers import steps as header_steps
+from installer.headers import trees as kernel
 from installer.hostroot import HostRoot
 from installer.layout import Layout
-from installer.plan import Context, Decision, Step
+from installer.plan import Context, Decision, Headers, Step
+from installer.release import download as prefetch
+from installer.release import versions
 from installer.runner import Runner
-from installer.sources import runfile
+from installer.sources.runfile import steps as runfile
 from installer.sources.source import Arrival, Groundwork, Source
 
 if TYPE_CHECKING:
@@ -26,16 +30,12 @@ class RunfileSource(Source):
     name = "runfile"
     builds_modules = True
 
-    def reason(self, config: Config, facts: HostFacts) -> str:
+    def reason(self, config: Config, facts: HostFacts, passed_over: Sequence[str]) -> str:
         if config.source == self.name:
             return f"NVIDIA_DRIVER_SOURCE={self.name}"
-        from installer import sources
-
-        skipped = [s.passed_over() for s in sources.SOURCES
-                   if s is not self and s.offered(facts.distro)]
-        if skipped:
+        if passed_over:
             return (f"NVIDIA's .run for {facts.distro} (NVIDIA_DRIVER_SOURCE=auto: "
-                    f"{'; '.join(skipped)})")
+                    f"{'; '.join(passed_over)})")
         return f"NVIDIA's .run for {facts.distro} (NVIDIA_DRIVER_SOURCE={config.source})"
 
     def arrival(self, ground: Groundwork) -> Arrival:
@@ -55,14 +55,15 @@ class RunfileSource(Source):
         return Arrival(decisions, urls, headers)
 
     def decisions(self, ctx: Context, decided: list[Decision]) -> list[Decision]:
-        from installer.sources import prebuilt, prebuilt_userspace  # registry artifacts
+        from installer.sources.prebuilt import modules as prebuilt  # registry artifacts
+        from installer.sources.prebuilt import userspace as prebuilt_userspace
 
         found = prebuilt.decision(ctx)
         userspace = prebuilt_userspace.decision(ctx, found)
         return [*decided, *(d for d in (found, userspace) if d is not None)]
 
     def steps(self, ctx: Context) -> list[Step]:
-        return runfile.runfile_steps(ctx)
+        return runfile_steps(ctx)
 
 
 def _url_reason(config: Config, urls: list[str]) -> str:
@@ -73,7 +74,7 @@ def _url_reason(config: Config, urls: list[str]) -> str:
 
 
 def header_decisions(config: Config, root: HostRoot, layout: Layout, runner: Runner,
-                     facts: HostFacts, headers: kernel.Headers | None,
+                     facts: HostFacts, headers: Headers | None,
                      running: str) -> list[Decision]:
     """Where the headers and the compiler come from, or why they cannot be had: a build needs
     both, matching the kernel."""
@@ -126,3 +127,16 @@ def header_decisions(config: Config, root: HostRoot, layout: Layout, runner: Run
                                 f"{error.hint}")]
     return [first, *paths, Decision("compiler", chosen.env.get("CC", "gcc"),
                             f"{chosen.note}; kernel built with gcc {major} ({gcc_from})")]
+
+
+def runfile_steps(ctx: Context) -> list[Step]:
+    from installer.sources.prebuilt import modules as prebuilt  # registry artifacts
+    from installer.sources.prebuilt import userspace as prebuilt_userspace
+
+    # Prebuilt modules first (they make headers and a compiler unnecessary), then the user space
+    # from the registry (with both, the .run is never downloaded), then headers and compiler: a
+    # node that cannot build fails before the large download.
+    return [*prebuilt.pull_steps(ctx), *prebuilt_userspace.pull_steps(ctx),
+            runfile.headers_step(ctx), runfile.compiler_step(ctx), runfile.fetch_step(ctx),
+            runfile.extract_step(ctx), runfile.build_step(ctx), *prebuilt.publish_steps(ctx),
+            runfile.userspace_step(ctx), *prebuilt_userspace.publish_steps(ctx)]

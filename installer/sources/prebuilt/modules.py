@@ -23,8 +23,8 @@ from installer.errors import (
     RegistryUnavailable,
 )
 from installer.plan import Context, Decision, Step
-from installer.sources.prebuilt_cache import cached_problem
-from installer.sources.prebuilt_key import (
+from installer.sources.prebuilt.cache import cached_problem
+from installer.sources.prebuilt.key import (
     ARTIFACT_MARKER,
     EVIDENCE_FILE,
     PUBLISHED_MARKER,

@@ -3,34 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
-from typing import NamedTuple
 
 from installer import distros
 from installer.errors import KernelHeadersMissing
 from installer.hostroot import HostRoot
+from installer.plan import Headers  # the value plan.Context carries, defined beside it
 
 # nvidia-installer's checks (kernel.c): the source tree has include/linux/kernel.h, the output
 # tree (the configured build tree) has one of these.
 SOURCE_MARKER = "include/linux/kernel.h"
 OUTPUT_MARKERS = ("include/generated/uapi/linux/version.h", "include/linux/version.h")
-
-
-class Headers(NamedTuple):
-    """A kernel's header trees as nvidia-installer needs them: the source tree (its
-    `--kernel-source-path`) and the configured output tree (`--kernel-output-path`), which are
-    one directory except on Debian (`-common` and `-amd64`). Also the trees that must be visible
-    at their own absolute paths for kbuild to work (Debian's Makefile includes `-common` by
-    absolute path), and why these paths were chosen."""
-
-    output_path: PurePosixPath
-    source_path: PurePosixPath
-    binds: tuple[PurePosixPath, ...]
-    in_container: bool = False
-    # Where the trees lie here when they are not the host root's (headers unpacked into the
-    # install dir's cache): `binds` are then taken from below this directory.
-    unpacked_root: Path | None = None
-    output_why: str = ""
-    source_why: str = ""
 
 
 def candidate_paths(kernel: str) -> tuple[PurePosixPath, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from installer import components, modules
 from installer.config import Config
@@ -16,37 +16,13 @@ from installer.errors import InstallerError
 from installer.layout import Layout
 
 if TYPE_CHECKING:
-    from installer.plan import Context
+    from installer.plan import Context, UpgradeGate
 
 log = logging.getLogger(__name__)
 
 # protocol.HINT_NAME: the local marker of an upgrade the protocol began (not imported here, so
 # that a run with the protocol off never loads the cluster code for it).
 MID_UPGRADE_MARKER = ".upgrade-protocol"
-
-
-class UpgradeGate(Protocol):
-    """How a run gets past a loaded driver that processes hold."""
-
-    # True once `preflight` has passed: staging may go ahead while the driver is held.
-    cleared_to_stage: bool
-    # True once `free_driver` has freed the driver in this run.
-    freed: bool
-
-    def preflight(self, ctx: Context, holders: Sequence[str]) -> None:
-        """Before anything is staged on the host, the driver being held by `holders`: raise
-        when the upgrade cannot go ahead, so the host stays as it was."""
-
-    def free_driver(self, ctx: Context, holders: Sequence[str], old: str, new: str,
-                    detail: str = "") -> None:
-        """Right before the held driver `old` is unloaded (or replaced) for `new`: free it, or
-        raise driver-in-use naming `holders` (and `detail`)."""
-
-    def finished(self, config: Config, layout: Layout) -> None:
-        """After the install steps succeeded."""
-
-    def failed(self, config: Config, layout: Layout, error: InstallerError) -> None:
-        """After an install step raised `error` (which is raised on; best effort)."""
 
 
 class RefusingGate:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from installer.plan import Context
-from installer.sources.prebuilt_key import EVIDENCE_FILE, STAT_FILE, artifact_key, policy
+from installer.sources.prebuilt.key import EVIDENCE_FILE, STAT_FILE, artifact_key, policy
 
 if TYPE_CHECKING:
     from installer.delivery.artifact import Artifact

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import logging
 
-from installer import components, host, readiness
+from installer import components, host
 from installer.config import Config
 from installer.errors import SchedulingGateUnavailable
+from installer.host import readiness
 from installer.hostroot import HostRoot
 from installer.layout import READY_FILE, Layout
 from installer.plan import Context, Step

@@ -14,7 +14,7 @@ LTS = "lts branch"
 PRODUCTION = "production branch"
 NEW_FEATURE = "new feature branch"
 
-SHIPPED = "installer/data/releases.json"
+SHIPPED = "installer/release/data/releases.json"
 
 # Digits and dots only, 2 or 3 components, a 3-digit major: the value ends up in URLs,
 # file names and argv, so nothing looser is accepted anywhere.

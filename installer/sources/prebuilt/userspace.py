@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from installer.dirs import is_complete, mark_complete, scratch, staged_dir
 from installer.errors import ArtifactInvalid, InstallerError, RegistryUnavailable, TrustRootInvalid
 from installer.plan import Context, Decision, Step
-from installer.sources.prebuilt_key import Lookup, policy, registry_settings, shared_lookup
+from installer.sources.prebuilt.key import Lookup, policy, registry_settings, shared_lookup
+from installer.sources.runfile.listing import LISTING, read_listing, write_listing
 
 if TYPE_CHECKING:
     from installer.delivery.trust import Signer
@@ -26,30 +26,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LISTING = ".userspace-files"  # in versions/<ver>: the paths install-userspace placed
 PULLED_MARKER = ".userspace-artifact"  # in versions/<ver>: pulled from this reference
 EVIDENCE_FILE = ".userspace-artifact.json"  # the signed bytes that vouched for it
 PUBLISHED_MARKER = ".userspace-published"  # the registry holds this user space
-
-
-def write_listing(tree: Path) -> None:
-    """Record every path below `tree` (none of the installer's own dot-files at its top)."""
-    paths = []
-    for directory, dirs, files in os.walk(tree):
-        rel = os.path.relpath(directory, tree)
-        for name in dirs + files:
-            path = name if rel == "." else f"{rel}/{name}"
-            if not (rel == "." and name.startswith(".")):
-                paths.append(path)
-    (tree / LISTING).write_text(json.dumps(sorted(paths), indent=0) + "\n")
-
-
-def read_listing(tree: Path) -> list[str] | None:
-    try:
-        paths = json.loads((tree / LISTING).read_text())
-    except (OSError, ValueError):
-        return None
-    return [str(p) for p in paths] if isinstance(paths, list) else None
 
 
 def userspace_key(ctx: Context) -> UserspaceKey:
@@ -59,7 +38,7 @@ def userspace_key(ctx: Context) -> UserspaceKey:
 
 
 def _userspace_done(ctx: Context) -> bool:
-    from installer.sources.runfile import _userspace_done as done
+    from installer.sources.runfile.steps import _userspace_done as done
 
     return done(ctx)
 
@@ -67,8 +46,8 @@ def _userspace_done(ctx: Context) -> bool:
 def _modules_ready(ctx: Context) -> bool:
     """The modules need no .run: built or pulled into the cache, and no extracted tree at hand
     (a node that has one installs from it for free)."""
-    from installer.sources.runfile import _built
-    from installer.sources.runfile_identity import is_extracted
+    from installer.sources.runfile.identity import is_extracted
+    from installer.sources.runfile.steps import _built
 
     version = ctx.target.version
     return _built(ctx) and not is_extracted(ctx.layout.extracted(version), version)
@@ -239,7 +218,7 @@ def publish_for_prebuild(ctx: Context) -> str | None:
     installed versions/<ver>, else placed from the extracted tree into a scratch directory).
     Only warns on failure: the modules are what prebuild is for. Returns the reference."""
     from installer.delivery.trust import load_signer
-    from installer.sources.runfile import place_userspace
+    from installer.sources.runfile.steps import place_userspace
 
     try:
         final = ctx.layout.version_dir(ctx.target.version)

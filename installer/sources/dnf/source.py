@@ -1,9 +1,10 @@
 """The dnf source's answers to the source protocol: chosen under auto where NVIDIA's
-repo is configured. Its plan (`sources/dnf_plan.py`) and steps (`sources/dnf.py`) are imported
+repo is configured. Its plan (`dnf/plan.py`) and steps (`dnf/steps.py`) are imported
 only when it is the source (the warm path never loads dnf)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from installer import distros
@@ -43,14 +44,14 @@ class DnfSource(Source):
             )
 
     def evidence(self, root: HostRoot, config: Config) -> str | None:
-        from installer.sources import dnf_plan
+        from installer.sources.dnf import plan as dnf_plan
 
         return dnf_plan.repo_evidence(root, config)
 
     def passed_over(self) -> str:
         return "no NVIDIA dnf repo in /etc/yum.repos.d and NVIDIA_DNF_REPO_URL unset"
 
-    def reason(self, config: Config, facts: HostFacts) -> str:
+    def reason(self, config: Config, facts: HostFacts, passed_over: Sequence[str]) -> str:
         why = ("NVIDIA_DRIVER_SOURCE=dnf" if config.source == self.name else
                f"auto on {facts.distro}: {self.evidence(HostRoot(config.root), config)}")
         how = ("module streams nvidia-driver:<branch>|latest (precompiled, when NVIDIA ships a "
@@ -66,7 +67,7 @@ class DnfSource(Source):
                                  "installed through dnf for exactly the target kernel")])
 
     def decisions(self, ctx: Context, decided: list[Decision]) -> list[Decision]:
-        from installer.sources import dnf_plan
+        from installer.sources.dnf import plan as dnf_plan
 
         # The stream and version dnf will install replace the catalog's version.
         extra = dnf_plan.plan_decisions(ctx)
@@ -74,12 +75,12 @@ class DnfSource(Source):
         return [d for d in decided if d.topic not in topics] + extra
 
     def steps(self, ctx: Context) -> list[Step]:
-        from installer.sources import dnf
+        from installer.sources.dnf import steps as dnf
 
         return dnf.dnf_steps(ctx)
 
     def next_kernel_elsewhere(self, root: HostRoot, kernel: str) -> ManagedElsewhere:
-        from installer.sources import dnf_commands
+        from installer.sources.dnf import commands as dnf_commands
 
         return ManagedElsewhere(NEXT_KERNEL_REASON, f"/lib/modules/{kernel}/extra",
                                 "nvidia" in dnf_commands.module_files(root, kernel))

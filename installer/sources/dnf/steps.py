@@ -9,13 +9,13 @@ import logging
 
 from installer.errors import CommandFailed, DownloadFailed, RepoUnavailable, RepoUrlInsecure
 from installer.plan import Context, Step
-from installer.sources import dnf_commands as cmd
-from installer.sources import dnf_repos as repos
-from installer.sources.dnf_commands import DnfTarget
-from installer.sources.dnf_errors import kernel_error, transaction_failed
-from installer.sources.dnf_plan import base_argv, repo_url, target_of
-from installer.sources.dnf_populate import populate_step
-from installer.sources.dnf_transaction import stream_transaction_step, transaction_step
+from installer.sources.dnf import commands as cmd
+from installer.sources.dnf import repos
+from installer.sources.dnf.commands import DnfTarget
+from installer.sources.dnf.errors import kernel_error, transaction_failed
+from installer.sources.dnf.plan import base_argv, repo_url, target_of
+from installer.sources.dnf.populate import populate_step
+from installer.sources.dnf.transaction import stream_transaction_step, transaction_step
 from installer.steps import driver_free_before_packages_step
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def dnf_steps(ctx: Context) -> list[Step]:
         plan.append(versionlock_step(ctx, dt))
     plan.append(populate_step(ctx, dt))
     if dt.fabric:  # Fabric Manager came with the fm profile
-        from installer.sources import dnf_fabricmanager
+        from installer.sources.dnf import fabricmanager as dnf_fabricmanager
 
         plan.append(dnf_fabricmanager.install_step(ctx))
     return plan

@@ -14,10 +14,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from installer import host, ldcache, state
+from installer import host, state
 from installer.dirs import remove_tree
 from installer.layout import LD_DROP_IN, READY_FILE
 from installer.plan import Context
+from installer.steps import ldcache
 
 log = logging.getLogger(__name__)
 

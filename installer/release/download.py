@@ -127,7 +127,7 @@ def download_runfile(config: Config, dest: Path, arch: str) -> Path:
     """Prefetch the planned .run into `dest` for air-gapped nodes (no host facts needed), and
     add its SHA-256 and size to `dest`/digests, the digests file nodes that use `dest` as a
     mirror are given."""
-    from installer import catalog, versions
+    from installer.release import catalog, versions
 
     loaded = catalog.load(config.catalog, fetch_bytes_for(config))
     resolution = versions.resolve(config.version, loaded, (), track=config.track)

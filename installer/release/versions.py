@@ -6,7 +6,15 @@ import re
 from collections.abc import Sequence
 from typing import Literal, NamedTuple, Union
 
-from installer.catalog import (
+from installer.errors import (
+    ConfigError,
+    IncompatibleGpus,
+    InvalidVersion,
+    UnknownVersion,
+    UnsupportedGpu,
+)
+from installer.host import Flavour, PciGpu
+from installer.release.catalog import (
     LTS,
     PRODUCTION,
     Branch,
@@ -15,15 +23,7 @@ from installer.catalog import (
     is_version,
     version_major,
 )
-from installer.errors import (
-    ConfigError,
-    IncompatibleGpus,
-    InvalidVersion,
-    UnknownVersion,
-    UnsupportedGpu,
-)
-from installer.gpus import OPEN, PROPRIETARY, Gpu, GpuDatabase, GpuModel, shipped_database
-from installer.host import Flavour, PciGpu
+from installer.release.gpus import OPEN, PROPRIETARY, Gpu, GpuDatabase, GpuModel, shipped_database
 
 ALIASES = ("auto", "latest", "production", "lts")
 # COS's installer calls the GPU-aware choice "default"; accepted so its settings keep working.

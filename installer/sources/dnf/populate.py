@@ -13,8 +13,8 @@ from installer import modules
 from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
 from installer.errors import InstallFailed
 from installer.plan import Context, Step
-from installer.sources import dnf_commands as cmd
-from installer.sources.dnf_commands import DnfTarget
+from installer.sources.dnf import commands as cmd
+from installer.sources.dnf.commands import DnfTarget
 
 log = logging.getLogger(__name__)
 

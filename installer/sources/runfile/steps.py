@@ -1,6 +1,6 @@
 """NVIDIA's `.run` as steps: fetch it, extract it once, build the modules, install the user
-space and its firmware (its argv in `runfile_argv.py`, its identity checks in
-`runfile_identity.py`)."""
+space and its firmware (its argv in `argv.py`, its identity checks in
+`identity.py`)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,20 @@ import re
 import shutil
 from pathlib import Path
 
-from installer import kernel
 from installer.dirs import is_complete, mark_complete, remove_tree, scratch, staged_dir
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
 from installer.headers import steps as header_steps
+from installer.headers import trees as kernel
 from installer.layout import Layout
 from installer.plan import Context, Step
-from installer.prefetch import cached_runfile, runfile_name
-from installer.sources.runfile_argv import (
+from installer.release.download import cached_runfile, runfile_name
+from installer.sources.runfile.argv import (
     BuildRequest,
     build_modules_argv,
     extract_argv,
     install_userspace_argv,
 )
-from installer.sources.runfile_identity import (
+from installer.sources.runfile.identity import (
     EXTRACTED_MARKER,
     archive_problems,
     header_identity,
@@ -31,20 +31,9 @@ from installer.sources.runfile_identity import (
     module_version_matches,
     tree_problems,
 )
+from installer.sources.runfile.listing import write_listing
 
 log = logging.getLogger(__name__)
-
-
-def runfile_steps(ctx: Context) -> list[Step]:
-    from installer.sources import prebuilt, prebuilt_userspace  # registry artifacts
-
-    # Prebuilt modules first (they make headers and a compiler unnecessary), then the user space
-    # from the registry (with both, the .run is never downloaded), then headers and compiler: a
-    # node that cannot build fails before the large download.
-    return [*prebuilt.pull_steps(ctx), *prebuilt_userspace.pull_steps(ctx), headers_step(ctx),
-            compiler_step(ctx), fetch_step(ctx), extract_step(ctx), build_step(ctx),
-            *prebuilt.publish_steps(ctx), userspace_step(ctx),
-            *prebuilt_userspace.publish_steps(ctx)]
 
 
 def _built(ctx: Context) -> bool:
@@ -245,8 +234,6 @@ def place_userspace(ctx: Context, staging: Path) -> None:
     """nvidia-installer's user-space pass of the extracted tree into the empty `staging`, the
     firmware and the soname links, and the listing of what was placed (what a registry
     artifact of this user space holds)."""
-    from installer.sources.prebuilt_userspace import write_listing
-
     t, layout = ctx.target, ctx.layout
     extracted = layout.extracted(t.version)
     with scratch(layout.tmp) as tmp:

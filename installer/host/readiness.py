@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import PurePosixPath
 
-from installer import host
+from installer.host.loaded import loaded_driver
 from installer.hostroot import HostRoot
 from installer.layout import READY_FILE
 
@@ -23,7 +23,7 @@ def _values(text: str | None) -> dict[str, str]:
 def verified_version(root: HostRoot) -> str | None:
     """The version the readiness file names, when that driver is the one loaded now."""
     version = _values(root.read_text(READY_FILE)).get("DRIVER_VERSION")
-    loaded = host.loaded_driver(root)
+    loaded = loaded_driver(root)
     if not version or loaded is None or loaded.version != version:
         return None
     return version
@@ -46,7 +46,7 @@ def driver_pending(root: HostRoot) -> list[str]:
     if text is None:
         return [f"the driver is not verified on this boot ({READY_FILE} is absent)"]
     version = _values(text).get("DRIVER_VERSION")
-    loaded = host.loaded_driver(root)
+    loaded = loaded_driver(root)
     if not version:
         return [f"{READY_FILE} names no DRIVER_VERSION"]
     if loaded is None or loaded.version != version:

@@ -15,18 +15,18 @@ from installer.errors import (
     PackageManagerFailed,
 )
 from installer.plan import Context, Step
-from installer.sources import dnf_commands as cmd
-from installer.sources import dnf_metadata
-from installer.sources import dnf_repos as repos
-from installer.sources.dnf_commands import Choice, DnfTarget
-from installer.sources.dnf_errors import (
+from installer.sources.dnf import commands as cmd
+from installer.sources.dnf import metadata as dnf_metadata
+from installer.sources.dnf import repos
+from installer.sources.dnf.commands import Choice, DnfTarget
+from installer.sources.dnf.errors import (
     NO_MATCH,
     REPO_DOWN,
     install_error,
     repo_down,
     transaction_failed,
 )
-from installer.sources.dnf_plan import base_argv, cache_dir, choose
+from installer.sources.dnf.plan import base_argv, cache_dir, choose
 
 log = logging.getLogger(__name__)
 

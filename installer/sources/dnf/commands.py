@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 from installer.host import Distro
 from installer.hostroot import HostRoot
 from installer.runner import Runner
-from installer.sources.dnf_repos import REPOS_DIR
+from installer.sources.dnf.repos import REPOS_DIR
 
 MODULE = "nvidia-driver"
 PROFILE = "default"

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from installer import versions
 from installer.config import Config
 from installer.errors import ModuleMetadataMissing
 from installer.host import Distro
 from installer.hostroot import HostRoot
 from installer.plan import Context, Decision
-from installer.sources import dnf_commands as cmd
-from installer.sources import dnf_metadata
-from installer.sources import dnf_repos as repos
-from installer.sources.dnf_commands import Choice, DnfTarget
+from installer.release import versions
+from installer.sources.dnf import commands as cmd
+from installer.sources.dnf import metadata as dnf_metadata
+from installer.sources.dnf import repos
+from installer.sources.dnf.commands import Choice, DnfTarget
 
 
 def repo_evidence(root: HostRoot, config: Config) -> str | None:

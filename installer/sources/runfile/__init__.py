@@ -1,0 +1,1 @@
+"""The runfile source: NVIDIA's .run fetched, verified, extracted and built on the node."""
