@@ -398,12 +398,12 @@ def check_consistency(config: Config) -> None:
     if not config.root.is_absolute():
         raise ConfigError(f"ROOT_MOUNT_DIR={config.root} must be an absolute path")
     check_registry(config)
-    if config.scheduling_gate and not config.node_name:  # issue 21
+    if config.scheduling_gate and not config.node_name:  # the gate labels this node
         raise ConfigError(
             "NVIDIA_INSTALLER_SCHEDULING_GATE=true needs NODE_NAME (this node's name)",
             hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
         )
-    if config.upgrade_protocol and not config.node_name:  # issue 13
+    if config.upgrade_protocol and not config.node_name:  # the protocol cordons this node
         raise ConfigError(
             "NVIDIA_INSTALLER_UPGRADE_PROTOCOL=true needs NODE_NAME (this node's name)",
             hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
@@ -412,7 +412,7 @@ def check_consistency(config: Config) -> None:
 
 def check_registry(config: Config) -> None:
     """Asking to publish without a registry or a publisher key is an error, not a silent
-    no-op; one password source only (issue 20)."""
+    no-op; one password source only (two would leave which one wins to chance)."""
     if config.module_registry_push and not config.module_registry:
         raise ConfigError(
             "NVIDIA_MODULE_REGISTRY_PUSH=true (or --push) needs NVIDIA_MODULE_REGISTRY: there "
