@@ -47,7 +47,8 @@ def setting(env: str, default: str, parser: Callable[[str, Setting], object], he
 @dataclass(frozen=True)
 class Config:
     """Every setting of a run. One entry each: `name: type = setting(variable, default, parser,
-    meaning)`; SETTINGS, the CLI flags and the README table are derived from these entries."""
+    meaning)`; SETTINGS, the CLI flags and the settings table in docs/settings.md are derived
+    from these entries."""
 
     root: Path = setting(
         "ROOT_MOUNT_DIR", "/", parse.root,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from installer.distros.debian import Debian
-from installer.distros.family import Family, PackageNotFound
+from installer.distros.family import Facts, Family, PackageNotFound
 from installer.distros.rhel import Rhel
 from installer.errors import UnsupportedDistro
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAMILIES",
+    "Facts",
     "Family",
     "PackageNotFound",
     "for_compiler_package",

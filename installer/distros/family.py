@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from installer.config import Config
@@ -27,15 +27,13 @@ class Release(Protocol):
     def family(self) -> str: ...
 
 
-class Facts(Protocol):
-    """What a family's header fetch reads of the host facts (`host.HostFacts` is one)."""
+class Facts(NamedTuple):
+    """What a family's header fetch needs of the host (the caller copies it from
+    `host.HostFacts`): a value of distros' own, so that distros/ asks nothing of host/."""
 
-    @property
-    def distro(self) -> Release: ...
-    @property
-    def kernel_release(self) -> str: ...
-    @property
-    def arch(self) -> str: ...
+    distro: Release
+    kernel_release: str
+    arch: str
 
 
 class PackageNotFound(Exception):

@@ -21,7 +21,7 @@ class InstallerError(Exception):
 
 
 def all_error_types() -> list[type[InstallerError]]:
-    """Every error class, for the README table and the uniqueness test."""
+    """Every error class, for the exit-code table (docs/errors.md) and the uniqueness test."""
     found: list[type[InstallerError]] = []
     pending: list[type[InstallerError]] = [InstallerError]
     while pending:

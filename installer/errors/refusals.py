@@ -9,7 +9,8 @@ from installer.errors.base import InstallerError
 class ConfigError(InstallerError):
     reference = "invalid-config"
     exit_code = 10
-    default_hint = "Fix the setting named above (flag or environment variable; see the README)."
+    default_hint = (
+        "Fix the setting named above (flag or environment variable; see docs/settings.md).")
 
 
 class InvalidVersion(ConfigError):

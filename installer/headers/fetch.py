@@ -94,8 +94,9 @@ def obtain(root: HostRoot, config: Config, facts: HostFacts, layout: Layout,
     final = cache_dir(layout, release)
     with staged_dir(final) as work:
         try:
+            wanted = distros.Facts(facts.distro, facts.kernel_release, facts.arch)
             packages = distros.of(facts.distro).fetch_headers(
-                root, config, facts, work, runner, source.package, source.where)
+                root, config, wanted, work, runner, source.package, source.where)
         except distros.PackageNotFound as exc:
             raise kernel.missing_headers_error(release, family, tried=exc.detail) from None
         if kernel.find_unpacked_headers(work / "root", release) is None:
