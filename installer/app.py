@@ -280,8 +280,10 @@ def prebuild(config: Config, runner: Runner | None = None) -> str:
             return str(built)
         artifact = prebuilt.publish(plan.context)
         from installer.sources.prebuilt import userspace as prebuilt_userspace
+        from installer.sources.runfile.steps import place_userspace
 
-        prebuilt_userspace.publish_for_prebuild(plan.context)  # only warns: modules come first
+        # Only warns: the modules come first.
+        prebuilt_userspace.publish_for_prebuild(plan.context, place_userspace)
         return f"{artifact.reference}"
 
 

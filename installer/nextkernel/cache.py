@@ -34,7 +34,7 @@ PREPARE_STEPS = ("use-prebuilt-modules", "kernel-headers", "check-compiler", "fe
 def modules_ready(layout: Layout, version: str, kernel: str, flavour: str) -> bool:
     """The cache holds a complete build of `version` for `kernel` (what build-modules checks)."""
     from installer.dirs import COMPLETE_MARKER
-    from installer.sources.runfile.identity import module_version_matches
+    from installer.sources.installed import module_version_matches
 
     build = layout.module_build(version, kernel, flavour)
     return (build / COMPLETE_MARKER).is_file() and module_version_matches(build / "nvidia.ko",

@@ -9,10 +9,10 @@ from lib.hosttrees import make_host, root_env
 
 from installer import planner
 from installer.config import from_env
+from installer.sources.installed import module_version_matches
 from installer.sources.runfile.identity import (
     archive_problems,
     header_identity,
-    module_version_matches,
     tree_problems,
 )
 from installer.sources.runfile.steps import copy_firmware

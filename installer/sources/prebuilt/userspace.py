@@ -17,8 +17,15 @@ from typing import TYPE_CHECKING, Callable
 from installer.dirs import is_complete, mark_complete, scratch, staged_dir
 from installer.errors import ArtifactInvalid, InstallerError, RegistryUnavailable, TrustRootInvalid
 from installer.plan import Context, Decision, Step
+from installer.sources.installed import (
+    LISTING,
+    is_extracted,
+    modules_built,
+    read_listing,
+    userspace_installed,
+    write_listing,
+)
 from installer.sources.prebuilt.key import Lookup, policy, registry_settings, shared_lookup
-from installer.sources.runfile.listing import LISTING, read_listing, write_listing
 
 if TYPE_CHECKING:
     from installer.delivery.trust import Signer
@@ -37,20 +44,11 @@ def userspace_key(ctx: Context) -> UserspaceKey:
     return UserspaceKey(ctx.target.version, ctx.facts.arch)
 
 
-def _userspace_done(ctx: Context) -> bool:
-    from installer.sources.runfile.steps import _userspace_done as done
-
-    return done(ctx)
-
-
 def _modules_ready(ctx: Context) -> bool:
     """The modules need no .run: built or pulled into the cache, and no extracted tree at hand
     (a node that has one installs from it for free)."""
-    from installer.sources.runfile.identity import is_extracted
-    from installer.sources.runfile.steps import _built
-
     version = ctx.target.version
-    return _built(ctx) and not is_extracted(ctx.layout.extracted(version), version)
+    return modules_built(ctx) and not is_extracted(ctx.layout.extracted(version), version)
 
 
 def _find(ctx: Context) -> UserspaceArtifact | None:
@@ -69,7 +67,7 @@ def _lookup(ctx: Context) -> Lookup[UserspaceArtifact]:
 def decision(ctx: Context, modules: Decision | None) -> Decision | None:
     """What `plan` says about the user space, when a registry is set and it is not installed:
     the artifact it will use (when the modules need no .run either) or the .run."""
-    if not ctx.config.module_registry or _userspace_done(ctx):
+    if not ctx.config.module_registry or userspace_installed(ctx):
         return None
     pulled = modules is not None and "@sha256:" in modules.value
     if not (pulled or _modules_ready(ctx)):
@@ -128,7 +126,7 @@ def pull_steps(ctx: Context) -> list[Step]:
     return [_tried_once(
         "pull-userspace", "install the user space from the registry when a trusted artifact of "
         "this version and architecture exists (else from the .run)",
-        lambda: _userspace_done(ctx) or not _modules_ready(ctx), pull,
+        lambda: userspace_installed(ctx) or not _modules_ready(ctx), pull,
         (RegistryUnavailable,),  # untrusted and invalid artifacts too
         "user space not pulled (error[%s]: %s); installing it from the .run")]
 
@@ -213,12 +211,13 @@ def _present(ctx: Context, signer: Signer) -> str | None:
     return settings.reference(key.tag())
 
 
-def publish_for_prebuild(ctx: Context) -> str | None:
+def publish_for_prebuild(ctx: Context,
+                         place_userspace: Callable[[Context, Path], None]) -> str | None:
     """`installer prebuild --push`: publish the user space of this version too (from the
-    installed versions/<ver>, else placed from the extracted tree into a scratch directory).
-    Only warns on failure: the modules are what prebuild is for. Returns the reference."""
+    installed versions/<ver>, else placed by `place_userspace`, the runfile source's, from the
+    extracted tree into a scratch directory). Only warns on failure: the modules are what
+    prebuild is for. Returns the reference."""
     from installer.delivery.trust import load_signer
-    from installer.sources.runfile.steps import place_userspace
 
     try:
         final = ctx.layout.version_dir(ctx.target.version)

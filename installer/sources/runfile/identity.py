@@ -4,24 +4,9 @@ the tree's marker, a module's MODULE_VERSION."""
 
 from __future__ import annotations
 
-import mmap
 import re
 from pathlib import Path
 from typing import NamedTuple
-
-EXTRACTED_MARKER = ".extracted"
-
-
-def is_extracted(directory: Path, version: str) -> bool:
-    """A whole tree of `version`: its marker names the version and so do its own files."""
-    marker = directory / EXTRACTED_MARKER
-    return (
-        (directory / "nvidia-installer").is_file()
-        and marker.is_file()
-        and marker.read_text() == version + "\n"
-        and (directory / f"libnvidia-ml.so.{version}").is_file()
-    )
-
 
 HEADER_BYTES = 64 << 10
 _LABEL_LINE = rb'(?m)^label="[^"\n]*Linux-(?P<arch>[A-Za-z0-9_]+) (?P<version>[^"\s]+)"$'
@@ -75,13 +60,3 @@ def tree_problems(directory: Path, installer_says: str, version: str) -> list[st
     if not (directory / f"libnvidia-ml.so.{version}").is_file():
         problems.append(f"it has no libnvidia-ml.so.{version}")
     return problems
-
-
-def module_version_matches(ko: Path, version: str) -> bool:
-    """The module's .modinfo names `version` (MODULE_VERSION), read without running modinfo."""
-    try:
-        with ko.open("rb") as handle, mmap.mmap(handle.fileno(), 0,
-                                                access=mmap.ACCESS_READ) as data:
-            return data.find(b"\0version=" + version.encode() + b"\0") >= 0
-    except (OSError, ValueError):
-        return False

@@ -10,13 +10,21 @@ import re
 import shutil
 from pathlib import Path
 
-from installer.dirs import is_complete, mark_complete, remove_tree, scratch, staged_dir
+from installer.dirs import mark_complete, remove_tree, scratch, staged_dir
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
 from installer.headers import steps as header_steps
 from installer.headers import trees as kernel
 from installer.layout import Layout
 from installer.plan import Context, Step
 from installer.release.download import cached_runfile, runfile_name
+from installer.sources.installed import (
+    EXTRACTED_MARKER,
+    is_extracted,
+    module_version_matches,
+    write_listing,
+)
+from installer.sources.installed import modules_built as _built
+from installer.sources.installed import userspace_installed as _userspace_done
 from installer.sources.runfile.argv import (
     BuildRequest,
     build_modules_argv,
@@ -24,30 +32,12 @@ from installer.sources.runfile.argv import (
     install_userspace_argv,
 )
 from installer.sources.runfile.identity import (
-    EXTRACTED_MARKER,
     archive_problems,
     header_identity,
-    is_extracted,
-    module_version_matches,
     tree_problems,
 )
-from installer.sources.runfile.listing import write_listing
 
 log = logging.getLogger(__name__)
-
-
-def _built(ctx: Context) -> bool:
-    t = ctx.target
-    build = ctx.layout.module_build(t.version, t.kernel, t.flavour)
-    # A marker alone is not trusted: the module itself must be of the planned version.
-    return is_complete(build) and module_version_matches(build / "nvidia.ko", t.version)
-
-
-def _userspace_done(ctx: Context) -> bool:
-    version = ctx.target.version
-    final = ctx.layout.version_dir(version)
-    return is_complete(final) and (
-        final / "lib64" / f"libnvidia-ml.so.{version}").is_file()
 
 
 def _runfile_needed(ctx: Context) -> bool:
