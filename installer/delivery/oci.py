@@ -244,7 +244,7 @@ class Client:
             location = resp.headers.get("Location")
             if resp.status_code in _REDIRECTS and location and method in ("GET", "HEAD"):
                 self.release(resp)
-                url = urljoin(url, location)
+                url = _joined(url, location, "redirects to")
                 continue
             return resp
         raise RegistryUnavailable(f"{method} {redact_url(url)}: more than {MAX_REDIRECTS} "
@@ -265,8 +265,11 @@ class Client:
         resp.close()
 
     def _authorization(self, url: str) -> str | None:
-        if urlsplit(url).netloc != self.settings.host:
-            return None  # a redirect target (blob storage) gets no credentials
+        parts = urlsplit(url)
+        if f"{parts.scheme}://{parts.netloc}" != self.settings.base:
+            # A redirect target (blob storage) gets no credentials, nor does the registry's
+            # own host over another scheme (a TLS registry redirecting to http://).
+            return None
         if self._scheme == "bearer" and self._token:
             return f"Bearer {self._token}"
         if self._scheme == "basic" and self._basic:
@@ -296,7 +299,7 @@ class Client:
         return parts.scheme == "https" and origin in self.settings.token_realms
 
     def _fetch_token(self, params: dict[str, str]) -> str:
-        realm = urljoin(self.settings.base + "/", params["realm"])
+        realm = _joined(self.settings.base + "/", params["realm"], "sends token requests to")
         if not self._realm_allowed(realm):
             raise RegistryRealmRefused(
                 f"{self.settings.host} sends token requests to {realm}, which is neither the "
@@ -403,6 +406,19 @@ class Client:
             check(resp, f"pushing {self.settings.reference(reference)}")
             self.release(resp)
         return digest_of(body)
+
+
+def _joined(base: str, reference: str, said: str) -> str:
+    """`reference` (a Location or a token realm the registry sent) resolved against `base`;
+    one urllib cannot parse is the registry's failure, not this process's."""
+    try:
+        joined = urljoin(base, reference)
+        urlsplit(joined).port  # noqa: B018 - parsing the port is what raises for a bad netloc
+    except ValueError as exc:
+        raise RegistryUnavailable(
+            f"{redact_url(base)} {said} {reference[:200]!r}, which is not a URL ({exc})"
+        ) from None
+    return joined
 
 
 def check(resp: Any, what: str) -> None:

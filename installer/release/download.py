@@ -140,5 +140,12 @@ def download_runfile(config: Config, dest: Path, arch: str) -> Path:
 
     fetched = delivery.fetch_file(urls, dest, name, sha256=config.sha256,
                                   settings=download_settings(config, keep_cached=False))
-    record_digest(dest, Path(fetched.path), fetched.sha256)
+    if fetched.verified_by == "none" and not fetched.source.startswith("file:"):
+        # Taken on NVIDIA_DRIVER_ALLOW_UNVERIFIED: the nodes must not take a mirror's bytes as
+        # the operator's word, which an entry in the digests file would be.
+        log.warning("%s: nothing vouched for it, so it was not added to %s; once you have "
+                    "checked it, pin it (NVIDIA_DRIVER_SHA256 or --sha256) and run this again",
+                    name, dest / DIGESTS_NAME)
+    else:
+        record_digest(dest, Path(fetched.path), fetched.sha256)
     return Path(fetched.path)

@@ -66,6 +66,23 @@ def test_a_mirror_serving_its_own_checksum_is_refused_and_nothing_written(
     assert not dest.exists() or list(dest.iterdir()) == []
 
 
+def test_bytes_nothing_vouched_for_never_become_the_nodes_digests(tmp_path: Path) -> None:
+    """NVIDIA publishes no checksum for its tesla/ and aarch64 files, so an operator may
+    prefetch with NVIDIA_DRIVER_ALLOW_UNVERIFIED=true: whatever the first mirror served must not
+    then reach the nodes as the operator's digests file."""
+    runfile = kit.build_runfile(VERSION, tmp_path / "src")
+    dest = tmp_path / "mirror"
+    with FaultServer() as server:
+        server.add(f"/{VERSION}/{NAME}", runfile.read_bytes())
+        result = download(dest, "--version", VERSION,
+                          NVIDIA_DRIVER_DOWNLOAD_URL=server.url(f"/{VERSION}/{NAME}"),
+                          NVIDIA_DRIVER_ALLOW_UNVERIFIED="true")
+    assert result.returncode == 0, result.stderr
+    assert (dest / NAME).is_file()
+    assert not (dest / "digests").exists()
+    assert "not added to" in result.stderr and "NVIDIA_DRIVER_SHA256" in result.stderr
+
+
 def test_the_digests_file_keeps_the_entries_of_other_files(tmp_path: Path) -> None:
     runfile = kit.build_runfile(VERSION, tmp_path / "src")
     dest = tmp_path / "dest"

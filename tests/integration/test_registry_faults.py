@@ -30,7 +30,7 @@ from lib.hostkit import (
 from lib.httpfaults import FaultServer, QuietHandler, serve_directory
 from lib.registrykit import make_key_pair
 
-from installer.delivery import artifact, registry, trust
+from installer.delivery import artifact, oci, registry, trust
 from installer.delivery.artifact import ArtifactKey, ModuleFile, Policy
 from installer.delivery.oci import RegistrySettings
 from installer.errors import RegistryUnavailable
@@ -415,3 +415,38 @@ def test_the_deadline_scales_with_what_a_pull_carries() -> None:
     big = oci.budget(settings, 135 * 10**6)  # NVIDIA's modules
     assert big == oci.PULL_DEADLINE + 135 * 10**6 / oci.SLOWEST_RATE
     assert oci.budget(replace(settings, deadline=2.0), 0) == 2.0
+
+
+@pytest.mark.parametrize("answer_with", [
+    (302, {"Location": "http://[::1/x"}),
+    (401, {"WWW-Authenticate": 'Bearer realm="https://[bad/token",service="r"'}),
+])
+def test_a_malformed_redirect_or_realm_is_the_registrys_failure_not_a_traceback(
+        policy: Policy, answer_with: tuple[int, dict[str, str]]) -> None:
+    """URLs a registry hands back (a redirect's Location, a token realm) that urllib cannot
+    even parse end in a registry error, so the node compiles instead."""
+    status, headers = answer_with
+
+    def handle(h: BaseHTTPRequestHandler) -> None:
+        if h.path == "/v2/":
+            answer(h, 200)
+        else:
+            answer(h, status, headers=headers)
+
+    with stub(handle) as server:
+        error = ended(lambda: registry.find(settings_for(server, username="u", password="p"),
+                                            KEY, policy))
+    assert isinstance(error, RegistryUnavailable), repr(error)
+    assert "[::1/x" in error.message or "[bad/token" in error.message
+
+
+def test_credentials_do_not_follow_a_redirect_to_plain_http_on_the_same_host() -> None:
+    """A TLS registry redirecting to http:// on its own host would show the password on the
+    wire: only the registry's own scheme and host get the Authorization header."""
+    client = oci.Client(RegistrySettings("127.0.0.1:5000/gpu/m", username="u", password="p"))
+    try:
+        client._scheme = "basic"
+        assert client._authorization("https://127.0.0.1:5000/v2/gpu/m/manifests/t") is not None
+        assert client._authorization("http://127.0.0.1:5000/v2/gpu/m/blobs/x") is None
+    finally:
+        client.close()
