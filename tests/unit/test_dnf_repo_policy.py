@@ -119,3 +119,64 @@ def test_a_disabled_or_other_unsigned_repo_is_not_the_nvidia_repo(tmp_path: Path
     assert dnf_repos.unsigned_host_repo(root) is None
     found = dnf_repos.unsigned_host_repo(root, "epel.repo")  # when it is the one relied on
     assert found is not None and found.repo_id == "epel"
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    # dnf reads option names as written: GPGCHECK is not gpgcheck to it, so the repo would
+    # fall back to [main]'s gpgcheck (off unless set) while configparser saw gpgcheck=1.
+    (NVIDIA.replace("gpgcheck=1", "GPGCHECK=1"), "option GPGCHECK"),
+    (NVIDIA.replace("gpgcheck=1", "gpgcheck=1\nGpgCheck=0"), "option GpgCheck"),
+    (NVIDIA.replace("gpgkey=", "GPGKEY="), "option GPGKEY"),
+    (NVIDIA.replace("baseurl=", "BaseURL="), "option BaseURL"),
+])
+def test_an_option_name_dnf_would_not_read_is_refused(text: str, said: str) -> None:
+    with pytest.raises(RepoFileRefused) as info:
+        check(text)
+    assert info.value.message.startswith(SHOWN) and said in info.value.message
+    assert "lowercase" in info.value.message
+
+
+@pytest.mark.parametrize("section", ["main", "DEFAULT"])
+def test_a_section_dnf_does_not_read_as_a_repo_is_refused(section: str) -> None:
+    with pytest.raises(RepoFileRefused) as info:
+        check(NVIDIA.replace("[cuda-rhel9-x86_64]", f"[{section}]"))
+    assert f"[{section}]" in info.value.message and "not a repo id" in info.value.message
+
+
+def test_the_hosts_repo_with_an_uppercase_gpgcheck_is_unsigned_to_dnf(tmp_path: Path) -> None:
+    shouted = NVIDIA.replace("gpgcheck=1", "GPGCHECK=1")
+    root = host(tmp_path, {"cuda-rhel9.repo": shouted}, "[main]\ngpgcheck=0\n")
+    found = dnf_repos.unsigned_host_repo(root)
+    assert found is not None and found.repo_id == "cuda-rhel9-x86_64"
+    (tmp_path / "etc/dnf/dnf.conf").write_text("[main]\nGPGCHECK=1\n")  # dnf ignores it too
+    assert dnf_repos.unsigned_host_repo(root) is not None
+    (tmp_path / "etc/dnf/dnf.conf").write_text("[main]\ngpgcheck=1\n")
+    assert dnf_repos.unsigned_host_repo(root) is None
+
+
+def test_a_repo_url_redirected_from_https_to_plain_http_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVIDIA_DNF_REPO_URL over https that answers 302 to http://: the .repo decides which key
+    dnf trusts, so bytes that came over plain http are not written, even if they look right."""
+    from lib.dnfplans import plan_for, step
+    from lib.fakes import FakeRunner
+    from lib.httpfaults import FaultServer
+    from lib.tlskit import make_tls
+
+    from installer.errors import RepoUnavailable
+
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+        monkeypatch.delenv(var.lower(), raising=False)
+    tls = make_tls(tmp_path / "tls")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls.ca_file))
+    host_root = tmp_path / "host"
+    with FaultServer() as plain, FaultServer(tls=tls.context) as origin:
+        plain.add("/cuda-rhel9.repo", NVIDIA.encode())
+        origin.add("/cuda-rhel9.repo", status=302,
+                   headers={"Location": plain.url("/cuda-rhel9.repo")})
+        plan = plan_for(host_root, FakeRunner(), NVIDIA_DNF_REPO_URL=origin.url("/cuda-rhel9.repo"),
+                        NVIDIA_INSTALLER_RETRIES="1")
+        with pytest.raises(RepoUnavailable, match=r"redirected to http://127\.0\.0\.1"):
+            step(plan, "add-dnf-repo").apply()
+    assert not (host_root / "etc/yum.repos.d/cuda-rhel9.repo").exists()

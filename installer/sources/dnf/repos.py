@@ -8,6 +8,9 @@ repos tried (credentials redacted), a fetched .repo file checked before it is wr
 # is whatever the network says it is); baseurl/metalink/mirrorlist over https:// (file://
 # only in a .repo the operator gave as a file:// URL). The host's own repo files are never
 # rewritten: an existing NVIDIA repo that lets unsigned packages in is refused, not edited.
+# Every file is read as dnf reads it: option names case-sensitively (to dnf `GPGCHECK=1` is no
+# gpgcheck at all, and the repo falls back to [main]'s, off unless set) and [DEFAULT] as one
+# more section, not defaults for the others.
 
 from __future__ import annotations
 
@@ -26,6 +29,17 @@ NVIDIA_REPO_URL = (
     "cuda-rhel{major}.repo"
 )
 _NVIDIA_BASEURL = "/compute/cuda/repos/"
+
+
+class _AsDnfReads(configparser.ConfigParser):
+    """configparser lowercases option names and folds [DEFAULT] into every section; dnf does
+    neither, and a check that reads a file differently from dnf checks another file."""
+
+    def __init__(self, *, strict: bool) -> None:
+        super().__init__(interpolation=None, strict=strict, default_section="\0")
+
+    def optionxform(self, optionstr: str) -> str:
+        return optionstr
 
 
 @dataclass(frozen=True)
@@ -47,7 +61,7 @@ def repo_entries(root: HostRoot) -> list[RepoEntry]:
     except OSError:
         return entries
     for path in files:
-        parser = configparser.ConfigParser(interpolation=None, strict=False)
+        parser = _AsDnfReads(strict=False)
         try:
             parser.read_string(path.read_text(errors="replace"))
         except (OSError, configparser.Error):
@@ -71,7 +85,7 @@ def _true(value: str) -> bool:
 
 
 def _main_gpgcheck(root: HostRoot) -> bool:
-    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    parser = _AsDnfReads(strict=False)
     try:
         parser.read_string(root.local(DNF_CONF).read_text(errors="replace"))
         return _true(parser.get("main", "gpgcheck", fallback="0"))
@@ -133,8 +147,7 @@ def check_repo_file(text: str, shown: str, *, local: bool,
     it are the operator's; `host_ids`: the repo ids the host already has, and their files (a
     fetched repo may not take one over). Raises RepoFileRefused naming the section, the line
     and why."""
-    # No DEFAULT section: to dnf a [DEFAULT] is one more repo, not values for the others.
-    parser = configparser.ConfigParser(interpolation=None, strict=True, default_section="\0")
+    parser = _AsDnfReads(strict=True)
     try:
         parser.read_string(text)
     except configparser.Error as exc:
@@ -154,6 +167,17 @@ def check_repo_file(text: str, shown: str, *, local: bool,
     def refuse(why: str) -> RepoFileRefused:
         return RepoFileRefused(f"{shown}: [{repo_id}] {why}")
 
+    if repo_id.lower() in ("main", "default"):
+        # [main] is dnf's own settings section, not a repo (dnf.conf's gpgcheck default lives
+        # there), and [DEFAULT] is defaults to any tool that reads the file with Python's
+        # configparser: either way the section checked is not the repo dnf would use.
+        raise refuse("is not a repo id: [main] holds dnf's own settings and [DEFAULT] other "
+                     "readers' defaults; the section must name NVIDIA's repo")
+    for option in values:
+        if option != option.lower():
+            raise refuse(f"has option {option}=: dnf reads option names as written and ignores "
+                         f"this one (not {option.lower()}=), so the check and dnf would disagree; "
+                         "option names must be lowercase")
     if "enabled" in values and not _true(values["enabled"]):
         raise refuse(f"has enabled={values['enabled']}: the repo would not be used")
     if not _true(values.get("gpgcheck", "")):

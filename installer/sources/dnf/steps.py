@@ -88,7 +88,10 @@ def repo_step(ctx: Context) -> Step:
             raise RepoUrlInsecure(f"NVIDIA_DNF_REPO_URL {shown} is not https:// or file://: a "
                                   ".repo file decides which signing key dnf trusts")
         try:
-            data = delivery.fetch_bytes(url, settings, max_bytes=REPO_FILE_MAX_BYTES)
+            # https_only: a redirect to plain http would let the network choose the signing
+            # key and baseurl dnf trusts; a file:// .repo is the operator's own and stays allowed.
+            data = delivery.fetch_bytes(url, settings, max_bytes=REPO_FILE_MAX_BYTES,
+                                        https_only=url.startswith("https://"))
         except DownloadFailed as exc:
             raise RepoUnavailable(f"cannot fetch the dnf repo file {shown}: {exc.message}") from exc
         text = data.decode("utf-8", errors="replace")
