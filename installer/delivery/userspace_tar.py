@@ -6,7 +6,8 @@ records, whose bodies tarfile reads whole into memory), regular files, directori
 relative symlinks that stay inside the tree, nothing else. A member is written only below a
 directory this archive created (never through a symlink), with O_EXCL|O_NOFOLLOW, and with the
 listed mode, which never has set-id, sticky or group/world-write bits, but for the one file
-nvidia-installer itself makes setuid root (SETUID).
+nvidia-installer itself makes setuid root (SETUID). A link is confined by where it really
+resolves, through the listing's other links, not by its text alone.
 """
 
 from __future__ import annotations
@@ -65,22 +66,65 @@ def safe_path(path: str) -> bool:
 
 
 def safe_target(path: str, target: str) -> bool:
-    """A symlink target that is relative and, resolved from the link's directory, stays in the
-    tree (lexically: the tree holds no other links to go through, see `check_entries`)."""
+    """A symlink target that is relative and, read lexically from the link's directory, stays
+    in the tree (the first check; `resolve` then follows the listing's other links)."""
     if not target or target.startswith("/") or "\0" in target or len(target) > 100:
         return False
     joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
     return joined != ".." and not joined.startswith("../") and not joined.startswith("/")
 
 
+_MAX_HOPS = 40  # the kernel's own limit on links followed in one lookup (ELOOP)
+
+
+def resolve(links: dict[str, str], directory: str, target: str) -> str | None:
+    """Where `target`, read from `directory`, lands in the tree once every listed link on the
+    way is followed, component by component as the kernel walks a path ('' is the tree's
+    top), or None where it climbs above the tree or loops. A lexical normpath is not enough:
+    through `u -> .` the path `u/u/..` is one level above the tree, not inside it."""
+    hops = 0
+
+    def walk(directory: str, target: str) -> str | None:
+        nonlocal hops
+        current = directory.split("/") if directory else []
+        for part in target.split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if not current:
+                    return None
+                current.pop()
+                continue
+            candidate = "/".join([*current, part])
+            if candidate not in links:
+                current.append(part)
+                continue
+            hops += 1
+            if hops > _MAX_HOPS or links[candidate].startswith("/"):
+                return None
+            landed = walk("/".join(current), links[candidate])
+            if landed is None:
+                return None
+            current = landed.split("/") if landed else []
+        return "/".join(current)
+
+    return walk(directory, target)
+
+
 def check_entries(entries: Iterable[Entry], what: str) -> list[Entry]:
     """The listing in tar order (parents first), refused unless every path is safe and unique,
-    every parent a listed directory, every mode within MODE_MASK and every link confined."""
+    every parent a listed directory, every mode within MODE_MASK and every link confined, also
+    through the listing's other links. No top-level dot-name: those are the installer's own
+    markers and records beside the user space (a listed `.marker -> ...` link would have
+    install() write its marker wherever the link points)."""
     found = sorted(entries, key=lambda e: e.path.split("/"))
     kinds: dict[str, str] = {}
     for entry in found:
         if not safe_path(entry.path) or entry.path in kinds:
             raise ArtifactInvalid(f"{what}: bad or repeated path {entry.path!r}")
+        if entry.path.startswith("."):
+            raise ArtifactInvalid(f"{what}: {entry.path!r} is a top-level dot-name, which only "
+                                  "the installer's own markers and records use")
         parent = posixpath.dirname(entry.path)
         if parent and kinds.get(parent) != DIR:
             raise ArtifactInvalid(f"{what}: {entry.path!r} is not below a listed directory")
@@ -96,6 +140,11 @@ def check_entries(entries: Iterable[Entry], what: str) -> list[Entry]:
         if entry.kind == FILE and (entry.size < 0 or len(entry.sha256) != 64):
             raise ArtifactInvalid(f"{what}: {entry.path!r} has no size or SHA-256")
         kinds[entry.path] = entry.kind
+    links = {e.path: e.target for e in found if e.kind == LINK}
+    for path, target in links.items():
+        if resolve(links, posixpath.dirname(path), target) is None:
+            raise ArtifactInvalid(f"{what}: the link {path!r} -> {target!r} leaves the tree "
+                                  "through other links, or loops")
     return found
 
 
@@ -300,6 +349,14 @@ class Unpacker:
         directories get their listed modes. Raises ArtifactInvalid."""
         if not self.inflate.eof or not self.ended or self.left or self.buffer:
             raise self._bad("the layer ends early")
+        # Belt and braces beside check_entries' resolver: every placed link, resolved by the
+        # kernel's own rules, stays in the tree before anything writes through it.
+        root = os.path.realpath(self.dest)
+        for path, entry in self.expected.items():
+            if entry.kind == LINK:
+                real = os.path.realpath(self.dest / path)
+                if os.path.commonpath([root, real]) != root:
+                    raise self._bad(f"the link {path!r} -> {entry.target!r} leaves the tree")
         for path in sorted(self.made - {""}, key=len, reverse=True):
             os.chmod(self.dest / path, self.expected[path].mode)
 

@@ -176,3 +176,86 @@ def test_a_cut_or_damaged_layer_is_refused(dest: Path, tmp_path: Path) -> None:
     third.mkdir()
     with pytest.raises(ArtifactInvalid, match="after the end of the gzip stream"):
         _unpack(third, entries, blob + b"trailing")
+
+
+def _escape_pair() -> list[Entry]:
+    """`u -> .` makes `u/u/u/u` the tree itself, so the next link's four `..` climb four levels
+    above it although they cancel lexically; its name is the marker install() writes next."""
+    return [Entry("u", LINK, target="."),
+            Entry(".userspace-artifact.json", LINK, target="u/u/u/u/../../../../victim")]
+
+
+def _deep_dest(tmp_path: Path) -> Path:
+    dest = tmp_path / "a" / "b" / "c" / "d" / "dest"
+    dest.mkdir(parents=True)
+    return dest
+
+
+def _files_below(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("entries", [
+    _escape_pair(),
+    # a top-level dot-name is the installer's own marker or record, never the user space's
+    [_file(".userspace-files", b"[]")],
+    [Entry(".hidden", DIR, 0o755), _file(".hidden/x", b"")],
+    # through a link to a directory that climbs out: `d/up` is the tree itself, so
+    # `d/up/d/up/../x` is one level above it (lexically it is d/up/d/x, inside)
+    [Entry("d", DIR, 0o755), Entry("d/up", LINK, target=".."),
+     Entry("esc", LINK, target="d/up/d/up/../x")],
+    # a chain: `d/l1 -> ../l2 -> .` is the tree itself, so `d/l1/../x` is above it
+    [Entry("d", DIR, 0o755), Entry("d/l1", LINK, target="../l2"), Entry("l2", LINK, target="."),
+     Entry("e", LINK, target="d/l1/../x")],
+    [Entry("loop1", LINK, target="loop2/x"), Entry("loop2", LINK, target="loop1/x")],
+])
+def test_links_that_resolve_outside_through_other_links_are_refused(
+        tmp_path: Path, entries: list[Entry]) -> None:
+    before = _files_below(tmp_path)
+    with pytest.raises(ArtifactInvalid):
+        check_entries(entries, "listing")
+    dest = _deep_dest(tmp_path)
+    with pytest.raises(ArtifactInvalid):
+        Unpacker(dest, entries, "test layer")
+    assert _files_below(tmp_path) - before == {"a", "a/b", "a/b/c", "a/b/c/d", "a/b/c/d/dest"}
+
+
+def test_the_escape_pair_cannot_be_packed_or_unpacked(tmp_path: Path) -> None:
+    """The whole attack: a signed listing of the pair, its layer, then install()'s marker
+    written through the link. Refused before anything is written; nothing lands outside."""
+    src = tmp_path / "src"
+    src.mkdir()
+    os.symlink(".", src / "u")
+    os.symlink("u/u/u/u/../../../../victim", src / ".userspace-artifact.json")
+    with pytest.raises(ArtifactInvalid):
+        scan(src, ["u", ".userspace-artifact.json"])
+    dest = _deep_dest(tmp_path)
+    blob = _tar([(_info("u", tarfile.SYMTYPE, link="."), None),
+                 (_info(".userspace-artifact.json", tarfile.SYMTYPE,
+                        link="u/u/u/u/../../../../victim"), None)])
+    with pytest.raises(ArtifactInvalid):
+        _unpack(dest, _escape_pair(), blob)
+    assert list(dest.iterdir()) == []
+    assert list(tmp_path.rglob("victim")) == []
+
+
+def test_links_that_stay_inside_through_other_links_are_kept(dest: Path) -> None:
+    entries = [Entry("lib64", DIR, 0o755), Entry("lib", LINK, target="lib64"),
+               Entry("lib64/self", LINK, target="../lib/."),
+               Entry("x", LINK, target="lib/self/self/../lib64/libfoo.so")]
+    assert len(check_entries(entries, "listing")) == 4
+
+
+def test_a_placed_link_that_escapes_is_refused_after_unpacking(
+        dest: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Belt and braces: were the listing's resolver wrong, the placed links are checked by
+    their real paths before the tree is used."""
+    import installer.delivery.userspace_tar as userspace_tar
+
+    entries = [Entry("u", LINK, target="."), Entry("v", LINK, target="u/u/../../outside")]
+    monkeypatch.setattr(userspace_tar, "check_entries", lambda found, what: sorted(
+        found, key=lambda e: e.path.split("/")))
+    blob = _tar([(_info("u", tarfile.SYMTYPE, link="."), None),
+                 (_info("v", tarfile.SYMTYPE, link="u/u/../../outside"), None)])
+    with pytest.raises(ArtifactInvalid, match="leaves"):
+        _unpack(dest, entries, blob)
