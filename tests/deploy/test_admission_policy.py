@@ -184,3 +184,36 @@ def test_the_fields_the_installer_writes_are_named_in_one_place() -> None:
             "writableTaintKeys", "mayCordon", "gateTaintKey"} <= set(names)
     text = POLICY.read_text()
     assert text.count(protocol.STATE_LABEL) == 1 and text.count(protocol.ANNOTATION + "'") == 1
+
+
+# kustomize's `namespace:` and namePrefix/nameSuffix rewrite the ServiceAccount and its RBAC
+# subjects but not a username written into CEL, so the policy must still hold its token there.
+@pytest.mark.parametrize("username", [
+    "system:serviceaccount:gpu-system:nvidia-driver-installer",
+    "system:serviceaccount:kube-system:prod-nvidia-driver-installer",
+    "system:serviceaccount:gpu-system:nvidia-driver-installer-v2",
+])
+def test_the_installers_account_moved_or_renamed_by_kustomize_is_still_held(
+        username: str) -> None:
+    moved = user_info(username, node=ME)
+    assert update(node(), begin, user=moved) is None
+    denied = update(node(OTHER), lambda n: n["spec"].update(unschedulable=True), user=moved)
+    assert denied is not None and denied.code == 403
+    assert f"may change only the node its pod runs on ({ME}), not {OTHER}" in denied.message
+    pod = {"metadata": {"name": "coredns-1", "namespace": "kube-system"},
+           "spec": {"nodeName": OTHER}}
+    assert check(POLICIES, request("DELETE", "pods", "coredns-1", moved,
+                                   namespace="kube-system", old=pod), PROTOCOL_ROLE) is not None
+
+
+@pytest.mark.parametrize("username", [
+    "kubernetes-admin",
+    "nvidia-driver-installer",  # a user (not a ServiceAccount) of that name
+    "system:serviceaccount:gpu-system:gpu-operator",
+    "system:serviceaccount:kube-system:node-controller",
+    "system:node:gpu-node-2",
+])
+def test_other_accounts_anywhere_are_not_held(username: str) -> None:
+    other = user_info(username, node=None)
+    assert update(node(OTHER), lambda n: n["spec"].update(unschedulable=True),
+                  user=other) is None
