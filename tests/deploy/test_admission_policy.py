@@ -186,12 +186,11 @@ def test_the_fields_the_installer_writes_are_named_in_one_place() -> None:
     assert text.count(protocol.STATE_LABEL) == 1 and text.count(protocol.ANNOTATION + "'") == 1
 
 
-# kustomize's `namespace:` and namePrefix/nameSuffix rewrite the ServiceAccount and its RBAC
-# subjects but not a username written into CEL, so the policy must still hold its token there.
+# kustomize's `namespace:` and namePrefix rewrite the ServiceAccount and its RBAC subjects but not
+# a username written into CEL, so the policy must still hold its token there.
 @pytest.mark.parametrize("username", [
     "system:serviceaccount:gpu-system:nvidia-driver-installer",
     "system:serviceaccount:kube-system:prod-nvidia-driver-installer",
-    "system:serviceaccount:gpu-system:nvidia-driver-installer-v2",
 ])
 def test_the_installers_account_moved_or_renamed_by_kustomize_is_still_held(
         username: str) -> None:
