@@ -31,13 +31,15 @@ def fetch_bytes(
 
     Touches nothing on the host. Raises DownloadNotFound (404/410 or missing file),
     DownloadForbidden (401/403 or unreadable file), DownloadFailed (other failures, retries
-    exhausted, or more than `max_bytes`). With `https_only` (a checksum file that vouches),
-    a URL or redirect that is not https is refused: only TLS says who sent the bytes.
+    exhausted, or more than `max_bytes`). With `https_only` (a checksum file that vouches, a
+    dnf .repo), a URL or redirect that is not https is refused: only TLS says who sent the
+    bytes.
     """
     settings = settings or DownloadSettings()
     red = redact_url(url)
     if https_only and scheme_of(url) != "https":
-        raise DownloadFailed(f"{red}: not https: a checksum file must come over TLS")
+        raise DownloadFailed(
+            f"{red}: not https: what decides what runs as root must come over TLS")
     if scheme_of(url) == "file":
         with open_local(url) as handle:
             try:
@@ -59,7 +61,8 @@ def fetch_bytes(
                 plain = [h for h in hops if scheme_of(h) != "https"]
                 if plain:
                     raise DownloadFailed(f"{red}: redirected to {redact_url(plain[0])}, not "
-                                         "https: a checksum file must come over TLS")
+                                         "https: what decides what runs as root must come "
+                                         "over TLS")
             raise_for_status(resp, url)
             length = resp.headers.get("Content-Length")
             if length is not None and length.isdigit() and int(length) > max_bytes:
