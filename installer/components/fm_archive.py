@@ -3,6 +3,7 @@ installer/delivery: mirrors, retries, checksum, cache) and its files in versions
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 PLATFORMS = {"x86_64": "linux-x86_64", "aarch64": "linux-sbsa"}
 COMPONENT_KEY = "fabricmanager"
 INSTALLED_MARKER = ".fabricmanager-version"
+_ARCHIVE_DIGEST = ".archive-sha256"
 _SHA256 = r"^[0-9a-f]{64}$"
 _FM_VERSION = r"Fabric Manager version is\s*:\s*(\S+)"
 
@@ -52,11 +54,42 @@ def binary(layout: Layout, version: str) -> Path:
 
 
 def installed(layout: Layout, version: str) -> bool:
+    """Fabric Manager `version` is in place: its marker names the version and the SHA-256 of
+    what it came from. A marker of the version alone is an older installer's, which took an
+    archive on a mirror's own JSON: that install is done anew."""
     marker = config_dir(layout, version) / INSTALLED_MARKER
     try:
-        return marker.read_text() == version + "\n" and binary(layout, version).is_file()
+        text = marker.read_text()
     except OSError:
         return False
+    return (re.fullmatch(re.escape(version) + r"\n[0-9a-f]{64}\n", text) is not None
+            and binary(layout, version).is_file())
+
+
+def _sha256(path: Path) -> str:
+    hashed = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            hashed.update(block)
+    return hashed.hexdigest()
+
+
+def record_archive_digest(archive: Path, tree: Path) -> None:
+    """The archive's SHA-256 beside its unpacked tree, for install() to put in the marker (a
+    top-level dot-file: install() moves only bin/, lib/, etc/ and share/)."""
+    (tree / _ARCHIVE_DIGEST).write_text(_sha256(archive) + "\n")
+
+
+def _source_digest(tree: Path) -> str:
+    """What the install came from: the archive's digest unpack() recorded, else (a tree the
+    host's own packages made, which its package manager vouched for) the daemon's own."""
+    try:
+        recorded = (tree / _ARCHIVE_DIGEST).read_text().strip()
+    except OSError:
+        return _sha256(tree / "bin" / "nv-fabricmanager")
+    if re.fullmatch(_SHA256, recorded) is None:
+        raise FabricManagerMismatch(f"{tree}: a malformed archive digest {recorded!r}")
+    return recorded
 
 
 class Listed(NamedTuple):
@@ -214,6 +247,7 @@ def unpack(archive: Path, dest: Path) -> Path:
     tree = extract(archive, dest, archive.name[: -len(".tar.xz")])
     if not (tree / "bin" / "nv-fabricmanager").is_file():
         raise FabricManagerMismatch(f"{archive.name} has no bin/nv-fabricmanager")
+    record_archive_digest(archive, tree)
     return tree
 
 
@@ -228,6 +262,7 @@ def install(tree: Path, final_root: Path, config_dest: Path, version: str) -> li
     """The unpacked archive's daemon, tools, library, config and topology files into the
     version dir (bin/, lib64/, share/nvidia/nvswitch/), each by rename; the marker last.
     Returns the installed names."""
+    came_from = _source_digest(tree)
     placed = []
     moves: list[tuple[Path, Path]] = []
     for item in sorted((tree / "bin").iterdir()):
@@ -254,7 +289,9 @@ def install(tree: Path, final_root: Path, config_dest: Path, version: str) -> li
             shutil.copy2(source, temporary)
         os.replace(temporary, dest)
         placed.append(str(dest.relative_to(final_root)))
-    mark_complete(config_dest, version + "\n", INSTALLED_MARKER)
+    # The marker names what the files came from: a later run trusts only installs this
+    # installer made from an archive its rules vouched for (an older one's marker lacks it).
+    mark_complete(config_dest, f"{version}\n{came_from}\n", INSTALLED_MARKER)
     return placed
 
 

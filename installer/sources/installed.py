@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,13 +21,24 @@ EXTRACTED_MARKER = ".extracted"
 LISTING = ".userspace-files"  # in versions/<ver>: the paths install-userspace placed
 
 
+def extracted_marker(version: str, runfile_sha256: str) -> str:
+    """What the extracted tree's marker holds: the version, then the SHA-256 of the .run it
+    came from, which the current rules vouched for before it was extracted."""
+    return f"{version}\n{runfile_sha256}\n"
+
+
 def is_extracted(directory: Path, version: str) -> bool:
-    """A whole tree of `version`: its marker names the version and so do its own files."""
+    """A whole tree of `version`: its marker names the version and the digest of the .run it
+    came from, and its own files name the version. A marker of the version alone is an older
+    installer's, which took a .run on a mirror's own checksum: that tree is extracted anew."""
     marker = directory / EXTRACTED_MARKER
+    try:
+        text = marker.read_text()
+    except OSError:
+        return False
     return (
-        (directory / "nvidia-installer").is_file()
-        and marker.is_file()
-        and marker.read_text() == version + "\n"
+        re.fullmatch(re.escape(version) + r"\n[0-9a-f]{64}\n", text) is not None
+        and (directory / "nvidia-installer").is_file()
         and (directory / f"libnvidia-ml.so.{version}").is_file()
     )
 

@@ -10,6 +10,7 @@ ahead: DKMS's %post builds for `uname -r` and fails, swallowed, so the installer
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -518,7 +519,8 @@ def test_an_nvswitch_node_gets_fabric_manager_from_the_streams_fm_profile(
     said = subprocess.run([str(daemon), "--version"], capture_output=True, text=True).stdout
     assert f"Fabric Manager version is : {V580A}" in said
     nvswitch = version_dir / "share/nvidia/nvswitch"
-    assert (nvswitch / ".fabricmanager-version").read_text() == f"{V580A}\n"
+    digest = hashlib.sha256(daemon.read_bytes()).hexdigest()  # what the package vouched for
+    assert (nvswitch / ".fabricmanager-version").read_text() == f"{V580A}\n{digest}\n"
     assert (nvswitch / "fabricmanager.cfg").read_bytes() == (
         root / "usr/share/nvidia/nvswitch/fabricmanager.cfg").read_bytes()
     # The fabricmanager container's plan for this driver: the copy in the install dir.

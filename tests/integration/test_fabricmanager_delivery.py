@@ -117,10 +117,11 @@ def test_fabric_manager_comes_from_the_redist_tree_into_the_version_dir(
     shared = version_dir / "share/nvidia/nvswitch"
     assert "DAEMONIZE=1" in (shared / "fabricmanager.cfg").read_text()  # NVIDIA's, unchanged
     assert (shared / "dgxh100_hgxh100_topology").is_file()
-    assert (shared / ".fabricmanager-version").read_text() == f"{A}\n"
     assert (install / "bin" / "nv-fabricmanager").is_file()  # bin -> current/bin
     cached = install / "cache/downloads" / archive_name(A)
     record = json.loads(Path(f"{cached}.download.json").read_text())
+    # the marker names the archive the files came from, by the digest that vouched for it
+    assert (shared / ".fabricmanager-version").read_text() == f"{A}\n{record['sha256']}\n"
     listed = json.loads((www / "redist" / f"redistrib_{A}.json").read_text())
     assert record["sha256"] == listed["fabricmanager"]["linux-x86_64"]["sha256"]
     assert record["verified_by"] == "digests-file" and cached.stat().st_mode & 0o777 == 0o600

@@ -480,3 +480,24 @@ def test_unreachable_catalog_is_its_own_error(host: tuple[Path, str], served: An
     result = run_installer(env, "plan")
     assert result.returncode == 13, result.stderr
     assert "error[catalog-unavailable]" in result.stderr
+
+
+def test_an_older_installers_extracted_tree_is_extracted_anew(
+    host: tuple[Path, str], served: Any
+) -> None:
+    """An older installer took a .run on a mirror's own checksum; the tree it extracted is
+    marked with the version alone. It is not built from: the .run is fetched on the current
+    rules and extracted again over it."""
+    root, _ = host
+    planted = install_dir(root) / "cache/extracted" / A
+    planted.mkdir(parents=True)
+    pwned = root / "pwned"
+    (planted / "nvidia-installer").write_text(f"#!/bin/sh\ntouch {pwned}\nexit 1\n")
+    (planted / "nvidia-installer").chmod(0o755)
+    (planted / f"libnvidia-ml.so.{A}").write_bytes(b"")
+    (planted / ".extracted").write_text(f"{A}\n")
+    served[2].clear()
+    result = ok(run_installer(env_for(host, served), "run"))
+    assert not pwned.exists()
+    assert any(r.endswith(f"NVIDIA-Linux-x86_64-{A}.run") for r in served[2])
+    assert "step extract-runfile: done" in result.stderr

@@ -4,6 +4,7 @@ space and its firmware (its argv in `argv.py`, its identity checks in
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -19,6 +20,7 @@ from installer.plan import Context, Step
 from installer.release.download import cached_runfile, runfile_name
 from installer.sources.installed import (
     EXTRACTED_MARKER,
+    extracted_marker,
     is_extracted,
     module_version_matches,
     write_listing,
@@ -38,6 +40,14 @@ from installer.sources.runfile.identity import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _sha256(path: Path) -> str:
+    hashed = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            hashed.update(block)
+    return hashed.hexdigest()
 
 
 def _runfile_needed(ctx: Context) -> bool:
@@ -110,7 +120,10 @@ def extract_step(ctx: Context) -> Step:
             problems = tree_problems(staging, installer.output, t.version)
             if problems:
                 raise refuse(runfile, problems)
-            mark_complete(staging, t.version + "\n", EXTRACTED_MARKER)
+            # The marker names the .run's digest: a later run reuses only trees this installer
+            # extracted from a .run its rules vouched for (an older one's marker lacks it).
+            mark_complete(staging, extracted_marker(t.version, _sha256(runfile)),
+                          EXTRACTED_MARKER)
         log.info("extracted %s (version %s, %s, as planned)", runfile.name, t.version,
                  ctx.facts.arch)
 
