@@ -3,7 +3,6 @@ installer/delivery: mirrors, retries, checksum, cache) and its files in versions
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -66,27 +65,25 @@ def installed(layout: Layout, version: str) -> bool:
             and binary(layout, version).is_file())
 
 
-def _sha256(path: Path) -> str:
-    hashed = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            hashed.update(block)
-    return hashed.hexdigest()
 
 
 def record_archive_digest(archive: Path, tree: Path) -> None:
     """The archive's SHA-256 beside its unpacked tree, for install() to put in the marker (a
     top-level dot-file: install() moves only bin/, lib/, etc/ and share/)."""
-    (tree / _ARCHIVE_DIGEST).write_text(_sha256(archive) + "\n")
+    from installer.delivery.checksums import file_sha256
+
+    (tree / _ARCHIVE_DIGEST).write_text(file_sha256(archive) + "\n")
 
 
 def _source_digest(tree: Path) -> str:
     """What the install came from: the archive's digest unpack() recorded, else (a tree the
     host's own packages made, which its package manager vouched for) the daemon's own."""
+    from installer.delivery.checksums import file_sha256
+
     try:
         recorded = (tree / _ARCHIVE_DIGEST).read_text().strip()
     except OSError:
-        return _sha256(tree / "bin" / "nv-fabricmanager")
+        return file_sha256(tree / "bin" / "nv-fabricmanager")
     if re.fullmatch(_SHA256, recorded) is None:
         raise FabricManagerMismatch(f"{tree}: a malformed archive digest {recorded!r}")
     return recorded

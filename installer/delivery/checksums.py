@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from installer.delivery.settings import VerifiedBy
@@ -57,3 +58,12 @@ def normalize_pin(sha256: str) -> str:
     return pin
 
 
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file on disk, read in 1 MiB blocks. Raises OSError."""
+    import hashlib  # the warm path hashes nothing
+
+    hashed = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            hashed.update(block)
+    return hashed.hexdigest()

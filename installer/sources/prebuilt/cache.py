@@ -44,6 +44,8 @@ def _check_cached(ctx: Context, build: Path) -> str | None:
 
 
 def _files_problem(build: Path, verified: Artifact) -> str | None:
+    from installer.delivery.checksums import file_sha256
+
     present = sorted(p.name for p in build.glob("*.ko"))
     listed = sorted(f.name for f in verified.files)
     if present != listed:
@@ -56,19 +58,11 @@ def _files_problem(build: Path, verified: Artifact) -> str | None:
             return f"{item.name} is {info.st_size} bytes, signed as {item.size}"
         if stats.get(item.name) == [info.st_size, info.st_mtime_ns]:
             continue  # hashed when written and unchanged since
-        if _sha256(path) != item.sha256:
+        if file_sha256(path) != item.sha256:
             return f"{item.name} no longer hashes to its signed digest"
     return None
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    hashed = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            hashed.update(block)
-    return hashed.hexdigest()
 
 
 def _read_stats(build: Path) -> dict[str, list[int]]:

@@ -4,7 +4,6 @@ space and its firmware (its argv in `argv.py`, its identity checks in
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -42,12 +41,6 @@ from installer.sources.runfile.identity import (
 log = logging.getLogger(__name__)
 
 
-def _sha256(path: Path) -> str:
-    hashed = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            hashed.update(block)
-    return hashed.hexdigest()
 
 
 def _runfile_needed(ctx: Context) -> bool:
@@ -98,6 +91,8 @@ def extract_step(ctx: Context) -> Step:
             + "; ".join(problems))
 
     def apply() -> None:
+        from installer.delivery.checksums import file_sha256
+
         runfile = ctx.runfile or layout.downloads / name
         remove_tree(directory)
         with staged_dir(directory, create=False) as staging:
@@ -122,7 +117,7 @@ def extract_step(ctx: Context) -> Step:
                 raise refuse(runfile, problems)
             # The marker names the .run's digest: a later run reuses only trees this installer
             # extracted from a .run its rules vouched for (an older one's marker lacks it).
-            mark_complete(staging, extracted_marker(t.version, _sha256(runfile)),
+            mark_complete(staging, extracted_marker(t.version, file_sha256(runfile)),
                           EXTRACTED_MARKER)
         log.info("extracted %s (version %s, %s, as planned)", runfile.name, t.version,
                  ctx.facts.arch)
