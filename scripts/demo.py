@@ -23,6 +23,9 @@ for _ in $(seq 50); do python3 -c 'import socket; socket.create_connection(("127
   2>/dev/null && break; sleep 0.1; done
 export PYTHONPATH={repo}
 export NVIDIA_DRIVER_VERSION={version} NVIDIA_DRIVER_MIRRORS=http://127.0.0.1:8000
+# A mirror serves bytes only: the operator's digests file (as `installer download` writes it)
+# vouches for the .run.
+export NVIDIA_DRIVER_DIGESTS_FILE="$VM_FILES/www/digests"
 export NVIDIA_INSTALL_DIR_HOST=/home/kubernetes/bin/nvidia
 installer() {{ {python} -m installer "$@"; }}
 echo "@@ plan"
@@ -50,6 +53,7 @@ def main() -> int:
         www = Path(scratch) / "www"
         print(f"building a fake NVIDIA {VERSION} .run with the test kit ...", flush=True)
         kit.build_runfile(VERSION, www / VERSION)
+        kit.write_digests(www / "digests", www / VERSION)
         script = SCENARIO.format(repo=REPO, version=VERSION, python=sys.executable)
         gpus = [FakeGpu("0000:00:04.0", "0x2330"), FakeGpu("0000:00:05.0", "0x2330")]
         print("booting Debian's kernel under qemu with two simulated H100s ...", flush=True)
