@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from installer import host, nextkernel, pipeline, planner, state
 from installer.cluster import upgrade_gate
@@ -18,6 +18,9 @@ from installer.plan import Plan
 from installer.release import catalog
 from installer.release.download import fetch_bytes_for, fetch_runfile_for
 from installer.runner import Runner, SubprocessRunner
+
+if TYPE_CHECKING:
+    from installer.cluster.signals import Told
 
 log = logging.getLogger(__name__)
 
@@ -37,23 +40,44 @@ def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutco
     """Install (or confirm) the planned driver under the host lock."""
     started = time.monotonic()
     runner = runner or SubprocessRunner()
-    # Refusals (bad version, unsupported host, no GPU, Secure Boot without keys) come from a
-    # read-only plan, before the install dir or its lock exist.
-    # Every step probes the host again when it runs, so the plan stays valid under the lock.
-    plan = build_plan(config, runner)
-    planner.require_go_ahead(plan)
-    layout = plan.context.layout
-    layout.install_local.mkdir(parents=True, exist_ok=True)
-    with state.HostLock(layout.lock_file, config.lock_timeout):
-        for decision in plan.decisions:
-            log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
-        outcomes = _execute(config, layout, plan)
+    # The node's condition and Events (NVIDIA_INSTALLER_CLUSTER_SIGNALS), told every outcome;
+    # with the signals off the cluster client is never imported.
+    told = _told(config)
+    try:
+        # Refusals (bad version, unsupported host, no GPU, Secure Boot without keys) come from a
+        # read-only plan, before the install dir or its lock exist.
+        # Every step probes the host again when it runs, so the plan stays valid under the lock.
+        plan = build_plan(config, runner)
+        planner.require_go_ahead(plan)
+        layout = plan.context.layout
+        layout.install_local.mkdir(parents=True, exist_ok=True)
+        with state.HostLock(layout.lock_file, config.lock_timeout):
+            for decision in plan.decisions:
+                log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
+            t = plan.context.target
+            if told:
+                told.started(t.version, t.flavour, t.kernel, t.source)
+            outcomes = _execute(config, layout, plan)
+    except InstallerError as error:
+        if told:
+            told.failed(error)
+        raise
+    if told:
+        told.succeeded(outcomes, plan.context.target.version, time.monotonic() - started)
     applied = [o.name for o in outcomes if o.status == "applied"]
     commands = getattr(runner, "command_seconds", 0.0)
     log.info("done in %.2f s (%.2f s in external commands): %s", time.monotonic() - started,
              commands,
              f"applied {', '.join(applied)}" if applied else "every step was already satisfied")
     return outcomes
+
+
+def _told(config: Config) -> Told | None:
+    if not config.cluster_signals:
+        return None
+    from installer.cluster import signals
+
+    return signals.Told(config)
 
 
 def _execute(config: Config, layout: Layout, plan: Plan) -> list[pipeline.StepOutcome]:
@@ -220,9 +244,9 @@ def serve_gate(config: Config) -> None:
     until SIGTERM. Raises ConfigError when the gate is off."""
     from installer.errors import ConfigError
 
-    if not config.scheduling_gate:
-        raise ConfigError("`installer gate` needs NVIDIA_INSTALLER_SCHEDULING_GATE=true (and "
-                          "NODE_NAME)")
+    if not (config.scheduling_gate or config.cluster_signals):
+        raise ConfigError("`installer gate` needs NVIDIA_INSTALLER_SCHEDULING_GATE=true or "
+                          "NVIDIA_INSTALLER_CLUSTER_SIGNALS=true (and NODE_NAME)")
     from installer import components
     from installer.cluster import gate
 

@@ -257,9 +257,10 @@ class Config:
     )
     pause_components: tuple[str, ...] = setting(
         "NVIDIA_INSTALLER_PAUSE_COMPONENTS",
-        "device-plugin,gpu-feature-discovery,dcgm-exporter,dcgm,mig-manager", parse.components,
+        "device-plugin,gpu-feature-discovery,dcgm-exporter,dcgm,mig-manager,dra-driver",
+        parse.components,
         "Components <c> whose nvidia.com/gpu.deploy.<c> label is set to paused-for-driver-upgrade"
-        " during an upgrade.",
+        " during an upgrade (dra-driver, NVIDIA's DRA kubelet plugin, once the GPU pods left).",
     )
 
     # who may publish the modules a node loads
@@ -343,6 +344,15 @@ class Config:
         "node before the taint goes back on (0: never).",
     )
 
+    # what the node tells the cluster (installer/cluster/condition.py, events.py)
+    cluster_signals: bool = setting(
+        "NVIDIA_INSTALLER_CLUSTER_SIGNALS", "false", parse.switch,
+        "Set the node's NvidiaDriverReady condition after every run (kept up to date by "
+        "`installer gate`) and post an Event on the node for each install outcome (needs "
+        "NODE_NAME and the API; see docs/cluster-signals.md).",
+        switch=True,
+    )
+
     def module_args_for(self, module: str) -> list[str]:
         """`param=value` strings for one module (names compare with - and _ alike)."""
         wanted = module.replace("-", "_")
@@ -402,6 +412,11 @@ def check_consistency(config: Config) -> None:
     if config.scheduling_gate and not config.node_name:  # the gate labels this node
         raise ConfigError(
             "NVIDIA_INSTALLER_SCHEDULING_GATE=true needs NODE_NAME (this node's name)",
+            hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
+        )
+    if config.cluster_signals and not config.node_name:  # the condition is this node's
+        raise ConfigError(
+            "NVIDIA_INSTALLER_CLUSTER_SIGNALS=true needs NODE_NAME (this node's name)",
             hint="In the DaemonSet set NODE_NAME from the downward API (fieldRef spec.nodeName).",
         )
     if config.upgrade_protocol and not config.node_name:  # the protocol cordons this node

@@ -26,10 +26,16 @@ log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+# A strategic merge patch merges status.conditions by `type` (the kubelet's and Node Problem
+# Detector's conditions stay as they are); a JSON merge patch would replace the whole list.
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 COMPONENT = "nvidia-driver-installer"
 # Who the API server records as owning the fields the protocol writes (managedFields): an
 # admin's later cordon shows up under another manager and is never undone.
 FIELD_MANAGER = "nvidia-driver-installer"
+# The NvidiaDriverReady condition's own manager: managedFields tell it apart from the kubelet's
+# conditions and from the protocol's writes.
+CONDITION_MANAGER = "nvidia-driver-installer-condition"
 # Seconds to connect, then to wait for each answer: a hung API server must not hang the upgrade.
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 30.0
@@ -60,6 +66,14 @@ class NodeClient:
                           {"fieldManager": FIELD_MANAGER}, body=patch, content_type=MERGE_PATCH,
                           what=f"patch node {self.node}", node=self.node)[1]
 
+    def patch_status(self, patch: Json) -> Json:
+        """A strategic merge patch of the node's status subresource (nodes/status): the
+        conditions it names are merged by type."""
+        return self._call("PATCH", f"/api/v1/nodes/{quote(self.node)}/status",
+                          {"fieldManager": CONDITION_MANAGER}, body=patch,
+                          content_type=STRATEGIC_MERGE_PATCH,
+                          what=f"patch the status of node {self.node}", node=self.node)[1]
+
     def pods_on_node(self) -> list[Json]:
         """Every pod bound to this node (field selector spec.nodeName; an answer about another
         node's pod is dropped, whatever the server sent)."""
@@ -76,6 +90,13 @@ class NodeClient:
                             what=f"list the PodDisruptionBudgets of namespace {namespace}")[1]
         return [pdb for pdb in answer.get("items") or [] if isinstance(pdb, dict)]
 
+    def resource_claim(self, namespace: str, name: str) -> Json | None:
+        """A resource.k8s.io/v1 ResourceClaim, or None when it is gone (404)."""
+        status, answer = self._call(
+            "GET", f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/"
+            f"{quote(name)}", what=f"read ResourceClaim {namespace}/{name}", passthrough=(404,))
+        return None if status == 404 else answer
+
     def delete_pod(self, namespace: str, name: str, uid: str,
                    grace_seconds: int | None = None) -> str:
         """Delete the pod with this uid (a precondition: a pod of the same name created since is
@@ -90,11 +111,13 @@ class NodeClient:
                                what=f"delete pod {namespace}/{name}", passthrough=(404, 409))
         return {404: "gone", 409: "replaced"}.get(status, "deleted")
 
-    def event(self, node_uid: str, reason: str, message: str, warning: bool = False) -> None:
-        """A core/v1 Event on the Node (`kubectl describe node` shows it). Best effort: a
-        failure is logged, never raised."""
+    def event(self, node_uid: str, reason: str, message: str, warning: bool = False,
+              action: str = "") -> None:
+        """A core/v1 Event on the Node (`kubectl describe node` shows it); `action` is what
+        the installer did or failed to do (the Event's action field). Best effort: a failure
+        is logged, never raised."""
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        body = {
+        body: Json = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": f"{self.node}.{uuid.uuid4().hex[:16]}",
@@ -105,10 +128,15 @@ class NodeClient:
             "message": message[:1024],
             "type": "Warning" if warning else "Normal",
             "source": {"component": COMPONENT, "host": self.node},
+            # events.k8s.io's reportingController/Instance under their core/v1 names
+            "reportingComponent": COMPONENT,
+            "reportingInstance": f"{COMPONENT}-{self.node}"[:128],
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,
         }
+        if action:
+            body["action"] = action[:128]
         try:
             self._call("POST", "/api/v1/namespaces/default/events", body=body,
                        what="post an event")

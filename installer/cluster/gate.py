@@ -149,11 +149,18 @@ def serve(config: Config, components: Sequence[str], stop: threading.Event | Non
     confirmed = clock()
     down_since: float | None = None
     said = ""
+    keeper = _keeper(config, root, components, clock)
     while not stop.is_set():
         now = clock()
         if now - confirmed >= RECHECK_SECONDS:
             state, confirmed = None, now
         waiting = readiness.pending(root, components)
+        if keeper is not None:
+            keeper.keep(waiting)
+        if not config.scheduling_gate:
+            said = _say(said, f"node {config.node_name}: " + ("; ".join(waiting) or "ready"))
+            stop.wait(POLL_SECONDS)
+            continue
         try:
             if not waiting:
                 down_since = None
@@ -176,6 +183,17 @@ def serve(config: Config, components: Sequence[str], stop: threading.Event | Non
         except SchedulingGateUnavailable as error:
             log.warning("%s (retrying in %g s)", error.message, POLL_SECONDS)
         stop.wait(POLL_SECONDS)
+
+
+def _keeper(config: Config, root: HostRoot, components: Sequence[str],
+            clock: Callable[[], float]) -> Any:
+    """The NvidiaDriverReady condition and the readiness events, kept beside the gate with
+    NVIDIA_INSTALLER_CLUSTER_SIGNALS (installer/cluster/keeper.py)."""
+    if not config.cluster_signals:
+        return None
+    from installer.cluster.keeper import Keeper
+
+    return Keeper(config, root, components, clock)
 
 
 def _say(said: str, message: str) -> str:

@@ -104,3 +104,16 @@ class SchedulingGateForbidden(ClusterApiForbidden):
         "the policy's gateTaintKey equal to NVIDIA_INSTALLER_GATE_TAINT (docs/deploy.md, "
         "\"The scheduling gate\"). The node keeps its taint."
     )
+
+
+class NodeConditionForbidden(InstallerError):
+    """The API server refused the NvidiaDriverReady condition or an Event: RBAC or policy."""
+
+    reference = "node-condition-forbidden"
+    exit_code = 101
+    default_hint = (
+        "Apply daemonset/components/cluster-signals (its role grants nodes/status patch and "
+        "events create, its admission policy admits only this node's NvidiaDriverReady "
+        "condition), or set NVIDIA_INSTALLER_CLUSTER_SIGNALS=false. The driver itself is "
+        "installed and unaffected."
+    )

@@ -1,6 +1,9 @@
 """A stand-in Kubernetes API server on 127.0.0.1 with only the endpoints the installer calls.
 
 Semantics follow the API reference (kubernetes.io/docs/reference/kubernetes-api):
+- PATCH /api/v1/nodes/{name}/status: strategic merge patch (conditions merged by type) or JSON
+  merge patch; spec changes dropped as the status strategy drops them; managedFields name the
+  field manager of each condition written.
 - GET/PATCH /api/v1/nodes/{name}: JSON merge patch (RFC 7386) only; a patch carrying
   metadata.resourceVersion that is not the current one is refused with 409 Conflict; a no-op patch
   leaves resourceVersion alone; label values are validated (422 Invalid).
@@ -19,6 +22,10 @@ Semantics follow the API reference (kubernetes.io/docs/reference/kubernetes-api)
   resourceVersion bumped when it changes. Selectors: matchLabels and matchExpressions (In, NotIn,
   Exists, DoesNotExist); policy/v1: a null selector selects no pod, an empty one every pod of the
   namespace.
+- GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims[/{name}] and
+  /apis/resource.k8s.io/v1/resourceclaims: ResourceClaims as the scheduler leaves them
+  (status.allocation.devices.results[].driver, status.reservedFor the pod), named by the pod
+  in spec.resourceClaims or, from a template, in status.resourceClaimStatuses.
 - POST /api/v1/namespaces/{ns}/events: core/v1 Event; for a Node the namespace must be default.
 - Bearer-token authentication (401) and, when given, the rules of a ClusterRole (403).
 - When given, ValidatingAdmissionPolicies (their CEL run by cluster.admission, its
@@ -113,6 +120,7 @@ class Cluster:
     nodes: dict[str, Json] = field(default_factory=dict)
     pods: dict[tuple[str, str], Json] = field(default_factory=dict)
     pdbs: list[Json] = field(default_factory=list)
+    claims: dict[tuple[str, str], Json] = field(default_factory=dict)
     events: list[Json] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
     on_node_change: list[Callable[[Cluster, Json], None]] = field(default_factory=list)
@@ -196,6 +204,45 @@ class Cluster:
             self.pdbs.append(pdb)
             self._pdb_status(pdb)
             return pdb
+
+    def add_claim(self, namespace: str, name: str, pod: Json, driver: Optional[str], *,
+                  template: Optional[str] = None) -> Json:
+        """A resource.k8s.io/v1 ResourceClaim of `pod` as the scheduler leaves it: allocated
+        by `driver` (None: still pending) and reserved for the pod; the pod names it in
+        spec.resourceClaims (directly, or through `template`, when the claim's name is only in
+        status.resourceClaimStatuses, as the resourceclaim controller generates it)."""
+        with self.lock:
+            claim: Json = {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
+                             "resourceVersion": self.next_rv()},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount",
+                    "count": 1}}]}},
+                "status": {},
+            }
+            if driver is not None:
+                claim["status"] = {
+                    "allocation": {"devices": {"results": [{
+                        "request": "gpu", "driver": driver, "pool": pod["spec"]["nodeName"],
+                        "device": "gpu-0"}]},
+                        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{
+                            "key": "metadata.name", "operator": "In",
+                            "values": [pod["spec"]["nodeName"]]}]}]}},
+                    "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"],
+                                     "uid": pod["metadata"]["uid"]}]}
+            self.claims[(namespace, name)] = claim
+            stored = self.pods[(namespace, pod["metadata"]["name"])]
+            entry = f"claim-{len(stored['spec'].get('resourceClaims') or [])}"
+            if template is None:
+                stored["spec"].setdefault("resourceClaims", []).append(
+                    {"name": entry, "resourceClaimName": name})
+            else:
+                stored["spec"].setdefault("resourceClaims", []).append(
+                    {"name": entry, "resourceClaimTemplateName": template})
+                stored["status"].setdefault("resourceClaimStatuses", []).append(
+                    {"name": entry, "resourceClaimName": name})
+            return claim
 
     def node(self, name: str) -> Json:
         with self.lock:
@@ -323,6 +370,47 @@ class Cluster:
                 callback(self, copy.deepcopy(merged))
         return _public(self.nodes[name])
 
+    def patch_node_status(self, name: str, content_type: str, patch: Any,
+                          manager: str = "") -> Json:
+        """PATCH nodes/{name}/status: a strategic merge patch (status.conditions merged by
+        `type`, as the Node type's patchMergeKey says) or a JSON merge patch (the list replaced
+        whole). As the node status strategy does, a change to spec is dropped; the policies
+        then see the object that would be stored."""
+        if content_type not in ("application/strategic-merge-patch+json",
+                                "application/merge-patch+json"):
+            raise ApiError(415, "UnsupportedMediaType", f"the media type {content_type!r} is "
+                           "not supported for nodes/status")
+        node = self.nodes.get(name)
+        if node is None:
+            self.get_node(name)
+        if not isinstance(patch, dict):
+            raise ApiError(400, "BadRequest", "a patch of a node's status must be an object")
+        status_patch = patch.get("status")
+        conditions = None
+        if content_type.startswith("application/strategic") and isinstance(status_patch, dict) \
+                and isinstance(status_patch.get("conditions"), list):
+            status_patch = dict(status_patch)
+            conditions = _merge_by_type((node.get("status") or {}).get("conditions") or [],
+                                        status_patch.pop("conditions"))
+        merged = merge_patch(node, {**patch, "status": status_patch}
+                             if "status" in patch else patch)
+        if conditions is not None:
+            merged.setdefault("status", {})["conditions"] = conditions
+        merged["spec"] = copy.deepcopy(node.get("spec") or {})
+        merged["metadata"]["resourceVersion"] = node["metadata"]["resourceVersion"]
+        for condition in (merged.get("status") or {}).get("conditions") or []:
+            if not isinstance(condition, dict) or not condition.get("type") or \
+                    condition.get("status") not in ("True", "False", "Unknown"):
+                raise ApiError(422, "Invalid", f'Node "{name}" is invalid: status.conditions: '
+                               f"Invalid value: {condition!r}")
+        if merged != node:
+            self.admit("UPDATE", "nodes", name, subresource="status", obj=merged, old=node)
+            for condition in (patch.get("status") or {}).get("conditions") or []:
+                _own_condition(merged, manager, str(condition.get("type")))
+            merged["metadata"]["resourceVersion"] = self.next_rv()
+            self.nodes[name] = merged
+        return _public(self.nodes[name])
+
     def list_pods(self, query: dict[str, list[str]]) -> Json:
         self.kubelet()
         selectors = query.get("fieldSelector", [])
@@ -396,6 +484,19 @@ class Cluster:
         self._start_deletion(pod, None if seconds is None else float(seconds))
         return _public(pod)
 
+    def get_claim(self, namespace: str, name: str) -> Json:
+        claim = self.claims.get((namespace, name))
+        if claim is None:
+            raise ApiError(404, "NotFound", f'resourceclaims.resource.k8s.io "{name}" not found',
+                           {"name": name, "group": "resource.k8s.io", "kind": "resourceclaims"})
+        return _public(claim)
+
+    def list_claims(self, namespace: Optional[str]) -> Json:
+        items = [_public(c) for (ns, _), c in self.claims.items()
+                 if namespace is None or ns == namespace]
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList",
+                "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+
     def list_pdbs(self, namespace: str) -> Json:
         self.kubelet()
         items = []
@@ -464,6 +565,30 @@ def _own_unschedulable(node: Json, manager: str, is_set: bool) -> None:
     node["metadata"]["managedFields"] = entries
 
 
+def _merge_by_type(old: list[Json], patch: list[Json]) -> list[Json]:
+    """Strategic merge of a list whose patchMergeKey is `type`: a patched item is merged into
+    the item of its type (or appended); the others stay as they are, in their order."""
+    result = [copy.deepcopy(item) for item in old]
+    for item in patch:
+        at = next((i for i, o in enumerate(result) if o.get("type") == item.get("type")), None)
+        if at is None:
+            result.append(copy.deepcopy(item))
+        else:
+            result[at] = merge_patch(result[at], item)
+    return result
+
+
+def _own_condition(node: Json, manager: str, kind: str) -> None:
+    """managedFields after a status Update of one condition: its manager owns it."""
+    key = f'k:{{"type":"{kind}"}}'
+    entries = [e for e in node["metadata"].get("managedFields") or []
+               if key not in ((e["fieldsV1"].get("f:status") or {}).get("f:conditions") or {})]
+    entries.append({"manager": manager or "unknown", "operation": "Update", "apiVersion": "v1",
+                    "time": _now(), "fieldsType": "FieldsV1", "subresource": "status",
+                    "fieldsV1": {"f:status": {"f:conditions": {key: {}}}}})
+    node["metadata"]["managedFields"] = entries
+
+
 def _public(obj: Json) -> Json:
     return {k: copy.deepcopy(v) for k, v in obj.items() if not k.startswith("_")}
 
@@ -476,6 +601,7 @@ def _success(code: int) -> Json:
 _ROUTES = [
     ("GET", re.compile(r"^/api/v1/nodes/([^/]+)$"), "get", "", "nodes"),
     ("PATCH", re.compile(r"^/api/v1/nodes/([^/]+)$"), "patch", "", "nodes"),
+    ("PATCH", re.compile(r"^/api/v1/nodes/([^/]+)/status$"), "patch", "", "nodes/status"),
     ("GET", re.compile(r"^/api/v1/pods$"), "list", "", "pods"),
     ("POST", re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/eviction$"), "create", "",
      "pods/eviction"),
@@ -483,6 +609,12 @@ _ROUTES = [
     ("GET", re.compile(r"^/apis/policy/v1/namespaces/([^/]+)/poddisruptionbudgets$"), "list",
      "policy", "poddisruptionbudgets"),
     ("POST", re.compile(r"^/api/v1/namespaces/([^/]+)/events$"), "create", "", "events"),
+    ("GET", re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/]+)$"),
+     "get", "resource.k8s.io", "resourceclaims"),
+    ("GET", re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims$"),
+     "list", "resource.k8s.io", "resourceclaims"),
+    ("GET", re.compile(r"^/apis/resource\.k8s\.io/v1/resourceclaims$"), "list",
+     "resource.k8s.io", "resourceclaims"),
 ]
 
 
@@ -554,8 +686,15 @@ class _Handler(QuietHandler):
             # The API server's default field manager is the User-Agent's product token.
             manager = (query.get("fieldManager") or [""])[0] or (
                 self.headers.get("User-Agent") or "").split("/", 1)[0]
+            if path.endswith("/status"):
+                return 200, cluster.patch_node_status(
+                    groups[0], self.headers.get("Content-Type", ""), body, manager)
             return 200, cluster.patch_node(groups[0], self.headers.get("Content-Type", ""),
                                            body, manager)
+        if self.command == "GET" and "/resourceclaims" in path:
+            if path.endswith("/resourceclaims"):
+                return 200, cluster.list_claims(groups[0] if groups else None)
+            return 200, cluster.get_claim(groups[0], groups[1])
         if self.command == "GET" and path.endswith("/poddisruptionbudgets"):
             return 200, cluster.list_pdbs(groups[0])
         if self.command == "GET":

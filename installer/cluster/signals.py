@@ -1,0 +1,59 @@
+"""What a run tells the cluster about its node (NVIDIA_INSTALLER_CLUSTER_SIGNALS): the
+NvidiaDriverReady condition (Unknown while a driver goes on, then True or False) and an Event
+for each outcome. `app` loads this only with the signals on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from installer.config import Config
+from installer.errors import InstallerError
+from installer.hostroot import HostRoot
+
+
+class StepOutcome(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def seconds(self) -> float: ...
+
+
+class Told:
+    """The signals on: the condition and the events of one run, each best effort."""
+
+    def __init__(self, config: Config) -> None:
+        from installer import components
+        from installer.cluster import events
+
+        self._config = config
+        self._root = HostRoot(config.root)
+        self._components = components.names()
+        self._events = events.Poster(config)
+
+    def started(self, version: str, flavour: str, kernel: str, source: str) -> None:
+        """Only when the driver is not verified and loaded (a warm run says nothing until its
+        end, and then only when something changed)."""
+        from installer.cluster import condition, events
+        from installer.host import readiness
+
+        if not readiness.driver_pending(self._root):
+            return
+        self._events.post([events.started(version, flavour, kernel, source)])
+        condition.report(self._config, condition.installing(version, source))
+
+    def succeeded(self, steps: Sequence[StepOutcome], version: str, total: float) -> None:
+        from installer.cluster import condition, events
+
+        self._events.post(events.outcomes(
+            [events.StepTime(s.name, s.status, s.seconds) for s in steps], version, total))
+        condition.report(self._config, condition.after_run(self._root, self._components, None))
+
+    def failed(self, error: InstallerError) -> None:
+        from installer.cluster import condition, events
+
+        self._events.post([events.failed(error)])
+        condition.report(self._config, condition.after_run(self._root, self._components,
+                                                           error))

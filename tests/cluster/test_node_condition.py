@@ -1,0 +1,330 @@
+"""The NvidiaDriverReady condition and the install Events against the stand-in API server,
+which enforces components/cluster-signals' RBAC and admission policies for a token bound to
+NODE: a run's outcome lands in nodes/status (merged by type beside the kubelet's conditions,
+under its own field manager) and as Events on the node; `installer gate` with the signals on
+keeps the condition in step with the readiness files; the policy admits nothing else (another
+node, another condition, another status field, labels through status, events about another
+node), and a refused event never fails anything."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+pytest.importorskip("celpy", reason="pip install cel-python")
+
+from lib.hosttrees import H100, make_host, module_line, write_driver_version, write_proc_modules
+
+from cluster.admission import load_policies
+from cluster.apiserver import ApiServer, Cluster, cluster_role_rules
+from cluster.nodes import NodeHost
+from installer import state
+from installer.cluster import client as client_module
+from installer.cluster import condition, events, gate, signals
+from installer.cluster.client import NodeClient
+from installer.components import registry
+from installer.errors import (
+    ClusterApiForbidden,
+    DriverInUse,
+    NodeConditionForbidden,
+)
+from installer.host import readiness
+from installer.hostroot import HostRoot
+from installer.layout import READY_FILE
+from installer.pipeline import StepOutcome
+
+REPO = Path(__file__).resolve().parents[2]
+SIGNALS = REPO / "daemonset" / "components" / "cluster-signals"
+NODE, OTHER = "gpu-node-1", "gpu-node-2"
+VERSION, KERNEL = "580.105.08", "6.8.0-1015-gcp"
+KUBELET_READY = {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                 "message": "kubelet is posting ready status",
+                 "lastHeartbeatTime": "2026-11-27T03:00:00Z",
+                 "lastTransitionTime": "2026-11-20T03:00:00Z"}
+
+
+@dataclass
+class Signals(NodeHost):
+    switch: ClassVar[str] = "NVIDIA_INSTALLER_CLUSTER_SIGNALS"
+
+    def conditions(self, name: str = NODE) -> list[dict]:
+        return list(self.node(name).get("status", {}).get("conditions") or [])
+
+    def ours(self) -> dict | None:
+        return condition.current(self.node())
+
+    def events(self) -> list[tuple[str, str, str]]:
+        with self.cluster.lock:
+            return [(e["type"], e["reason"], e["message"]) for e in self.cluster.events]
+
+    def status_writes(self) -> list[str]:
+        return [r.path for r in self.cluster.writes() if r.path.endswith("/status")]
+
+    def verified(self, version: str = VERSION) -> None:
+        """What a passing verify leaves: the modules loaded and the readiness file."""
+        write_proc_modules(self.root, [module_line(n) for n in ("nvidia_uvm", "nvidia")])
+        write_driver_version(self.root, version)
+        path = HostRoot(self.root).local(READY_FILE)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(state.ready_text(version, "open", "/var/lib/nvidia", KERNEL))
+
+
+def seed_node(cluster: Cluster, name: str) -> None:
+    node = cluster.add_node(name, {"kubernetes.io/hostname": name})
+    node["status"] = {"conditions": [dict(KUBELET_READY)],
+                      "capacity": {"nvidia.com/gpu": "8", "cpu": "96"},
+                      "nodeInfo": {"kernelVersion": KERNEL}}
+
+
+@pytest.fixture(autouse=True)
+def driver_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's part of readiness alone (the components are another test's subject)."""
+    monkeypatch.setattr(registry, "COMPONENTS", ())
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Signals]:
+    cluster = Cluster(rules=cluster_role_rules(SIGNALS / "rbac.yaml"),
+                      policies=load_policies(SIGNALS / "admission-policy.yaml"),
+                      token_node=NODE)
+    seed_node(cluster, NODE)
+    seed_node(cluster, OTHER)
+    root = tmp_path / "host"
+    make_host(root, kernel=KERNEL, gpus=[H100])
+    with ApiServer(cluster) as server:
+        yield Signals(cluster, server, root, server.kubeconfig(tmp_path))
+
+
+COLD_RUN = [StepOutcome("fetch-runfile", "applied", 12.0),
+            StepOutcome("build-modules", "applied", 95.5),
+            StepOutcome("install-userspace", "applied", 3.2),
+            StepOutcome("load-modules", "applied", 1.1),
+            StepOutcome("verify-driver", "applied", 2.4),
+            StepOutcome("prepare-next-kernel", "applied", 80.0)]
+
+
+# --------------------------------------------------------------------------- a run
+
+
+def test_a_cold_run_says_installing_then_verified_with_its_events(env: Signals) -> None:
+    told = signals.Told(env.config())
+    told.started(VERSION, "open", KERNEL, "runfile")
+    ours = env.ours()
+    assert ours is not None and (ours["status"], ours["reason"]) == ("Unknown", "Installing")
+    env.verified()
+    told.succeeded(COLD_RUN, VERSION, 190.0)
+
+    conditions = env.conditions()
+    assert conditions[0] == KUBELET_READY  # merged by type: the kubelet's is untouched
+    ours = env.ours()
+    assert ours is not None
+    assert (ours["status"], ours["reason"]) == ("True", "Verified")
+    assert f"driver {VERSION} (open)" in ours["message"] and f"kernel {KERNEL}" in ours["message"]
+    assert ours["lastTransitionTime"] and ours["lastHeartbeatTime"]
+    managers = [e["manager"] for e in env.node()["metadata"]["managedFields"]
+                if "k:{\"type\":\"NvidiaDriverReady\"}" in e["fieldsV1"]["f:status"]
+                ["f:conditions"]]
+    assert managers == [client_module.CONDITION_MANAGER]
+    assert [(t, r) for t, r, _ in env.events()] == [
+        ("Normal", "DriverInstallStarted"), ("Normal", "DriverModulesCompiled"),
+        ("Normal", "DriverInstalled"), ("Normal", "DriverVerified"),
+        ("Normal", "NextKernelPrepared")]
+    messages = dict((r, m) for _, r, m in env.events())
+    assert messages["DriverInstallStarted"] == (f"installing NVIDIA driver {VERSION} (open) for "
+                                                f"kernel {KERNEL} from runfile")
+    assert "compiled in 95.5 s" in messages["DriverModulesCompiled"]
+    assert "installed in 190.0 s (fetch-runfile 12.0 s, build-modules 95.5 s" in \
+        messages["DriverInstalled"]
+    with env.cluster.lock:
+        event = env.cluster.events[0]
+    assert event["involvedObject"]["kind"] == "Node" and event["involvedObject"]["name"] == NODE
+    assert event["involvedObject"]["uid"] == env.node()["metadata"]["uid"]
+    assert event["reportingComponent"] == "nvidia-driver-installer"
+    assert event["reportingInstance"] == f"nvidia-driver-installer-{NODE}"
+    assert event["action"] == "Install" and event["count"] == 1
+
+
+def test_a_warm_run_writes_nothing_when_the_node_already_says_so(env: Signals) -> None:
+    env.verified()
+    told = signals.Told(env.config())
+    told.succeeded([], VERSION, 0.1)
+    first = env.ours()
+    writes = len(env.cluster.writes())
+    told = signals.Told(env.config())
+    told.started(VERSION, "open", KERNEL, "runfile")  # verified and loaded: says nothing
+    told.succeeded([StepOutcome("verify-driver", "satisfied", 0.0)], VERSION, 0.2)
+    assert len(env.cluster.writes()) == writes and env.ours() == first
+    assert env.events() == []
+
+
+def test_a_failed_run_sets_false_with_the_reference_and_a_warning_event(env: Signals) -> None:
+    env.verified()
+    signals.Told(env.config()).succeeded([], VERSION, 0.1)
+    verified_at = env.ours()["lastTransitionTime"]  # type: ignore[index]
+    error = DriverInUse("driver 570.195.03 is held by pid 4242 (nv-hostengine)")
+    signals.Told(env.config()).failed(error)
+    ours = env.ours()
+    assert ours is not None and (ours["status"], ours["reason"]) == ("False", "DriverInUse")
+    assert ours["message"].startswith(error.message) and error.hint in ours["message"]
+    assert ours["lastTransitionTime"] >= verified_at
+    assert env.events()[-1] == ("Warning", "DriverInstallFailed",
+                                f"error[driver-in-use]: {error.message} Hint: {error.hint}")
+    assert env.conditions()[0] == KUBELET_READY
+
+
+def test_last_transition_time_moves_only_with_the_status(env: Signals,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    config = env.config()
+    ticks = iter(f"2026-11-27T04:0{i}:00Z" for i in range(10))
+    monkeypatch.setattr(condition, "_now", lambda: next(ticks))
+    condition.set_condition(config, condition.Reading("False", "DriverNotReady", "a"))
+    condition.set_condition(config, condition.Reading("False", "ComponentsNotReady", "b"))
+    ours = env.ours()
+    assert ours is not None and ours["lastTransitionTime"] == "2026-11-27T04:00:00Z"
+    assert ours["lastHeartbeatTime"] == "2026-11-27T04:01:00Z"
+    condition.set_condition(config, condition.Reading("True", "Verified", "c"))
+    assert env.ours()["lastTransitionTime"] == "2026-11-27T04:02:00Z"  # type: ignore[index]
+    assert not condition.set_condition(config, condition.Reading("True", "Verified", "c"))
+
+
+def test_camel_case_reasons() -> None:
+    assert condition.camel("driver-in-use") == "DriverInUse"
+    assert condition.camel("no-nvidia-gpu") == "NoNvidiaGpu"
+
+
+# --------------------------------------------------------------------------- the policy
+
+
+def raw(env: Signals, node: str = NODE) -> NodeClient:
+    return NodeClient(node, str(env.kubeconfig))
+
+
+def test_the_condition_of_another_node_is_denied(env: Signals) -> None:
+    with pytest.raises(ClusterApiForbidden, match="only the status of the node its pod runs on"):
+        raw(env, OTHER).patch_status({"status": {"conditions": [
+            {"type": condition.TYPE, "status": "False", "reason": "Forged"}]}})
+    assert condition.current(env.node(OTHER)) is None
+
+
+@pytest.mark.parametrize("patch, why", [
+    ({"status": {"conditions": [dict(KUBELET_READY, status="False")]}},
+     "only the NvidiaDriverReady condition"),
+    ({"status": {"conditions": [{"type": "MemoryPressure", "status": "True"}]}},
+     "only the NvidiaDriverReady condition"),
+    ({"status": {"capacity": {"nvidia.com/gpu": "0"}}}, "no node status field"),
+    ({"metadata": {"labels": {"team": "x"}}}, "labels or annotations"),
+])
+def test_anything_else_through_nodes_status_is_denied(env: Signals, patch: dict,
+                                                      why: str) -> None:
+    before = env.node()
+    with pytest.raises(ClusterApiForbidden, match=why):
+        raw(env).patch_status(patch)
+    assert env.node() == before
+
+
+def test_spec_through_nodes_status_is_dropped_as_the_api_server_does(env: Signals) -> None:
+    raw(env).patch_status({"spec": {"unschedulable": True}, "status": {"conditions": [
+        {"type": condition.TYPE, "status": "True", "reason": "Verified"}]}})
+    assert "unschedulable" not in env.node()["spec"]
+
+
+def test_the_node_object_itself_is_not_writable_with_this_role(env: Signals) -> None:
+    with pytest.raises(ClusterApiForbidden, match="cannot patch resource \"nodes\""):
+        raw(env).patch_node({"metadata": {"labels": {"team": "x"}}})
+
+
+def test_a_refusal_is_node_condition_forbidden_and_a_run_only_warns(
+        env: Signals, caplog: pytest.LogCaptureFixture) -> None:
+    env.cluster.rules = cluster_role_rules(REPO / "daemonset" / "components" /
+                                           "scheduling-gate" / "rbac.yaml")
+    reading = condition.Reading("True", "Verified", "x")
+    with pytest.raises(NodeConditionForbidden) as caught:
+        condition.set_condition(env.config(), reading)
+    assert caught.value.exit_code == 101 and "nodes/status" in caught.value.message
+    condition.report(env.config(), reading)  # a run: a warning, never an error
+    assert "could not set the NvidiaDriverReady condition" in caplog.text
+
+
+def test_an_event_about_another_node_is_denied_and_never_raises(
+        env: Signals, caplog: pytest.LogCaptureFixture) -> None:
+    other = raw(env, OTHER)
+    other.event(env.node(OTHER)["metadata"]["uid"], "DriverVerified", "forged")
+    assert env.events() == []
+    assert "may post events only about its own node" in caplog.text
+
+
+def test_a_lost_event_never_fails_a_run(env: Signals,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    config = env.config(NODE_NAME="gone")
+    events.Poster(config).post([events.failed(DriverInUse("held"))])  # 404: logged only
+    assert env.events() == [] and "could not post 1 event(s) on node gone" in caplog.text
+
+
+def test_a_refused_run_tells_the_cluster_with_its_reference(env: Signals) -> None:
+    """app.run itself: a node with no NVIDIA GPU is refused while planning, and the refusal
+    reaches the node as the condition and a Warning event."""
+    from lib.fakes import FakeRunner
+    from lib.hosttrees import root_env
+
+    from installer import app
+    from installer.config import from_env
+    from installer.errors import NoNvidiaGpu
+
+    bare = env.root.parent / "bare"
+    make_host(bare, kernel=KERNEL, gpus=[])
+    config = from_env(root_env(bare, NVIDIA_INSTALL_DIR_HOST="/var/lib/nvidia",
+                               NVIDIA_INSTALLER_CLUSTER_SIGNALS="true", NODE_NAME=NODE,
+                               NVIDIA_INSTALLER_KUBECONFIG=str(env.kubeconfig)))
+    with pytest.raises(NoNvidiaGpu):
+        app.run(config, FakeRunner())
+    ours = env.ours()
+    assert ours is not None and (ours["status"], ours["reason"]) == ("False", "NoNvidiaGpu")
+    assert [(t, r) for t, r, _ in env.events()] == [("Warning", "DriverInstallFailed")]
+    assert env.events()[0][2].startswith("error[no-nvidia-gpu]: ")
+
+
+# --------------------------------------------------------------------------- `installer gate`
+
+
+def test_installer_gate_keeps_the_condition_and_tells_each_change(
+        env: Signals, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gate, "POLL_SECONDS", 0.02)
+    config = env.config()
+    stop = threading.Event()
+    thread = threading.Thread(target=gate.serve, args=(config, ()), kwargs={"stop": stop},
+                              daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: (env.ours() or {}).get("reason") == "DriverNotReady")
+        env.verified()
+        wait_for(lambda: (env.ours() or {}).get("status") == "True")
+        # The driver unloaded by hand: the condition goes False again.
+        write_proc_modules(env.root, [])
+        (env.root / "proc/driver/nvidia/version").unlink()
+        wait_for(lambda: (env.ours() or {}).get("status") == "False")
+    finally:
+        stop.set()
+        thread.join(10)
+    reasons = [r for _, r, _ in env.events()]
+    assert reasons == ["NodeNotReadyForGpus", "NodeReadyForGpus", "NodeNotReadyForGpus"]
+    assert env.events()[0][0] == "Warning"
+    # The gate is off: no taint or label was written, only status and events.
+    assert {r.path for r in env.cluster.writes()} <= {
+        f"/api/v1/nodes/{NODE}/status", "/api/v1/namespaces/default/events"}
+    assert readiness.driver_pending(HostRoot(env.root))
+
+
+def wait_for(predicate: object, seconds: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.02)
+    raise AssertionError("timed out")
