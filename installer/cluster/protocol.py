@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from installer import host
-from installer.cluster import disruption
+from installer.cluster import disruption, dra
 from installer.cluster.client import FIELD_MANAGER, Conflict, Json, NodeClient
 from installer.config import Config
 from installer.errors import (
@@ -82,6 +82,7 @@ def make_room(config: Config, root: HostRoot, layout: Layout, old: str, new: str
               f"driver {old} -> {new}: {cordon}; labels set to {PAUSED}: {paused}")
     try:
         _evict_gpu_pods(api, uid, config)
+        _pause_after_pods(api, uid, saved)
         _set_state(api, "waiting-for-holders")
         _wait_for_holders(api, uid, root, config)
         _set_state(api, "unloading")
@@ -208,7 +209,7 @@ def _begin(api: NodeClient, config: Config, node: Json, old: str, new: str) -> d
         else:
             log.info("node %s carries an unfinished upgrade (%s -> %s): continuing it",
                      api.node, saved["from"], saved["to"])
-        want = {k: PAUSED for k in saved["labels"]}
+        want = {k: PAUSED for k in saved["labels"] if not _after_pods(k)}
         want[STATE_LABEL] = "draining"
         patch: Json = {"metadata": {"resourceVersion": meta["resourceVersion"],
                                     "annotations": {ANNOTATION: json.dumps(saved,
@@ -268,6 +269,21 @@ def _cordoned_by_someone_else(node: Json) -> str | None:
     return None
 
 
+def _after_pods(label: str) -> bool:
+    return label[len(DEPLOY_PREFIX):] in dra.AFTER_PODS
+
+
+def _pause_after_pods(api: NodeClient, uid: str, saved: dict[str, Any]) -> None:
+    """Pause what must outlive the GPU pods (NVIDIA's DRA kubelet plugin), now that they are
+    gone; its label was recorded with the others, so it is restored with them."""
+    late = {k: PAUSED for k in saved["labels"] if _after_pods(k)}
+    if late:
+        api.patch_node({"metadata": {"labels": late}})
+        log.info("no GPU pod is left on node %s: paused %s", api.node, ", ".join(sorted(late)))
+        api.event(uid, "DraPluginPaused", "no pod holds a GPU claim any more: labels set to "
+                  f"{PAUSED}: {', '.join(sorted(late))}")
+
+
 def _set_state(api: NodeClient, state: str) -> None:
     api.patch_node({"metadata": {"labels": {STATE_LABEL: state}}})
     log.info("upgrade state of node %s: %s", api.node, state)
@@ -311,14 +327,18 @@ def _evict_gpu_pods(api: NodeClient, uid: str, config: Config) -> None:
     PodDisruptionBudgets allow it, as an eviction would (installer/cluster/disruption.py)."""
     deadline = time.monotonic() + config.eviction_timeout
     budgets = disruption.Budgets(api)
+    claims = dra.Claims(api)
     blocked: dict[tuple[str, str], str] = {}
     waited: dict[tuple[str, str], str] = {}
     forced = False
     while True:
-        pods = [p for p in api.pods_on_node() if requests_gpu(p)
-                and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        claims.new_pass()
+        pods = [p for p in api.pods_on_node()
+                if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                and (requests_gpu(p) or claims.nvidia_claim(p) is not None)]
         if not pods:
-            log.info("no pod requesting nvidia.com/gpu is left on node %s", api.node)
+            log.info("no pod using a GPU (nvidia.com/gpu, or a claim of NVIDIA's DRA drivers) "
+                     "is left on node %s", api.node)
             return
         budgets.new_pass()
         now_blocked: dict[tuple[str, str], str] = {}

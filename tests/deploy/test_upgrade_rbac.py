@@ -75,6 +75,7 @@ def test_the_protocol_overlay_brings_identity_rbac_and_policy() -> None:
         ("*", "", "pods", "list"),
         ("*", "", "pods", "delete"),  # its own node's only: the admission policy
         ("*", "policy", "poddisruptionbudgets", "list"),  # checked before a delete
+        ("*", "resource.k8s.io", "resourceclaims", "get"),  # GPU pods through DRA
         ("default", "", "events", "create"),  # Node events live in default: a Role there
     }
     assert not any(r.endswith("/eviction") for _, _, r, _ in _granted(docs))
