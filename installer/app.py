@@ -54,9 +54,8 @@ def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutco
         with state.HostLock(layout.lock_file, config.lock_timeout):
             for decision in plan.decisions:
                 log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
-            t = plan.context.target
             if told:
-                told.started(t.version, t.flavour, t.kernel, t.source)
+                told.started(plan.context.target)
             outcomes = _execute(config, layout, plan)
     except InstallerError as error:
         if told:

@@ -5,11 +5,14 @@ for each outcome. `app` loads this only with the signals on."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from installer.config import Config
 from installer.errors import InstallerError
 from installer.hostroot import HostRoot
+
+if TYPE_CHECKING:
+    from installer.plan import Target
 
 
 class StepOutcome(Protocol):
@@ -33,7 +36,7 @@ class Told:
         self._components = components.names()
         self._events = events.Poster(config)
 
-    def started(self, version: str, flavour: str, kernel: str, source: str) -> None:
+    def started(self, target: Target) -> None:
         """Only when the driver is not verified and loaded (a warm run says nothing until its
         end, and then only when something changed)."""
         from installer.cluster import condition, events
@@ -41,8 +44,11 @@ class Told:
 
         if not readiness.driver_pending(self._root):
             return
-        self._events.post([events.started(version, flavour, kernel, source)])
-        condition.report(self._config, condition.installing(version, source))
+        # dnf without cached metadata learns the stream's newest version only when it runs.
+        version = f"R{target.branch} (its newest)" if target.version_pending else target.version
+        self._events.post([events.started(version, target.flavour, target.kernel,
+                                          target.source)])
+        condition.report(self._config, condition.installing(version, target.source))
 
     def succeeded(self, steps: Sequence[StepOutcome], version: str, total: float) -> None:
         from installer.cluster import condition, events

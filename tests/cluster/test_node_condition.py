@@ -37,6 +37,7 @@ from installer.host import readiness
 from installer.hostroot import HostRoot
 from installer.layout import READY_FILE
 from installer.pipeline import StepOutcome
+from installer.plan import Target
 
 REPO = Path(__file__).resolve().parents[2]
 SIGNALS = REPO / "daemonset" / "components" / "cluster-signals"
@@ -100,6 +101,11 @@ def env(tmp_path: Path) -> Iterator[Signals]:
         yield Signals(cluster, server, root, server.kubeconfig(tmp_path))
 
 
+def target(version: str = VERSION) -> Target:
+    return Target(version, int(version.split(".")[0]), "open", KERNEL, "runfile", [], None, True,
+                  ("0000:00:04.0",))
+
+
 COLD_RUN = [StepOutcome("fetch-runfile", "applied", 12.0),
             StepOutcome("build-modules", "applied", 95.5),
             StepOutcome("install-userspace", "applied", 3.2),
@@ -113,7 +119,7 @@ COLD_RUN = [StepOutcome("fetch-runfile", "applied", 12.0),
 
 def test_a_cold_run_says_installing_then_verified_with_its_events(env: Signals) -> None:
     told = signals.Told(env.config())
-    told.started(VERSION, "open", KERNEL, "runfile")
+    told.started(target())
     ours = env.ours()
     assert ours is not None and (ours["status"], ours["reason"]) == ("Unknown", "Installing")
     env.verified()
@@ -156,7 +162,7 @@ def test_a_warm_run_writes_nothing_when_the_node_already_says_so(env: Signals) -
     first = env.ours()
     writes = len(env.cluster.writes())
     told = signals.Told(env.config())
-    told.started(VERSION, "open", KERNEL, "runfile")  # verified and loaded: says nothing
+    told.started(target())  # verified and loaded: says nothing
     told.succeeded([StepOutcome("verify-driver", "satisfied", 0.0)], VERSION, 0.2)
     assert len(env.cluster.writes()) == writes and env.ours() == first
     assert env.events() == []
