@@ -317,7 +317,9 @@ def test_installer_gate_keeps_the_condition_and_tells_each_change(
         stop.set()
         thread.join(10)
     reasons = [r for _, r, _ in env.events()]
-    assert reasons == ["NodeNotReadyForGpus", "NodeReadyForGpus", "NodeNotReadyForGpus"]
+    # (The unload is two file changes here: a look between them may tell two reasons.)
+    assert reasons[:2] == ["NodeNotReadyForGpus", "NodeReadyForGpus"]
+    assert reasons[2:] and set(reasons[2:]) == {"NodeNotReadyForGpus"}
     assert env.events()[0][0] == "Warning"
     # The gate is off: no taint or label was written, only status and events.
     assert {r.path for r in env.cluster.writes()} <= {
