@@ -15,6 +15,7 @@ from installer.verify.nvml import _last_json_object
 from installer.verify.report import GpuInfo, last_line, normalize_bus_id
 
 CUDA_SONAME = "libcuda.so.1"
+NO_DEVICE = 100
 SYSTEM_NOT_READY = 802
 
 # CUresult codes of NVIDIA's cuda.h and what they usually mean on a node that has just been
@@ -76,7 +77,9 @@ class CudaCheck:
     library: Optional[str]
     error: Optional[CudaError]
     devices: tuple[tuple[str, Optional[CudaError]], ...]
-    tolerated: bool = False  # the 802 expected while Fabric Manager has not started yet
+    # CUDA's failure is expected: 802 while Fabric Manager has not started yet, or 100 with
+    # every GPU in MIG mode (no instances yet)
+    tolerated: bool = False
 
     def for_gpu(self, pci_bus_id: str) -> dict[str, Any]:
         """The `cuda` block of one GPU in `verify --json`."""
@@ -95,14 +98,16 @@ class CudaCheck:
 
     def to_json(self) -> dict[str, Any]:
         return {"library": self.library, "ok": self.passed,
-                "expected_fabric_wait": self.tolerated,
+                "failure_expected": self.tolerated,
                 "error": self.error.to_json() if self.error else None}
 
     def summary(self) -> Optional[str]:
         """A line for `installer verify`'s output when CUDA's failure is not a problem."""
-        if self.tolerated and self.error is not None:
-            return f"CUDA: {self.error.describe()} (expected until Fabric Manager has run)"
-        return None
+        if not self.tolerated or self.error is None:
+            return None
+        why = ("every GPU is in MIG mode: CUDA runs on its instances"
+               if self.error.code == NO_DEVICE else "expected until Fabric Manager has run")
+        return f"CUDA: {self.error.describe()} ({why})"
 
 
 def argv() -> list[str]:
@@ -147,18 +152,24 @@ def _str(value: object) -> Optional[str]:
 def check_problems(check: CudaCheck, gpus: Sequence[GpuInfo], lib_dir: Path,
                    fabric_starts_later: bool) -> tuple[CudaCheck, list[str]]:
     """What is wrong with CUDA on these NVML GPUs. With `fabric_starts_later` (an NVSwitch node
-    whose Fabric Manager starts after this check) cuInit's 802 is expected: not a problem."""
+    whose Fabric Manager starts after this check) cuInit's 802 is expected: not a problem; nor
+    is a GPU in MIG mode that CUDA does not enumerate."""
     if check.library is not None and Path(check.library).resolve().parent != lib_dir.resolve():
         return check, [f"CUDA answered from {check.library}, not from the installed {lib_dir}"]
+    # A GPU in MIG mode is visible to CUDA only through its instances, which the MIG manager
+    # creates after the driver: without them CUDA does not enumerate it (none at all: 100).
+    mig = {gpu.pci_bus_id for gpu in gpus if gpu.mig_mode == "enabled"}
     if check.error is not None:
-        if check.error.code == SYSTEM_NOT_READY and fabric_starts_later:
+        expected = ((check.error.code == SYSTEM_NOT_READY and fabric_starts_later)
+                    or (check.error.code == NO_DEVICE and bool(gpus) and len(mig) == len(gpus)))
+        if expected:
             return CudaCheck(check.library, check.error, check.devices, tolerated=True), []
         return check, [f"CUDA {check.error.describe()}"]
     problems = []
     seen = {address for address, _ in check.devices}
     for gpu in gpus:
         label = f"GPU {gpu.index} ({gpu.pci_bus_id})"
-        if gpu.pci_bus_id not in seen:
+        if gpu.pci_bus_id not in seen and gpu.pci_bus_id not in mig:
             problems.append(f"{label}: CUDA does not enumerate it, though NVML does")
     for address, error in check.devices:
         if error is not None:

@@ -85,6 +85,7 @@ def query(
                 fabric_state=_str_or_none((raw.get("fabric") or {}).get("state")),
                 fabric_status=_str_or_none((raw.get("fabric") or {}).get("status")),
                 persistence_mode=_str_or_none(raw.get("persistence_mode")),
+                mig_mode=_str_or_none(raw.get("mig_mode")),
             )
         )
     return str(version), tuple(gpus), library

@@ -43,6 +43,7 @@ class GpuInfo:
     fabric_state: Optional[str] = field(default=None, compare=False)
     fabric_status: Optional[str] = field(default=None, compare=False)
     persistence_mode: Optional[str] = field(default=None, compare=False)
+    mig_mode: Optional[str] = field(default=None, compare=False)  # "enabled": CUDA sees instances
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -581,7 +581,7 @@ def test_json_shape(install_dir: Path) -> None:
                 "cuda": {"ok": True, "error": None, "name": None, "meaning": None},
             },
         ],
-        "cuda": {"library": None, "ok": True, "expected_fabric_wait": False, "error": None},
+        "cuda": {"library": None, "ok": True, "failure_expected": False, "error": None},
         "fabric": {"required": False, "state": "not-applicable", "nvswitches": []},
         "problems": [
             "NVML reports driver 550.54.15, expected 550.90.07",
@@ -673,6 +673,9 @@ def test_child_queries_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
         "nvmlDeviceGetGpuFabricInfoV": fabric,
         "nvmlDeviceGetPersistenceMode": lambda h: [pynvml.NVML_FEATURE_ENABLED,
                                                    pynvml.NVML_FEATURE_DISABLED][h],
+        # [current, pending], as pynvml returns them
+        "nvmlDeviceGetMigMode": lambda h: [[pynvml.NVML_DEVICE_MIG_ENABLE] * 2,
+                                           [pynvml.NVML_DEVICE_MIG_DISABLE] * 2][h],
     }
     for name, fake in fakes.items():
         monkeypatch.setattr(pynvml, name, fake)
@@ -692,6 +695,7 @@ def test_child_queries_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
             "error": None,
             "fabric": {"state": "completed", "status": "success"},
             "persistence_mode": "enabled",
+            "mig_mode": "enabled",
         },
         {
             "index": 1,
@@ -702,6 +706,7 @@ def test_child_queries_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
             "error": None,
             "fabric": {"state": "in-progress", "status": "success"},
             "persistence_mode": "disabled",
+            "mig_mode": "disabled",
         },
     ]
 
