@@ -209,3 +209,34 @@ def test_the_ptx_declares_the_entry_the_child_asks_for() -> None:
     text = cuda_child.PTX.decode()
     assert f".visible .entry {cuda_child.KERNEL}(" in text
     assert ".version 6.0" in text and ".target sm_50" in text
+
+
+@pytest.mark.parametrize("nvswitch_node", [True, False])
+def test_the_install_step_expects_802_only_where_fabric_manager_starts_later(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, nvswitch_node: bool) -> None:
+    """`installer run` verifies before the long-running container starts Fabric Manager."""
+    from types import SimpleNamespace
+
+    from installer import components, steps
+    from installer import verify as verify_room
+    from installer.hostroot import HostRoot
+    from installer.verify.report import VerifyReport
+
+    asked: dict[str, Any] = {}
+
+    def fake_verify(**options: Any) -> VerifyReport:
+        asked.update(options)
+        return VerifyReport("580.105.08", (), "580.105.08", "580.105.08", (), ())
+
+    monkeypatch.setattr(verify_room, "verify", fake_verify)
+    monkeypatch.setattr(components, "fabric_required",
+                        lambda root: (nvswitch_node, ("0000:05:00.0",) if nvswitch_node else ()))
+    target = SimpleNamespace(version="580.105.08", flavour="open", kernel="6.1.0-56-amd64",
+                             gpu_addresses=("0000:18:00.0",))
+    layout = SimpleNamespace(install_local=tmp_path / "install", install_host="/install")
+    ctx = SimpleNamespace(target=target, layout=layout, runner=object(),
+                          root=HostRoot(tmp_path / "host"))
+
+    steps.verify_step(ctx).apply()  # type: ignore[arg-type]
+
+    assert asked["fabric_starts_later"] is nvswitch_node
