@@ -71,11 +71,17 @@ def verify_step(ctx: Context) -> Step:
         return _ready_matches(ctx) and modules.all_loaded(ctx.root, target.version)
 
     def apply() -> None:
+        from installer import components
+
+        # Fabric Manager starts after this step (the long-running container keeps it): until
+        # it has registered the GPUs in the NVLink fabric, CUDA answers 802 on such a node.
+        fabric_starts_later, _ = components.fabric_required(ctx.root)
         report = verify.verify(
             install_dir=ctx.layout.install_local,
             expected_version=target.version,
             expected_gpus=list(target.gpu_addresses),
             runner=ctx.runner,
+            fabric_starts_later=fabric_starts_later,
         )
         for line in report.summary_lines():
             log.info("verify: %s", line)

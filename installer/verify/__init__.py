@@ -1,5 +1,6 @@
-"""Checks the loaded driver against the plan: nvidia-smi (smi.py) and NVML in a child process
-(nvml.py, child.py: the only pynvml user); report.py holds what they found."""
+"""Checks the loaded driver against the plan: nvidia-smi (smi.py), NVML in a child process
+(nvml.py, child.py: the only pynvml user), a CUDA kernel in another (cuda.py, cuda_child.py: the
+only libcuda user); report.py holds what they found."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from installer.runner import Runner
-from installer.verify import nvml, smi
+from installer.verify import cuda, nvml, smi
 from installer.verify.child import main, nvml_query
 from installer.verify.report import (
     GpuInfo,
@@ -35,6 +36,7 @@ def verify(
     timeout: float = 60,
     fabric_required: bool = False,
     switches: Sequence[str] = (),
+    fabric_starts_later: bool = False,
 ) -> VerifyReport:
     """Asks the installed nvidia-smi and NVML (in a child process) about the loaded driver.
 
@@ -45,6 +47,9 @@ def verify(
     `expected_version` / `expected_gpus` is a sentence in `problems` (see `require_ok`).
     With `fabric_required` (an NVSwitch node) every GPU that reports its fabric state must
     have completed its registration with success (Fabric Manager ran), else CUDA fails.
+    Once NVML answered, a third child (`python -m installer.verify cuda`) runs a tiny kernel on
+    every GPU through the installed libcuda.so.1; with `fabric_starts_later` (install time on
+    an NVSwitch node, before Fabric Manager) its error 802 is expected and not a problem.
     """
     deadline = time.monotonic() + timeout
     lib_dir = Path(install_dir) / "lib64"
@@ -85,6 +90,14 @@ def verify(
         problems.extend(_compare_sources(nvml_gpus, smi_gpus))
     if nvml_answered and fabric_required:
         problems.extend(fabric_problems(nvml_gpus))
+    cuda_check = None
+    if nvml_answered:
+        remaining = max(deadline - time.monotonic(), 1.0)
+        cuda_check = cuda.query(env, runner, remaining, nvml.PACKAGE_PARENT, problems)
+        if cuda_check is not None:
+            cuda_check, found = cuda.check_problems(cuda_check, nvml_gpus, lib_dir,
+                                                    fabric_starts_later)
+            problems.extend(found)
 
     return VerifyReport(
         expected_version=expected_version,
@@ -97,6 +110,7 @@ def verify(
         smi_gpus=smi_gpus,
         fabric_required=fabric_required,
         switches=tuple(switches),
+        cuda=cuda_check,
     )
 
 

@@ -1,7 +1,10 @@
-"""`python -m installer.verify`: the NVML child."""
+"""`python -m installer.verify`: the NVML child; `python -m installer.verify cuda`: the CUDA one."""
 
 import sys
 
-from installer.verify.child import main
+if sys.argv[1:] == ["cuda"]:
+    from installer.verify.cuda_child import main
+else:
+    from installer.verify.child import main
 
 sys.exit(main())

@@ -65,6 +65,11 @@ def _nvml_device(pynvml: Any, index: int) -> dict[str, Any]:
         gpu["persistence_mode"] = "enabled" if mode == pynvml.NVML_FEATURE_ENABLED else "disabled"
     except Exception:  # not supported on this GPU or platform: left unknown
         gpu["persistence_mode"] = None
+    try:  # CUDA sees a GPU in MIG mode only through its instances
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+        gpu["mig_mode"] = "enabled" if current == pynvml.NVML_DEVICE_MIG_ENABLE else "disabled"
+    except Exception:  # no MIG on this GPU (NOT_SUPPORTED), or an NVML without the call
+        gpu["mig_mode"] = None
     return gpu
 
 

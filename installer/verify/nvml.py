@@ -16,7 +16,7 @@ from installer.verify.smi import NVML_SONAME
 # The directory that holds the `installer` package: the child runs from there so that
 # `-m installer.verify` imports this copy whether or not the package is pip-installed,
 # and a stray `pynvml.py` or `installer/` in the caller's cwd cannot shadow it.
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
 def nvml_argv() -> list[str]:
@@ -43,7 +43,7 @@ def query(
     problems: list[str],
 ) -> Optional[tuple[Optional[str], tuple[GpuInfo, ...], Optional[str]]]:
     try:
-        result = runner.run(nvml_argv(), check=False, timeout=timeout, env=env, cwd=_PACKAGE_PARENT)
+        result = runner.run(nvml_argv(), check=False, timeout=timeout, env=env, cwd=PACKAGE_PARENT)
     except (CommandNotFound, CommandFailed) as exc:
         problems.append(f"the NVML check did not run: {exc.message.splitlines()[0]}")
         return None
@@ -85,6 +85,7 @@ def query(
                 fabric_state=_str_or_none((raw.get("fabric") or {}).get("state")),
                 fabric_status=_str_or_none((raw.get("fabric") or {}).get("status")),
                 persistence_mode=_str_or_none(raw.get("persistence_mode")),
+                mig_mode=_str_or_none(raw.get("mig_mode")),
             )
         )
     return str(version), tuple(gpus), library

@@ -5,10 +5,24 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from installer.errors import VerificationFailed
 from installer.runner import Result
+
+
+class CudaAnswer(Protocol):
+    """What the CUDA check found (cuda.CudaCheck): the `cuda` blocks of `verify --json`."""
+
+    @property
+    def passed(self) -> bool: ...  # the kernel ran and compared on every GPU CUDA enumerates
+
+    def for_gpu(self, pci_bus_id: str) -> dict[str, Any]: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+    def summary(self) -> Optional[str]: ...
+
 
 BUS_ID = re.compile(r"^([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
 
@@ -29,6 +43,7 @@ class GpuInfo:
     fabric_state: Optional[str] = field(default=None, compare=False)
     fabric_status: Optional[str] = field(default=None, compare=False)
     persistence_mode: Optional[str] = field(default=None, compare=False)
+    mig_mode: Optional[str] = field(default=None, compare=False)  # "enabled": CUDA sees instances
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,6 +78,7 @@ class VerifyReport:
     smi_gpus: tuple[GpuInfo, ...] = field(default=(), repr=False)
     fabric_required: bool = False  # an NVSwitch node (Fabric Manager must have run)
     switches: tuple[str, ...] = ()
+    cuda: Optional[CudaAnswer] = None  # None: not asked (NVML did not answer) or no answer
 
     @property
     def ok(self) -> bool:
@@ -89,7 +105,9 @@ class VerifyReport:
                 "nvidia_smi": self.smi_driver_version,
             },
             "nvml_library": self.nvml_library,
-            "gpus": [gpu.to_json() for gpu in self.gpus],
+            "gpus": [{**gpu.to_json(), "cuda": self.cuda.for_gpu(gpu.pci_bus_id)
+                      if self.cuda else None} for gpu in self.gpus],
+            "cuda": self.cuda.to_json() if self.cuda else None,
             "fabric": {"required": self.fabric_required, "state": self.fabric,
                        "nvswitches": list(self.switches)},
             "problems": list(self.problems),
@@ -110,11 +128,15 @@ class VerifyReport:
             )
         if self.fabric_required:
             lines.append(f"fabric: {self.fabric} ({len(self.switches)} NVSwitch(es))")
+        cuda_line = self.cuda.summary() if self.cuda is not None else None
+        if cuda_line:
+            lines.append(cuda_line)
         if self.ok:
             version = self.nvml_driver_version or self.smi_driver_version or "?"
             lines.append(
                 f"OK: driver {version} answers through NVML and nvidia-smi "
                 f"with {len(self.gpus)} GPU(s) as planned"
+                + (", and runs a CUDA kernel on each" if self.cuda and self.cuda.passed else "")
             )
         else:
             lines.extend(f"problem: {p}" for p in self.problems)

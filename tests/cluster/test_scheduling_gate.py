@@ -189,7 +189,7 @@ def fake_verify(monkeypatch: pytest.MonkeyPatch, env: Gate, problems: Sequence[s
     while verification ran."""
 
     def verify(*, install_dir: Path, expected_version: str, expected_gpus: list[str],
-               runner: object) -> VerifyReport:
+               runner: object, fabric_starts_later: bool = False) -> VerifyReport:
         if seen is not None:
             seen.append(env.tainted())
         return VerifyReport(expected_version, tuple(expected_gpus), expected_version,

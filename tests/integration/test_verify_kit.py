@@ -92,6 +92,8 @@ def loaded_driver(root: Path, version: str = VERSION) -> Path:
         (sysfs / "device").write_text(f"{device_id}\n")
     (root / "dev").mkdir()
     (root / "dev" / "nvidiactl").write_bytes(b"")  # the libraries only open() it
+    for minor in range(len(GPUS)):
+        (root / "dev" / f"nvidia{minor}").write_bytes(b"")  # libcuda opens each GPU's node
     return root
 
 

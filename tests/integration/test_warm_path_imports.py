@@ -44,6 +44,7 @@ NOT_ON_THE_WARM_PATH = (
     "oras",
     "yaml",
     "pynvml",
+    "ctypes",  # the CUDA check's (verify is not asked again on the warm path)
     "sqlite3",
     "click",  # a bare `installer run` needs no flag parsing, and click is slow to import
 )

@@ -43,13 +43,14 @@ def extract_runfile(version: str, work: Path) -> Path:
 
 
 def install_nvml(extracted: Path, install: Path, version: str) -> Path:
-    """nvidia-smi and the kit's NVML of `version` from an unpacked .run in <install>/bin and
-    lib64, with the soname link `ldconfig -n` makes."""
+    """nvidia-smi and the kit's NVML and CUDA (with its PTX JIT compiler) of `version` from an
+    unpacked .run in <install>/bin and lib64, with the soname links `ldconfig -n` makes."""
     (install / "bin").mkdir(parents=True)
     (install / "lib64").mkdir()
     shutil.copy2(extracted / "nvidia-smi", install / "bin" / "nvidia-smi")
-    library = f"libnvidia-ml.so.{version}"
-    shutil.copy2(extracted / library, install / "lib64" / library)
+    for stem in ("libnvidia-ml", "libcuda", "libnvidia-ptxjitcompiler"):
+        library = f"{stem}.so.{version}"
+        shutil.copy2(extracted / library, install / "lib64" / library)
     ldconfig = shutil.which("ldconfig") or shutil.which("ldconfig", path="/sbin:/usr/sbin")
     if ldconfig is None:
         raise FileNotFoundError("ldconfig is not installed")

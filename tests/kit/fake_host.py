@@ -71,3 +71,5 @@ def write_loaded_driver(
         write_pci_gpu(root / "sys/bus/pci/devices", gpu)
     (root / "dev").mkdir(parents=True, exist_ok=True)
     (root / "dev/nvidiactl").touch()
+    for gpu in gpus:  # libcuda opens each GPU's node (NVML and nvidia-smi only nvidiactl)
+        (root / f"dev/nvidia{gpu.minor}").touch()

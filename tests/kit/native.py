@@ -74,6 +74,7 @@ def compile_library(library: Library, version: str, dest_dir: Path) -> Path:
         "-o",
         str(output),
         *(str(NATIVE_SOURCES / source) for source in library.sources),
+        "-ldl",  # libcuda dlopens the PTX JIT compiler (a separate library before glibc 2.34)
     ]
     subprocess.run(argv, check=True)
     return output

@@ -75,6 +75,14 @@ def nvml_answer(
     )
 
 
+def cuda_answer(buses: Sequence[str] = ("0000:3B:00.0", "0000:5E:00.0"),
+                library: Optional[str] = None) -> str:
+    """What `python -m installer.verify cuda` prints when the kernel ran on every GPU."""
+    return json.dumps({"library": library, "driver_version": 12040, "error": None, "devices": [
+        {"ordinal": i, "name": NAME, "pci_bus_id": bus, "ok": True, "error": None}
+        for i, bus in enumerate(buses)]})
+
+
 @dataclass
 class Call:
     argv: tuple[str, ...]
@@ -86,10 +94,12 @@ class Call:
 
 @dataclass
 class FakeRunner:
-    """Answers by program: argv[0] ending in nvidia-smi, or the python child."""
+    """Answers by program: argv[0] ending in nvidia-smi, or the python child (NVML, or CUDA
+    with its `cuda` argument: by default the kernel ran on both GPUs)."""
 
     smi: Any = None
     nvml: Any = None
+    cuda: Any = (0, cuda_answer())
     calls: list[Call] = field(default_factory=list)
 
     def run(
@@ -106,6 +116,8 @@ class FakeRunner:
         args = tuple(argv)
         self.calls.append(Call(args, check, timeout, dict(env) if env else None, cwd))
         answer = self.smi if args[0].endswith("/nvidia-smi") else self.nvml
+        if args[-1] == "cuda":
+            answer = self.cuda
         if isinstance(answer, BaseException):
             raise answer
         if answer is None:
@@ -156,7 +168,7 @@ def test_runs_install_dir_nvidia_smi_and_one_nvml_child_with_its_libraries(
 
     assert report.ok, report.problems
     lib64 = str(install_dir / "lib64")
-    smi, child = runner.calls
+    smi, child, cuda_child = runner.calls
     assert smi.argv == (
         str(install_dir / "bin" / "nvidia-smi"),
         "--query-gpu=driver_version,name,uuid,pci.bus_id,memory.total",
@@ -171,6 +183,8 @@ def test_runs_install_dir_nvidia_smi_and_one_nvml_child_with_its_libraries(
     assert child.timeout is not None and 1 <= child.timeout <= 30
     # the child imports this very package, whether or not it is pip-installed
     assert child.cwd == str(Path(installer.__file__).resolve().parent.parent)
+    assert cuda_child.argv == (sys.executable, "-m", "installer.verify", "cuda")
+    assert (cuda_child.env, cuda_child.cwd, cuda_child.check) == (child.env, child.cwd, False)
 
 
 def test_report_of_a_good_driver(install_dir: Path) -> None:
@@ -554,6 +568,7 @@ def test_json_shape(install_dir: Path) -> None:
                 "memory_total_mib": 81920,
                 "fabric": {"state": None, "status": None},
                 "persistence_mode": None,
+                "cuda": {"ok": True, "error": None, "name": None, "meaning": None},
             },
             {
                 "index": 1,
@@ -563,8 +578,10 @@ def test_json_shape(install_dir: Path) -> None:
                 "memory_total_mib": 81920,
                 "fabric": {"state": None, "status": None},
                 "persistence_mode": None,
+                "cuda": {"ok": True, "error": None, "name": None, "meaning": None},
             },
         ],
+        "cuda": {"library": None, "ok": True, "failure_expected": False, "error": None},
         "fabric": {"required": False, "state": "not-applicable", "nvswitches": []},
         "problems": [
             "NVML reports driver 550.54.15, expected 550.90.07",
@@ -581,7 +598,8 @@ def test_summary_lines(install_dir: Path) -> None:
     assert good.summary_lines() == [
         f"GPU 0: {NAME} 0000:3b:00.0 {UUIDS[0]} 81920 MiB",
         f"GPU 1: {NAME} 0000:5e:00.0 {UUIDS[1]} 81920 MiB",
-        f"OK: driver {VERSION} answers through NVML and nvidia-smi with 2 GPU(s) as planned",
+        f"OK: driver {VERSION} answers through NVML and nvidia-smi with 2 GPU(s) as planned, "
+        "and runs a CUDA kernel on each",
     ]
     assert bad.summary_lines()[2:] == [
         "problem: NVML reports driver 550.54.15, expected 550.90.07",
@@ -655,6 +673,9 @@ def test_child_queries_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
         "nvmlDeviceGetGpuFabricInfoV": fabric,
         "nvmlDeviceGetPersistenceMode": lambda h: [pynvml.NVML_FEATURE_ENABLED,
                                                    pynvml.NVML_FEATURE_DISABLED][h],
+        # [current, pending], as pynvml returns them
+        "nvmlDeviceGetMigMode": lambda h: [[pynvml.NVML_DEVICE_MIG_ENABLE] * 2,
+                                           [pynvml.NVML_DEVICE_MIG_DISABLE] * 2][h],
     }
     for name, fake in fakes.items():
         monkeypatch.setattr(pynvml, name, fake)
@@ -674,6 +695,7 @@ def test_child_queries_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
             "error": None,
             "fabric": {"state": "completed", "status": "success"},
             "persistence_mode": "enabled",
+            "mig_mode": "enabled",
         },
         {
             "index": 1,
@@ -684,6 +706,7 @@ def test_child_queries_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
             "error": None,
             "fabric": {"state": "in-progress", "status": "success"},
             "persistence_mode": "disabled",
+            "mig_mode": "disabled",
         },
     ]
 

@@ -423,6 +423,11 @@ def test_an_nvswitch_node_is_verified_only_once_fabric_manager_runs(boots: Boots
                                 "nvswitches": ["0000:00:08.0", "0000:00:09.0"]}
     assert before["gpus"][0]["fabric"] == {"state": "not-started", "status": "success"}
     assert "Fabric Manager has not configured the NVSwitches" in before["problems"][0]
+    # The kit's libcuda in the guest answers cuInit with 802 while the fabric is not registered.
+    assert before["gpus"][0]["cuda"]["name"] == "CUDA_ERROR_SYSTEM_NOT_READY"
+    assert before["gpus"][0]["cuda"]["error"] == 802
+    assert before["problems"][-1].startswith(
+        "CUDA cuInit failed: CUDA_ERROR_SYSTEM_NOT_READY (802): system not yet initialized")
 
     report = _report(second.section("fabric-pod"))
     assert report["init"][0]["exit_code"] == 0, report["init"][0]["log"]
@@ -434,6 +439,9 @@ def test_an_nvswitch_node_is_verified_only_once_fabric_manager_runs(boots: Boots
     assert after["ok"] and after["fabric"]["state"] == "completed"
     assert [g["fabric"] for g in after["gpus"]] == [{"state": "completed", "status": "success"}]
     assert [g["persistence_mode"] for g in after["gpus"]] == ["enabled"]
+    assert [g["cuda"] for g in after["gpus"]] == [
+        {"ok": True, "error": None, "name": None, "meaning": None}]  # the kernel ran
+    assert after["cuda"]["library"].endswith(f"/libcuda.so.{B}")
     markers = second.section("fabric-markers").splitlines()
     assert f"DRIVER_VERSION={B}" in markers and "FABRIC=completed" in markers
     assert "PERSISTENCE_MODE=enabled" in markers
