@@ -81,9 +81,10 @@ def _run(config: Config, runner: Runner,
 
 
 def _execute(config: Config, layout: Layout, plan: Plan,
-             done: list[pipeline.StepOutcome]) -> list[pipeline.StepOutcome]:
+             done: list[pipeline.StepOutcome] | None = None) -> list[pipeline.StepOutcome]:
     from dataclasses import replace
 
+    done = [] if done is None else done
     # The node is given back (restored, uncordoned) before the next kernel's modules
     # are prepared.
     install, after = nextkernel.split_steps(plan.steps)
