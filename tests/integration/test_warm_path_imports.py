@@ -45,6 +45,8 @@ NOT_ON_THE_WARM_PATH = (
     "yaml",
     "pynvml",
     "sqlite3",
+    "installer.metrics",  # `installer metrics` and the Prometheus client: a container's own
+    "prometheus_client",
     "click",  # a bare `installer run` needs no flag parsing, and click is slow to import
 )
 
