@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from deploy.manifests import (
+    CRD_GROUPS,
     DAEMONSET_DIR,
     K8S_VERSIONS,
     POLICY_KINDS,
@@ -19,6 +20,7 @@ from deploy.manifests import (
     READY_DIR,
     READY_FILE,
     REPO,
+    SIDECAR_MIN_VERSION,
     container_env,
     installer_container,
     installer_daemonset,
@@ -38,7 +40,16 @@ def _validate(doc: dict[str, Any], version: str) -> None:
     # strict: unknown fields (a typo such as `tolerations` under a container) are errors too.
     if doc.get("kind") in POLICY_KINDS and _older(version, POLICY_MIN_VERSION):
         version = POLICY_MIN_VERSION  # the upgrade protocol's policy needs Kubernetes >= 1.30
+    if str(doc.get("apiVersion", "")).startswith(CRD_GROUPS):
+        return
+    if _has_sidecar(doc) and _older(version, SIDECAR_MIN_VERSION):
+        version = SIDECAR_MIN_VERSION
     kubernetes_validate.validate(doc, version, strict=True)
+
+
+def _has_sidecar(doc: dict[str, Any]) -> bool:
+    spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+    return any(c.get("restartPolicy") == "Always" for c in spec.get("initContainers", []))
 
 
 def _older(a: str, b: str) -> bool:
