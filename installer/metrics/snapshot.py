@@ -3,6 +3,7 @@ on a scrape: the GPUs' fabric state and persistence mode are asked at most once 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -13,9 +14,12 @@ from installer import outcome, state
 from installer.components import names as component_names
 from installer.components.supervisor import read_restarts
 from installer.config import Config
+from installer.errors import InstallerError
 from installer.host import readiness
 from installer.hostroot import HostRoot
 from installer.layout import Layout
+
+log = logging.getLogger(__name__)
 
 # A GPU as the metrics need it: its PCI address, UUID, fabric state, fabric status, persistence.
 GpuState = tuple[str, str, Optional[str], Optional[str], Optional[str]]
@@ -85,7 +89,8 @@ def take(config: Config, root: HostRoot, layout: Layout, gpus: CachedGpus) -> Sn
     fabric_required, _switches = components.fabric_required(root)
     try:
         upcoming = nextkernel.status(config, root, layout, record)
-    except (OSError, ValueError):
+    except (InstallerError, OSError, ValueError) as exc:  # the other metrics still answer
+        log.warning("metrics: the next kernel's state is unknown: %s", exc)
         upcoming = {}
     return Snapshot(
         driver_ready=driver_ready,

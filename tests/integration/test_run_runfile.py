@@ -289,7 +289,12 @@ def test_a_run_of_another_version_changes_nothing_and_is_dropped_from_the_cache(
     after = tree_snapshot(root)
     cache = str((inst / "cache").relative_to(root))
     changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
-    assert all(p.startswith(cache) or p.endswith(".installer.lock") for p in changed), changed
+    # Besides the cache and the lock, only the runs' outcome record (a report, not the install)
+    # and so the install dir's own entry.
+    assert all(p.startswith(cache) or p.endswith((".installer.lock", "/last-run.json"))
+               or p == str(inst.relative_to(root)) for p in changed), changed
+    last = json.loads((inst / "last-run.json").read_text())
+    assert (last["error"], last["failures"]) == ("runfile-mismatch", {"runfile-mismatch": 2})
     assert not list((inst / "cache/downloads").glob(f"*{B}*"))
     assert not (inst / "cache/extracted" / B).exists()
     assert os.readlink(inst / "current") == f"versions/{A}"
