@@ -5,7 +5,10 @@ PrometheusRule's alerts (their behaviour: tests/integration/test_metrics_prometh
 
 from __future__ import annotations
 
+import functools
 from typing import Any
+
+import yaml
 
 from deploy.manifests import (
     DAEMONSET_DIR,
@@ -21,8 +24,14 @@ from installer.layout import READY_FILE
 OVERLAY = DAEMONSET_DIR / "overlays" / "metrics"
 
 
+@functools.lru_cache(maxsize=1)
+def _rendered() -> str:
+    return yaml.safe_dump_all(render(OVERLAY))
+
+
 def rendered() -> list[dict[str, Any]]:
-    return render(OVERLAY)
+    """The overlay rendered once for the file (a fresh copy each call)."""
+    return list(yaml.safe_load_all(_rendered()))
 
 
 def of_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
