@@ -174,6 +174,7 @@ def status(config: Config) -> dict[str, Any]:
         "ready_file": str(READY_FILE),
         "next_kernel": nextkernel.status(config, root, layout, record),
         "daemons": _daemons(root),  # Fabric Manager, persistenced
+        "last_run": outcome.read(outcome.outcome_path(layout.install_local)),
     }
 
 

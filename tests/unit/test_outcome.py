@@ -108,3 +108,4 @@ def test_a_refused_run_is_recorded_where_the_install_dir_exists(tmp_path: Path) 
     assert (record["outcome"], record["error"]) == ("failure", "no-nvidia-gpu")
     assert record["failures"] == {"no-nvidia-gpu": 2}
     assert sorted(os.listdir(install)) == ["last-run.json"]  # no lock: refused before it
+    assert app.status(config)["last_run"] == record  # what `installer status` shows
