@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from installer import host, nextkernel, pipeline, planner, state
+from installer import host, nextkernel, outcome, pipeline, planner, state
 from installer.cluster import upgrade_gate
 from installer.config import Config
 from installer.errors import InstallerError
@@ -37,9 +38,30 @@ def build_plan(config: Config, runner: Runner | None = None) -> Plan:
 
 
 def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutcome]:
-    """Install (or confirm) the planned driver under the host lock."""
+    """Install (or confirm) the planned driver under the host lock. Every run, success or
+    failure, leaves its outcome in the install dir (outcome.py; the metrics read it)."""
+    progress = outcome.Progress()
+    try:
+        outcomes = _run(config, runner or SubprocessRunner(), progress)
+    except Exception as error:
+        if progress.install_dir is None:
+            progress.install_dir = _install_dir(config)
+        outcome.record_run(progress, error)
+        raise
+    outcome.record_run(progress, None)
+    return outcomes
+
+
+def _install_dir(config: Config) -> Path | None:
+    try:
+        return Layout.from_config(config, HostRoot(config.root)).install_local
+    except (InstallerError, OSError):
+        return None
+
+
+def _run(config: Config, runner: Runner,
+         progress: outcome.Progress) -> list[pipeline.StepOutcome]:
     started = time.monotonic()
-    runner = runner or SubprocessRunner()
     # The node's condition and Events (NVIDIA_INSTALLER_CLUSTER_SIGNALS), told every outcome;
     # with the signals off the cluster client is never imported.
     told = _told(config)
@@ -48,15 +70,17 @@ def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutco
         # read-only plan, before the install dir or its lock exist.
         # Every step probes the host again when it runs, so the plan stays valid under the lock.
         plan = build_plan(config, runner)
-        planner.require_go_ahead(plan)
         layout = plan.context.layout
+        progress.install_dir, progress.target = layout.install_local, plan.context.target
+        progress.steps = [step.name for step in plan.steps]
+        planner.require_go_ahead(plan)
         layout.install_local.mkdir(parents=True, exist_ok=True)
         with state.HostLock(layout.lock_file, config.lock_timeout):
             for decision in plan.decisions:
                 log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
             if told:
                 told.started(plan.context.target)
-            outcomes = _execute(config, layout, plan)
+            outcomes = _execute(config, layout, plan, progress.done)
     except InstallerError as error:
         if told:
             told.failed(error)
@@ -79,9 +103,11 @@ def _told(config: Config) -> Told | None:
     return signals.Told(config)
 
 
-def _execute(config: Config, layout: Layout, plan: Plan) -> list[pipeline.StepOutcome]:
+def _execute(config: Config, layout: Layout, plan: Plan,
+             done: list[pipeline.StepOutcome] | None = None) -> list[pipeline.StepOutcome]:
     from dataclasses import replace
 
+    done = [] if done is None else done
     # The node is given back (restored, uncordoned) before the next kernel's modules
     # are prepared.
     install, after = nextkernel.split_steps(plan.steps)
@@ -89,12 +115,15 @@ def _execute(config: Config, layout: Layout, plan: Plan) -> list[pipeline.StepOu
     # left it mid-upgrade and the protocol is off now, so no node stays cordoned for good.
     gate = upgrade_gate.of(plan.context)
     try:
-        outcomes = pipeline.execute(replace(plan, steps=install))
+        outcomes = pipeline.execute(replace(plan, steps=install), done)
     except InstallerError as error:
         gate.failed(config, layout, error)
         raise
     gate.finished(config, layout)
-    return outcomes + [pipeline.run_step(step) for step in after]
+    for step in after:
+        done.append(pipeline.run_step(step))
+        outcomes.append(done[-1])
+    return outcomes
 
 
 def describe_plan(plan: Plan) -> list[str]:
@@ -168,6 +197,7 @@ def status(config: Config) -> dict[str, Any]:
         "ready_file": str(READY_FILE),
         "next_kernel": nextkernel.status(config, root, layout, record),
         "daemons": _daemons(root),  # Fabric Manager, persistenced
+        "last_run": outcome.read(outcome.outcome_path(layout.install_local)),
     }
 
 
@@ -230,7 +260,8 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
         if left:
             log.warning("%s", left)
         for name in ("bin", "lib64", "drivers", "current", "versions", "cache", "state.json",
-                     ".cache", "nvidia-installer.log", "nvidia-installer-build.log"):
+                     outcome.OUTCOME_FILE, ".cache", "nvidia-installer.log",
+                     "nvidia-installer-build.log"):
             path = layout.install_local / name
             if path.exists() or path.is_symlink():
                 remove_tree(path)

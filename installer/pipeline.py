@@ -18,11 +18,14 @@ class StepOutcome(NamedTuple):
     seconds: float
 
 
-def execute(plan: Plan) -> list[StepOutcome]:
-    """Apply every unsatisfied step in order. Raises the first step's error."""
+def execute(plan: Plan, done: list[StepOutcome] | None = None) -> list[StepOutcome]:
+    """Apply every unsatisfied step in order. Raises the first step's error; `done`, when
+    given, holds each finished step's outcome by then (the run's outcome record reads it)."""
     outcomes = []
     for step in plan.steps:
         outcomes.append(run_step(step))
+        if done is not None:
+            done.append(outcomes[-1])
     return outcomes
 
 

@@ -28,6 +28,7 @@ ONLY_IN = {
     "pynvml": "verify/",
     "click": "cli/",
     "yaml": "cluster/",
+    "prometheus_client": "metrics/",
 }
 
 

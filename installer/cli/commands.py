@@ -212,6 +212,21 @@ def gate(**options: Any) -> None:
     app.serve_gate(config)
 
 
+@cli.command()
+@click.option("--listen", default=":9402", show_default=True,
+              help="[host]:port to serve /metrics on (`:PORT`: every address).")
+@click.option("--nvml-interval", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds between NVML questions (fabric state, persistence mode).")
+@settings_options
+def metrics(listen: str, nvml_interval: float, **options: Any) -> None:
+    """Serve Prometheus metrics of this node's driver (the metrics container): ready, version,
+    install time by phase, failures by reference, fabric, daemons, the next kernel."""
+    from installer import metrics as exporter
+
+    config = make_config(options)
+    exporter.serve(config, listen, nvml_interval)
+
+
 def main(args: list[str]) -> None:
     """Run the command `args` name; click's usage errors and an interrupt exit here."""
     try:

@@ -74,6 +74,18 @@ def ready_file(name: str) -> PurePosixPath:
     return readiness.component_file(name)
 
 
+def restarts_file(name: str) -> PurePosixPath:
+    """How many times `name`'s daemon died and was started again on this boot (/run is a
+    tmpfs): the container's own count resets when it restarts, this one does not (the metrics
+    container reads it)."""
+    return READY_FILE.parent / f"{name}-restarts"
+
+
+def read_restarts(root: HostRoot, name: str) -> int:
+    text = (root.read_text(restarts_file(name)) or "").strip()
+    return int(text) if text.isdigit() else 0
+
+
 class Running(Protocol):
     """A started daemon."""
 
@@ -167,6 +179,8 @@ class Supervisor:
                     running, ready = None, False
                     self._clear(marker)
                     failures.append(self.clock())
+                    self.root.write_atomic(restarts_file(name),
+                                           f"{read_restarts(self.root, name) + 1}\n")
                     if len(failures) > self.restarts:
                         raise self.daemon.failed(
                             f"{name} exited {len(failures)} times within "

@@ -1,8 +1,8 @@
 """The error hierarchy: every known failure has a stable reference, a hint and an exit code.
 
 One module per room of the installer (refusals, delivery, build, host, packages, commands,
-cluster, components); this door exports every class, so callers import from `installer.errors`
-only. A new error: its class in the room's module, its name here."""
+cluster, components, metrics); this door exports every class, so callers import from
+`installer.errors` only. A new error: its class in the room's module, its name here."""
 
 from __future__ import annotations
 
@@ -66,6 +66,11 @@ from installer.errors.host import (
     SecureBootKeysMissing,
     VerificationFailed,
 )
+from installer.errors.metrics import (
+    MetricsClientMissing,
+    MetricsListenInvalid,
+    MetricsPortUnavailable,
+)
 from installer.errors.packages import (
     DkmsUnavailable,
     HostRepoInsecure,
@@ -126,6 +131,9 @@ __all__ = [
     "KernelHeadersMissing",
     "KubeconfigInvalid",
     "LockTimeout",
+    "MetricsClientMissing",
+    "MetricsListenInvalid",
+    "MetricsPortUnavailable",
     "ModuleBuildFailed",
     "ModuleLoadFailed",
     "ModuleMetadataMissing",

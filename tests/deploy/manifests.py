@@ -30,6 +30,12 @@ K8S_VERSIONS = ("1.25.0", "1.37.0")
 # ValidatingAdmissionPolicy v1 (and the token's node claim it reads) exist from 1.30 on.
 POLICY_MIN_VERSION = "1.30.0"
 POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+# Native sidecars (an initContainer with restartPolicy: Always: the metrics container) exist
+# from 1.29 on.
+SIDECAR_MIN_VERSION = "1.29.0"
+# The Prometheus Operator's CRDs (components/metrics) have no schema in kubernetes-validate:
+# tests/deploy/test_metrics_manifests.py checks them, promtool the rules.
+CRD_GROUPS = ("monitoring.coreos.com/",)
 
 
 def need_tool(name: str, install_hint: str) -> str:

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from deploy.manifests import (
+    CRD_GROUPS,
     DAEMONSET_DIR,
     K8S_VERSIONS,
     POLICY_KINDS,
@@ -19,6 +20,7 @@ from deploy.manifests import (
     READY_DIR,
     READY_FILE,
     REPO,
+    SIDECAR_MIN_VERSION,
     container_env,
     installer_container,
     installer_daemonset,
@@ -38,7 +40,16 @@ def _validate(doc: dict[str, Any], version: str) -> None:
     # strict: unknown fields (a typo such as `tolerations` under a container) are errors too.
     if doc.get("kind") in POLICY_KINDS and _older(version, POLICY_MIN_VERSION):
         version = POLICY_MIN_VERSION  # the upgrade protocol's policy needs Kubernetes >= 1.30
+    if str(doc.get("apiVersion", "")).startswith(CRD_GROUPS):
+        return
+    if _has_sidecar(doc) and _older(version, SIDECAR_MIN_VERSION):
+        version = SIDECAR_MIN_VERSION
     kubernetes_validate.validate(doc, version, strict=True)
+
+
+def _has_sidecar(doc: dict[str, Any]) -> bool:
+    spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+    return any(c.get("restartPolicy") == "Always" for c in spec.get("initContainers", []))
 
 
 def _older(a: str, b: str) -> bool:
@@ -233,6 +244,8 @@ def test_pinned_driver_version_is_an_lts_release_in_the_shipped_catalog() -> Non
 
 def test_manifests_parse_as_plain_yaml_without_tabs() -> None:
     for path in DAEMONSET_DIR.rglob("*.yaml"):
+        if path.parent == DAEMONSET_DIR / "templates":
+            continue  # the Helm chart's templates (tests/deploy/test_helm_chart.py)
         text = path.read_text(encoding="utf-8")
         assert "\t" not in text, path
         list(yaml.safe_load_all(text))

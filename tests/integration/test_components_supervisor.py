@@ -26,7 +26,9 @@ from installer.components.supervisor import (
     Idle,
     Running,
     Supervisor,
+    read_restarts,
     ready_file,
+    restarts_file,
 )
 from installer.config import from_env
 from installer.errors import FabricManagerFailed, InstallerError
@@ -167,6 +169,11 @@ def test_a_dying_daemon_is_restarted_with_backoff_then_given_up(tmp_path: Path) 
     assert gaps[0] >= 0.2 and gaps[1] >= 0.4, gaps  # 0.2 s, then doubled
     assert time.monotonic() - started < 10
     assert not root.local(ready_file("fakedaemon")).exists()
+    # Each death counted where the metrics container reads it (and a new container adds on).
+    assert read_restarts(root, "fakedaemon") == 3
+    with pytest.raises(FabricManagerFailed):
+        Supervisor(daemon, root, restarts=0, poll=0.02).run()
+    assert root.local(restarts_file("fakedaemon")).read_text() == "4\n"
 
 
 def test_a_running_daemon_is_marked_ready_and_stopped_with_sigterm(tmp_path: Path) -> None:

@@ -138,6 +138,13 @@ def test_cold_install_produces_the_gke_layout(host: tuple[Path, str], served: An
     assert (inst / ".cache").read_text() == (
         f"CACHE_KERNEL_VERSION={kernel}\nCACHE_NVIDIA_DRIVER_VERSION={A}\n"
     )
+    # The run's outcome (what `installer metrics` reads): compiled, each applied step timed.
+    last = json.loads((inst / "last-run.json").read_text())
+    assert (last["outcome"], last["error"], last["modules"]) == ("success", "", "compiled")
+    assert (last["version"], last["kernel"], last["source"]) == (A, kernel, "runfile")
+    assert {"fetch-runfile", "build-modules", "activate-install"} <= set(
+        last["phases"])
+    assert last["failures"] == {}
     # Nothing outside the install dir but the drop-in, the ld cache, modules and firmware.
     touched = {
         path
@@ -282,7 +289,12 @@ def test_a_run_of_another_version_changes_nothing_and_is_dropped_from_the_cache(
     after = tree_snapshot(root)
     cache = str((inst / "cache").relative_to(root))
     changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
-    assert all(p.startswith(cache) or p.endswith(".installer.lock") for p in changed), changed
+    # Besides the cache and the lock, only the runs' outcome record (a report, not the install)
+    # and so the install dir's own entry.
+    assert all(p.startswith(cache) or p.endswith((".installer.lock", "/last-run.json"))
+               or p == str(inst.relative_to(root)) for p in changed), changed
+    last = json.loads((inst / "last-run.json").read_text())
+    assert (last["error"], last["failures"]) == ("runfile-mismatch", {"runfile-mismatch": 2})
     assert not list((inst / "cache/downloads").glob(f"*{B}*"))
     assert not (inst / "cache/extracted" / B).exists()
     assert os.readlink(inst / "current") == f"versions/{A}"
@@ -326,6 +338,10 @@ def test_compile_failure_shows_the_compilers_last_lines(
         (install_dir(root) / "cache/modules/570.195.03").rglob("*.ko")
     )
     assert not (install_dir(root) / "current").exists()
+    last = json.loads((install_dir(root) / "last-run.json").read_text())
+    assert (last["outcome"], last["error"], last["failed_step"]) == (
+        "failure", "module-build-failed", "build-modules")
+    assert last["failures"] == {"module-build-failed": 1}
 
 
 def test_secure_boot_without_keys_fails_before_any_download(tmp_path: Path, served: Any) -> None:

@@ -46,6 +46,8 @@ NOT_ON_THE_WARM_PATH = (
     "pynvml",
     "ctypes",  # the CUDA check's (verify is not asked again on the warm path)
     "sqlite3",
+    "installer.metrics",  # `installer metrics` and the Prometheus client: a container's own
+    "prometheus_client",
     "click",  # a bare `installer run` needs no flag parsing, and click is slow to import
 )
 

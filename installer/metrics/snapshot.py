@@ -1,0 +1,110 @@
+"""What the metrics say, read from the files the installer and its containers write (no NVML
+on a scrape: the GPUs' fabric state and persistence mode are asked at most once a minute)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from installer import outcome, state
+from installer.components import names as component_names
+from installer.components.supervisor import read_restarts
+from installer.config import Config
+from installer.errors import InstallerError
+from installer.host import readiness
+from installer.hostroot import HostRoot
+from installer.layout import Layout
+
+log = logging.getLogger(__name__)
+
+# A GPU as the metrics need it: its PCI address, UUID, fabric state, fabric status, persistence.
+GpuState = tuple[str, str, Optional[str], Optional[str], Optional[str]]
+GpuReader = Callable[[], Sequence[GpuState]]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One scrape's worth of facts about this node."""
+
+    driver_ready: bool
+    node_ready: bool
+    installed: Optional[state.InstallRecord]
+    last_run: dict[str, Any]
+    daemons: dict[str, dict[str, str]]  # component -> its readiness file's values (or {})
+    restarts: dict[str, int]
+    fabric_required: bool
+    gpus: tuple[GpuState, ...]
+    next_kernel: dict[str, Any] = field(default_factory=dict)
+
+
+class CachedGpus:
+    """The GPUs' NVML answers, asked again only after `interval` seconds (a child process with
+    the driver's libraries each time), and only while the driver is verified and loaded."""
+
+    def __init__(self, ask: GpuReader, interval: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ask, self.interval, self.clock = ask, interval, clock
+        self.asked_at: Optional[float] = None
+        self.gpus: tuple[GpuState, ...] = ()
+        self.lock = threading.Lock()
+
+    def get(self, driver_ready: bool) -> tuple[GpuState, ...]:
+        with self.lock:
+            if not driver_ready:
+                self.asked_at, self.gpus = None, ()
+                return ()
+            now = self.clock()
+            if self.asked_at is None or now - self.asked_at >= self.interval:
+                self.gpus, self.asked_at = tuple(self.ask()), now
+            return self.gpus
+
+
+def nvml_reader(layout: Layout, runner: Any) -> GpuReader:
+    """Ask NVML through the verify child (the only room that loads it)."""
+
+    def ask() -> Sequence[GpuState]:
+        from installer import verify
+
+        gpus, _problems = verify.nvml_gpus(layout.install_local, runner)
+        return [(g.pci_bus_id, g.uuid, g.fabric_state, g.fabric_status, g.persistence_mode)
+                for g in gpus]
+
+    return ask
+
+
+def take(config: Config, root: HostRoot, layout: Layout, gpus: CachedGpus) -> Snapshot:
+    """Read the node's files once. Read-only; raises nothing a host can cause (a missing or
+    broken file reads as absent)."""
+    from installer import components, nextkernel
+
+    names = component_names()
+    driver_ready = not readiness.driver_pending(root)
+    node_ready = driver_ready and not readiness.pending(root, names)
+    record = state.read_record(layout.state_file)
+    daemons = {name: readiness_values(root, name) for name in names}
+    fabric_required, _switches = components.fabric_required(root)
+    try:
+        upcoming = nextkernel.status(config, root, layout, record)
+    except (InstallerError, OSError, ValueError) as exc:  # the other metrics still answer
+        log.warning("metrics: the next kernel's state is unknown: %s", exc)
+        upcoming = {}
+    return Snapshot(
+        driver_ready=driver_ready,
+        node_ready=node_ready,
+        installed=record,
+        last_run=outcome.read(outcome.outcome_path(layout.install_local)) or {},
+        daemons=daemons,
+        restarts={name: read_restarts(root, name) for name in names},
+        fabric_required=fabric_required,
+        gpus=gpus.get(driver_ready),
+        next_kernel=upcoming,
+    )
+
+
+def readiness_values(root: HostRoot, name: str) -> dict[str, str]:
+    text = root.read_text(readiness.component_file(name)) or ""
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
