@@ -235,7 +235,7 @@ def test_a_node_left_mid_upgrade_is_restored_with_the_protocol_switched_off(
     make_room(env, on)  # then the run is killed, and the operator turns the protocol off
     off = env.config(NVIDIA_INSTALLER_UPGRADE_PROTOCOL="false")
     layout = env.layout(off)
-    monkeypatch.setattr(app.pipeline, "execute", lambda plan: [])  # the install itself
+    monkeypatch.setattr(app.pipeline, "execute", lambda plan, done=None: [])  # the install itself
 
     app._execute(off, layout, plan=no_steps(env, off))
 
@@ -254,7 +254,7 @@ def test_without_node_name_a_node_left_mid_upgrade_is_an_error_not_forgotten(
 ) -> None:
     make_room(env, env.config())
     off = env.config(NVIDIA_INSTALLER_UPGRADE_PROTOCOL="false", NODE_NAME="")
-    monkeypatch.setattr(app.pipeline, "execute", lambda plan: [])
+    monkeypatch.setattr(app.pipeline, "execute", lambda plan, done=None: [])
     with pytest.raises(ClusterApiUnavailable, match="NODE_NAME is unset: cannot restore it"):
         app._execute(off, env.layout(off), plan=no_steps(env, off))
     assert env.node()["spec"]["unschedulable"] is True
