@@ -35,6 +35,7 @@ def verify(
     timeout: float = 60,
     fabric_required: bool = False,
     switches: Sequence[str] = (),
+    arch: str = "",
 ) -> VerifyReport:
     """Asks the installed nvidia-smi and NVML (in a child process) about the loaded driver.
 
@@ -97,6 +98,7 @@ def verify(
         smi_gpus=smi_gpus,
         fabric_required=fabric_required,
         switches=tuple(switches),
+        arch=arch,
     )
 
 

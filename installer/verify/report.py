@@ -63,6 +63,7 @@ class VerifyReport:
     smi_gpus: tuple[GpuInfo, ...] = field(default=(), repr=False)
     fabric_required: bool = False  # an NVSwitch node (Fabric Manager must have run)
     switches: tuple[str, ...] = ()
+    arch: str = ""  # the host's machine (x86_64, aarch64): which .run and user space it takes
 
     @property
     def ok(self) -> bool:
@@ -82,6 +83,7 @@ class VerifyReport:
         """The `installer verify --json` document."""
         return {
             "ok": self.ok,
+            "architecture": self.arch or None,
             "expected_version": self.expected_version,
             "expected_gpus": list(self.expected_gpus),
             "driver_version": {

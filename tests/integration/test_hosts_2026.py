@@ -8,6 +8,7 @@ kernel are refused before anything changes."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -345,3 +346,15 @@ def test_a_590_driver_on_a_64k_kernel_is_refused_unless_accepted(tmp_path: Path)
     assert not (root / INSTALL_DIR_HOST.lstrip("/")).exists()
     accepted = lines(run_installer({**env, "NVIDIA_ALLOW_64K_PAGE_RISK": "true"}, "plan").stdout)
     assert "installs anyway (NVIDIA_ALLOW_64K_PAGE_RISK=true)" in accepted["page-size"][1]
+
+
+def test_verify_json_reports_the_hosts_architecture(tmp_path: Path) -> None:
+    """A Grace node (kernel.arch aarch64 under the host root) before any driver: the report
+    says which architecture it checked, beside what is missing."""
+    host = HOSTS["rhel9-64k"]
+    root = pose_host(tmp_path / "host", host.distro, host.kernel, host.arch, host.proc_version)
+    result = run_installer(env_for(root, host), "verify", "--json")
+    assert result.returncode == 40, result.stderr[-2000:]
+    document = json.loads(result.stdout)
+    assert document["architecture"] == "aarch64"
+    assert document["ok"] is False and document["problems"]
