@@ -9,28 +9,15 @@ import shutil
 from pathlib import Path
 
 from lib.headerrepos import KEY_NAME, Key, build_deb, run, stop_agent
-from lib.hosttrees import write_os_release, write_osrelease_kernel
+from lib.hosttrees import write_known_os_release, write_osrelease_kernel
 
-# (ID, VERSION_ID, PRETTY_NAME, VERSION_CODENAME) as each release's os-release has them.
-OS_RELEASES_2026: dict[str, tuple[str, str, str, str]] = {
-    "ubuntu-24.04": ("ubuntu", "24.04", "Ubuntu 24.04.3 LTS", "noble"),
-    "ubuntu-26.04": ("ubuntu", "26.04", "Ubuntu 26.04 LTS", "resolute"),
-    "ol-8": ("ol", "8.10", "Oracle Linux Server 8.10", ""),
-    "ol-9": ("ol", "9.6", "Oracle Linux Server 9.6", ""),
-    "ol-10": ("ol", "10.0", "Oracle Linux Server 10.0", ""),
-    "amzn-2023": ("amzn", "2023", "Amazon Linux 2023.9.20251117", ""),
-    "rhel-9": ("rhel", "9.5", "Red Hat Enterprise Linux 9.5 (Plow)", ""),
-    "rhel-10": ("rhel", "10.0", "Red Hat Enterprise Linux 10.0 (Coughlan)", ""),
-    "rocky-10": ("rocky", "10.0", "Rocky Linux 10.0 (Red Quartz)", ""),
-}
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
 def pose_host(root: Path, distro: str, kernel: str, arch: str, proc_version: str) -> Path:
     """A node of `distro` running `kernel` on `arch`: os-release, the kernel's release and
     machine (kernel.osrelease and kernel.arch under /proc/sys), /proc/version."""
-    distro_id, version_id, pretty, codename = OS_RELEASES_2026[distro]
-    write_os_release(root, distro_id, version_id, pretty_name=pretty, codename=codename)
+    write_known_os_release(root, distro)
     write_osrelease_kernel(root, kernel)
     (root / "proc/sys/kernel/arch").write_text(f"{arch}\n")
     (root / "proc/version").write_text(proc_version)

@@ -7,10 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from lib.dnfplans import add_repo_file, decision, plan_for
+from lib.fakes import FakeRunner
 from lib.hosttrees import make_host, write_os_release
 
 from installer import distros, host
-from installer.errors import UnsupportedDistro
+from installer.errors import ConfigError, UnsupportedDistro
 from installer.headers import compiler
 from installer.host.pagesize import from_config, kernel_page_size
 from installer.hostroot import HostRoot
@@ -136,3 +138,30 @@ def test_the_hosts_machine_is_read_under_its_root(tmp_path: Path) -> None:
 def test_the_dnf_source_installs_the_kernels_own_devel_package(
         kernel: str, packages: list[str]) -> None:
     assert dnf_commands.kernel_packages(kernel) == packages
+
+
+UEK = "6.12.0-105.51.5.el9uek.x86_64"
+
+
+def test_oracle_with_nvidias_rhel_repo_gets_the_dnf_source_and_uek_devel(
+        tmp_path: Path) -> None:
+    add_repo_file(tmp_path)
+    plan = plan_for(tmp_path, FakeRunner(), distro="ol-9", kernel=UEK,
+                    NVIDIA_DRIVER_VERSION="580", NVIDIA_KERNEL_MODULE_TYPE="open")
+    assert decision(plan, "source")[0] == "dnf"
+    assert "module streams" in decision(plan, "source")[1]
+    assert decision(plan, "kernel-headers")[0] == f"kernel-uek-devel-{UEK}"
+    assert decision(plan, "dnf-stream")[0] == "nvidia-driver:580-open"
+    assert decision(plan, "image-tag")[0] == "rocky9"
+
+
+def test_amazon_linux_keeps_the_runfile_even_with_a_cuda_repo(tmp_path: Path) -> None:
+    add_repo_file(tmp_path, "cuda-amzn2023.repo")
+    kernel = "6.1.147-172.266.amzn2023.x86_64"
+    plan = plan_for(tmp_path, FakeRunner(), distro="amzn-2023", kernel=kernel,
+                    NVIDIA_DRIVER_VERSION="580.105.08")
+    assert decision(plan, "source")[0] == "runfile"
+    assert decision(plan, "headers-package")[0] == f"kernel-devel-{kernel}"
+    with pytest.raises(ConfigError, match="this host is Amazon Linux 2023"):
+        plan_for(tmp_path / "forced", FakeRunner(), distro="amzn-2023", kernel=kernel,
+                 NVIDIA_DRIVER_SOURCE="dnf")
