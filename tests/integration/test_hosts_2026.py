@@ -358,3 +358,20 @@ def test_verify_json_reports_the_hosts_architecture(tmp_path: Path) -> None:
     document = json.loads(result.stdout)
     assert document["architecture"] == "aarch64"
     assert document["ok"] is False and document["problems"]
+
+
+def test_a_2604_node_in_another_image_stops_before_any_download(archive: Any,
+                                                                tmp_path: Path) -> None:
+    """`installer run` on Ubuntu 26.04 from an image without gcc-15 (this machine's gcc 12):
+    the kernel's compiler is known from /proc/version, so the run stops at check-compiler
+    naming the ubuntu26.04 image, before fetching headers or the driver."""
+    base, key, requests = archive
+    host = HOSTS["resolute-generic"]
+    root = posed(tmp_path, host, base, key)
+    requests.clear()
+    result = run_installer(env_for(root, host, NVIDIA_DRIVER_MIRRORS=f"{base}/runfiles",
+                                   NVIDIA_INSTALLER_ALLOW_NO_GPU="true"), "run")
+    assert result.returncode == 43, result.stderr[-3000:]
+    assert "error[compiler-missing]" in result.stderr
+    assert "Compiler gcc-15: use the installer image tag ubuntu26.04" in result.stderr
+    assert requests == []
