@@ -152,7 +152,7 @@ class Config:
         switch=True,
     )
     allow_64k_page_risk: bool = setting(
-        "NVIDIA_ALLOW_64K_PAGE_RISK", "false", parse.switch,
+        "NVIDIA_INSTALLER_ALLOW_64K_PAGE_RISK", "false", parse.switch,
         "Install a 590.44.01 or later driver on a 64k-page arm64 kernel although those fault "
         "(Xid 31) on GPU mappings of 4 GiB or more (open-gpu-kernel-modules #1269).",
         switch=True,

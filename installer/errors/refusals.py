@@ -97,6 +97,6 @@ class PageSizeRisk(InstallerError):
     exit_code = 78
     default_hint = (
         "Pin a 580 driver (NVIDIA_DRIVER_VERSION=580), whose open modules run on 64k-page "
-        "kernels, boot a 4k-page kernel, or set NVIDIA_ALLOW_64K_PAGE_RISK=true to install "
-        "anyway (open-gpu-kernel-modules #1269)."
+        "kernels, boot a 4k-page kernel, or set NVIDIA_INSTALLER_ALLOW_64K_PAGE_RISK=true to "
+        "install anyway (open-gpu-kernel-modules #1269)."
     )

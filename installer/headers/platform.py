@@ -21,6 +21,7 @@ FAULTS_FROM = (590, 44, 1)
 FAULTS_FROM_TEXT = "590.44.01"
 FAULT_ISSUE = "open-gpu-kernel-modules #1269"
 PAGES_64K = 65536
+ALLOW = "NVIDIA_INSTALLER_ALLOW_64K_PAGE_RISK"
 
 
 def page_size(ctx: Context) -> PageSize:
@@ -56,7 +57,7 @@ def refusal(ctx: Context) -> PageSizeRisk | None:
     if why is None:
         return None
     if ctx.config.allow_64k_page_risk:
-        log.warning("%s; installing anyway (NVIDIA_ALLOW_64K_PAGE_RISK=true)", why)
+        log.warning("%s; installing anyway (%s=true)", why, ALLOW)
         return None
     return PageSizeRisk(f"refusing {why}")
 
@@ -79,9 +80,8 @@ def decisions(ctx: Context) -> list[Decision]:
     reason = f"from {pages.source}"
     if why is not None:
         reason += (f"; warning: {why}; `run` "
-                   + ("installs anyway (NVIDIA_ALLOW_64K_PAGE_RISK=true)"
-                      if ctx.config.allow_64k_page_risk else
-                      "refuses (driver-64k-page-risk) unless NVIDIA_ALLOW_64K_PAGE_RISK=true"))
+                   + (f"installs anyway ({ALLOW}=true)" if ctx.config.allow_64k_page_risk else
+                      f"refuses (driver-64k-page-risk) unless {ALLOW}=true"))
     elif pages.size == PAGES_64K:
         reason += f"; driver {t.version} predates the 64k-page faults of {FAULT_ISSUE}"
     out.append(Decision("page-size", str(pages), reason))

@@ -344,10 +344,17 @@ def test_a_590_driver_on_a_64k_kernel_is_refused_unless_accepted(tmp_path: Path)
     refused = run_installer(env, "run")
     assert refused.returncode == 78, refused.stderr[-2000:]
     assert "error[driver-64k-page-risk]" in refused.stderr
-    assert "NVIDIA_ALLOW_64K_PAGE_RISK=true" in refused.stderr
+    assert "NVIDIA_INSTALLER_ALLOW_64K_PAGE_RISK=true" in refused.stderr
     assert not (root / INSTALL_DIR_HOST.lstrip("/")).exists()
-    accepted = lines(run_installer({**env, "NVIDIA_ALLOW_64K_PAGE_RISK": "true"}, "plan").stdout)
-    assert "installs anyway (NVIDIA_ALLOW_64K_PAGE_RISK=true)" in accepted["page-size"][1]
+    accepting = {**env, "NVIDIA_INSTALLER_ALLOW_64K_PAGE_RISK": "true"}
+    accepted = lines(run_installer(accepting, "plan").stdout)
+    assert "installs anyway (NVIDIA_INSTALLER_ALLOW_64K_PAGE_RISK=true)" in (
+        accepted["page-size"][1])
+    # Past the refusal, with a warning: the run goes on to the next check (this machine has no
+    # gcc-15 for the kernel: compiler-missing, still before any download).
+    went_on = run_installer(accepting, "run")
+    assert went_on.returncode == 43, went_on.stderr[-2000:]
+    assert "installing anyway (NVIDIA_INSTALLER_ALLOW_64K_PAGE_RISK=true)" in went_on.stderr
 
 
 def test_verify_json_reports_the_hosts_architecture(tmp_path: Path) -> None:
