@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build (and optionally push) the installer images: Ubuntu 20.04/22.04/24.04 and Debian 12 (one
-# Dockerfile, images/ubuntu, with Debian as its DISTRO build argument) and Rocky 8/9 (images/rocky).
+# Build (and optionally push) the installer images: Ubuntu 20.04/22.04/24.04/26.04 and Debian 12
+# (one Dockerfile, images/ubuntu, with Debian as its DISTRO build argument) and Rocky 8/9/10
+# (images/rocky).
 #
 #   images/build.sh [--push] [--dry-run] [--only debian|ubuntu|rocky] [--help]
 #
@@ -15,7 +16,8 @@
 #   BUILDAH     buildah and its global options   (default: buildah --storage-driver vfs)
 #   BUILD_OPTS  extra words for every build      (e.g. --build-arg BASE_IMAGE=...)
 #
-# Tags: $REGISTRY/$IMAGE:$TAG-debian12, -ubuntu20.04, -ubuntu22.04, -ubuntu24.04, -rocky8, -rocky9.
+# Tags: $REGISTRY/$IMAGE:$TAG-debian12, -ubuntu20.04, -ubuntu22.04, -ubuntu24.04, -ubuntu26.04,
+# -rocky8, -rocky9, -rocky10.
 # The build context is the repository root; each Dockerfile has its own .dockerignore.
 # BUILDER=buildah needs no daemon (root, --isolation chroot); --push then pushes each tag.
 set -euo pipefail
@@ -27,7 +29,7 @@ push=false
 dry_run=false
 only=""
 
-usage() { sed -n '2,21s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+usage() { sed -n '2,23s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -123,8 +125,10 @@ if [ -z "$only" ] || [ "$only" = ubuntu ]; then
     build_one ubuntu ubuntu 20.04
     build_one ubuntu ubuntu 22.04
     build_one ubuntu ubuntu 24.04
+    build_one ubuntu ubuntu 26.04
 fi
 if [ -z "$only" ] || [ "$only" = rocky ]; then
     build_one rocky rocky 8
     build_one rocky rocky 9
+    build_one rocky rocky 10
 fi

@@ -179,6 +179,7 @@ def verify_installed(config: Config, runner: Runner | None = None) -> Any:
         runner=runner or SubprocessRunner(),
         fabric_required=fabric_required,
         switches=switches,
+        arch=host.normalise_arch(host.host_machine(root)),
     )
 
 

@@ -151,6 +151,12 @@ class Config:
         "Install even when no NVIDIA GPU is found (modules are built, not loaded).",
         switch=True,
     )
+    allow_64k_page_risk: bool = setting(
+        "NVIDIA_INSTALLER_ALLOW_64K_PAGE_RISK", "false", parse.switch,
+        "Install a 590.44.01 or later driver on a 64k-page arm64 kernel although those fault "
+        "(Xid 31) on GPU mappings of 4 GiB or more (open-gpu-kernel-modules #1269).",
+        switch=True,
+    )
     log_format: str = setting(
         "NVIDIA_INSTALLER_LOG_FORMAT", "text", parse.choice("text", "json"),
         "text or json.",

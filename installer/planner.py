@@ -9,6 +9,7 @@ from installer import components, host, sources, steps
 from installer.cluster import gate_steps, upgrade_gate
 from installer.config import Config, check_build_path
 from installer.errors import NoNvidiaGpu
+from installer.headers import platform
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Plan, Step, Target
@@ -91,6 +92,7 @@ def make_plan(
     ctx = Context(config, root, layout, runner, facts, target, fetch_runfile,
                   upgrade_gate=upgrade_gate.choose(config))  # refuse or free a held driver
     decisions = source.decisions(ctx, decisions)
+    decisions += platform.decisions(ctx)  # image tag, architecture, flavour, page size
     decisions += components.decisions(ctx)  # Fabric Manager on NVSwitch nodes
     return Plan(ctx, decisions, _steps(ctx), blockers)
 
@@ -132,7 +134,7 @@ def require_gpus(plan: Plan) -> None:
 def require_go_ahead(plan: Plan) -> None:
     """Raise what refuses this plan outright (read-only: nothing on the host has changed)."""
     require_gpus(plan)
-    refusal = steps.secure_boot_refusal(plan.context)
+    refusal = steps.secure_boot_refusal(plan.context) or platform.refusal(plan.context)
     if refusal is not None:
         raise refusal
 

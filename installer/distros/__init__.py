@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from installer.distros.amazon import Amazon
 from installer.distros.debian import Debian
 from installer.distros.family import Facts, Family, PackageNotFound
 from installer.distros.rhel import Rhel
@@ -28,7 +29,7 @@ __all__ = [
     "supporting",
 ]
 
-FAMILIES: tuple[Family, ...] = (Debian(), Rhel())
+FAMILIES: tuple[Family, ...] = (Debian(), Rhel(), Amazon())
 
 
 def named(name: str) -> Family:
@@ -61,7 +62,9 @@ def supporting(distro_id: str, version_id: str, found: str) -> Family:
     if family is None or not version_id.split(".", 1)[0].isdigit():
         raise UnsupportedDistro(f"unsupported distribution: {found}")
     if not family.supports(distro_id, version_id):
-        raise UnsupportedDistro(f"unsupported distribution version: {found}")
+        nearest = family.nearest_release(distro_id, version_id)
+        raise UnsupportedDistro(f"unsupported distribution version: {found}; the nearest "
+                                f"supported release is {nearest}")
     return family
 
 

@@ -10,7 +10,7 @@ from installer.distros.family import Family
 
 if TYPE_CHECKING:
     from installer.config import Config
-    from installer.distros.family import Facts
+    from installer.distros.family import Facts, Release
     from installer.hostroot import HostRoot
     from installer.runner import Runner
 
@@ -21,9 +21,10 @@ class Debian(Family):
     name = "debian"
     # Ubuntu's point releases are separate distros: matched on the full VERSION_ID.
     releases: ClassVar[dict[str, tuple[str, ...]]] = {
-        "ubuntu": ("20.04", "22.04", "24.04"),
+        "ubuntu": ("20.04", "22.04", "24.04", "26.04"),
         "debian": ("11", "12"),
     }
+    names: ClassVar[dict[str, str]] = {"ubuntu": "Ubuntu", "debian": "Debian"}
     image_tool = "apt-get"
     sources_where = "/etc/apt/sources.list(.d)"
     image_tags: ClassVar[dict[str, tuple[int, ...]]] = {
@@ -31,9 +32,17 @@ class Debian(Family):
         "ubuntu20.04": (9, 10),
         "ubuntu22.04": (11, 12),
         "ubuntu24.04": (12, 13, 14),
+        # 26.04's kernels are built with its default gcc-15; gcc-14 for the HWE-style backports.
+        "ubuntu26.04": (14, 15),
     }
 
+    def image_tag(self, distro: Release) -> str:
+        # Debian's images are named by major release, Ubuntu's by the full VERSION_ID.
+        return f"debian{distro.major}" if distro.id == "debian" else super().image_tag(distro)
+
     def headers_package(self, kernel: str) -> str:
+        # The whole release, flavour included: Ubuntu's -nvidia-64k, -generic-64k, -aws,
+        # -azure, -gcp and HWE kernels each have their own linux-headers-<release>.
         return f"linux-headers-{kernel}"
 
     def source_files(self, root: HostRoot) -> list[PurePosixPath]:

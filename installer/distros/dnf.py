@@ -129,17 +129,21 @@ class PrivateDnf:
     releasever: str
     vars_dirs: tuple[str, ...]
     keys: tuple[str, ...]
+    # The host's architecture: $basearch and the packages dnf offers are the host's, not this
+    # process's (an x86 builder fetching an arm64 node's headers).
+    arch: str = ""
 
     def argv(self, *args: str) -> list[str]:
+        forced = [f"--forcearch={self.arch}"] if self.arch else []
         return ["dnf", f"--config={self.config}", f"--releasever={self.releasever}",
-                f"--setopt=varsdir={','.join(self.vars_dirs)}", "-y", "-q", *args]
+                f"--setopt=varsdir={','.join(self.vars_dirs)}", *forced, "-y", "-q", *args]
 
     def rpm_argv(self, *args: str) -> list[str]:
         return ["rpm", f"--dbpath={self.work / 'rpmdb'}", *args]
 
 
 def prepare(root: HostRoot, work: Path, distro: Release, kernel: str, *, mirror: str | None,
-            vault: str) -> PrivateDnf:
+            vault: str, arch: str = "") -> PrivateDnf:
     """Write the private dnf config and the re-rooted repo files under `work`; read only the
     host."""
     repos = work / "repos"
@@ -170,7 +174,7 @@ def prepare(root: HostRoot, work: Path, distro: Release, kernel: str, *, mirror:
     ]))
     vars_dirs = tuple(str(root.local_resolved(d)) for d in VARS_DIRS)
     return PrivateDnf(work, config, releasever(root, distro), vars_dirs,
-                      tuple(enabled_keys(texts)))
+                      tuple(enabled_keys(texts)), arch)
 
 
 def download(runner: Runner, dnf: PrivateDnf, package: str, dest: Path) -> Result:
@@ -199,7 +203,8 @@ def fetch(root: HostRoot, config: Config, facts: Facts, work: Path, runner: Runn
     checked against the keys those repos trust, unpacked under `work/root`. Raises
     KernelHeadersMissing (no repo has it) or HeadersFetchFailed."""
     private = prepare(root, work / "dnf", facts.distro, facts.kernel_release,
-                          mirror=config.headers_mirror, vault=config.rocky_vault)
+                          mirror=config.headers_mirror, vault=config.rocky_vault,
+                          arch=facts.arch)
     rpms_dir = work / "rpms"
     result = download(runner, private, package, rpms_dir)
     rpms = sorted(rpms_dir.glob("*.rpm"))

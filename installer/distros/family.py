@@ -61,11 +61,32 @@ class Family(ABC):
     image_tags: ClassVar[dict[str, tuple[int, ...]]]
     # Driver sources this family offers besides NVIDIA's .run.
     package_sources: ClassVar[tuple[str, ...]] = ()
+    # os-release ID -> the name messages give it ("Oracle Linux" for `ol`).
+    names: ClassVar[dict[str, str]] = {}
 
     def supports(self, distro_id: str, version_id: str) -> bool:
         """Whether this family supports `distro_id` at `version_id` (os-release values)."""
         accepted = self.releases.get(distro_id, ())
         return version_id in accepted or version_id.split(".", 1)[0] in accepted
+
+    def nearest_release(self, distro_id: str, version_id: str) -> str | None:
+        """The supported release of `distro_id` closest to `version_id` (the newer one on a
+        tie), as messages name it; None when the ID is not this family's."""
+        accepted = self.releases.get(distro_id)
+        if not accepted:
+            return None
+        wanted = _numbers(version_id)
+        best = min(accepted, key=lambda r: (_distance(_numbers(r), wanted), _negated(r)))
+        return f"{self.names.get(distro_id, distro_id)} {best}"
+
+    def image_tag(self, distro: Release) -> str:
+        """The installer image tag built for `distro`'s release (its userland no older than the
+        host's); a tag outside `image_tags` is one no image is built for yet."""
+        return f"{distro.id}{distro.version_id}"
+
+    def kernel_flavour(self, kernel: str) -> str:
+        """The flavour part of a kernel release, as the headers package keeps it."""
+        return kernel.split("-", 2)[2] if kernel.count("-") >= 2 else "default"
 
     @abstractmethod
     def headers_package(self, kernel: str) -> str:
@@ -94,3 +115,17 @@ class Family(ABC):
     @abstractmethod
     def compiler_install_argvs(self, package: str) -> list[list[str]]:
         """The image tool's commands that install compiler `package` in the container."""
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".") if p.isdigit()) or (0,)
+
+
+def _distance(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    width = max(len(a), len(b))
+    a, b = a + (0,) * (width - len(a)), b + (0,) * (width - len(b))
+    return tuple(abs(x - y) for x, y in zip(a, b))
+
+
+def _negated(release: str) -> tuple[int, ...]:
+    return tuple(-n for n in _numbers(release))

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 # Red Hat's gcc-toolset-N-gcc packages install gcc-N under /opt/rh/gcc-toolset-N/root.
 _TOOLSET = r"^gcc-toolset-\d+(-gcc)?$"
+_SUFFIX_64K = "+64k"
+_UEK = r"\.el\d+uek\."
 
 
 class Rhel(Family):
@@ -25,14 +27,43 @@ class Rhel(Family):
         "rocky": ("8", "9", "10"),
         "rhel": ("8", "9", "10"),
         "almalinux": ("8", "9", "10"),
+        "ol": ("8", "9", "10"),
     }
+    names: ClassVar[dict[str, str]] = {"rocky": "Rocky Linux", "rhel": "RHEL",
+                                       "almalinux": "AlmaLinux", "ol": "Oracle Linux"}
     image_tool = "dnf"
     sources_where = "/etc/yum.repos.d"
-    image_tags: ClassVar[dict[str, tuple[int, ...]]] = {"rocky8": (8,), "rocky9": (11,)}
-    package_sources = ("dnf",)
+    # EL10's kernels are built with its gcc 14.
+    image_tags: ClassVar[dict[str, tuple[int, ...]]] = {"rocky8": (8,), "rocky9": (11,),
+                                                        "rocky10": (14,)}
+    package_sources: ClassVar[tuple[str, ...]] = ("dnf",)
 
     def headers_package(self, kernel: str) -> str:
+        # A 64k-page kernel (`...el9_4.aarch64+64k`) has its own kernel-64k-devel whose version
+        # is the 4k kernel's, without the suffix; Oracle's UEK (`...el9uek.x86_64`) has
+        # kernel-uek-devel; Red Hat's compatible kernel (RHCK) everywhere has kernel-devel.
+        if kernel.endswith(_SUFFIX_64K):
+            return f"kernel-64k-devel-{kernel[:-len(_SUFFIX_64K)]}"
+        if re.search(_UEK, kernel):
+            return f"kernel-uek-devel-{kernel}"
         return f"kernel-devel-{kernel}"
+
+    def host_kernel_packages(self, kernel: str) -> list[str]:
+        """What a DKMS build on the host installs for `kernel`: its devel package and, where
+        its kernel line ships one, kernel-headers of the same version (UEK ships none)."""
+        devel = self.headers_package(kernel)
+        if devel.startswith("kernel-uek-"):
+            return [devel]
+        return [devel, f"kernel-headers-{kernel.removesuffix(_SUFFIX_64K)}"]
+
+    def image_tag(self, distro: Release) -> str:
+        # One image per EL major serves every rebuild of it (Rocky, RHEL, Alma, Oracle).
+        return f"rocky{distro.major}"
+
+    def kernel_flavour(self, kernel: str) -> str:
+        if kernel.endswith(_SUFFIX_64K):
+            return "64k"
+        return "uek" if re.search(_UEK, kernel) else "default"
 
     def source_files(self, root: HostRoot) -> list[PurePosixPath]:
         from installer.distros import dnf

@@ -44,7 +44,8 @@ class UnsupportedDistro(InstallerError):
     reference = "unsupported-distro"
     exit_code = 14
     default_hint = (
-        "Supported: Ubuntu 20.04/22.04/24.04, Debian 11/12, Rocky/RHEL/AlmaLinux 8/9/10. "
+        "Supported: Ubuntu 20.04/22.04/24.04/26.04, Debian 11/12, Rocky/RHEL/AlmaLinux/Oracle "
+        "Linux 8/9/10, Amazon Linux 2023. "
         "Check that ROOT_MOUNT_DIR points at the host's root."
     )
 
@@ -88,4 +89,14 @@ class TrustRootInvalid(ConfigError):
         "NVIDIA_MODULE_TRUSTED_KEYS must name a readable PEM file of public keys (`cosign "
         "public-key`, `openssl pkey -pubout`) or certificates; NVIDIA_MODULE_PUBLISHER_KEY a "
         "readable, unencrypted PEM private key (ECDSA P-256/P-384, RSA or Ed25519)."
+    )
+
+
+class PageSizeRisk(InstallerError):
+    reference = "driver-64k-page-risk"
+    exit_code = 78
+    default_hint = (
+        "Pin a 580 driver (NVIDIA_DRIVER_VERSION=580), whose open modules run on 64k-page "
+        "kernels, boot a 4k-page kernel, or set NVIDIA_INSTALLER_ALLOW_64K_PAGE_RISK=true to "
+        "install anyway (open-gpu-kernel-modules #1269)."
     )

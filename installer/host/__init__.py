@@ -48,6 +48,7 @@ __all__ = [
     "free_bytes",
     "gather",
     "holders_of",
+    "host_machine",
     "kernel_release",
     "loaded_driver",
     "loaded_modules",
@@ -122,6 +123,13 @@ def kernel_release(root: HostRoot, override: str | None = None) -> str:
 _ARCH_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
 
+def host_machine(root: HostRoot) -> str | None:
+    """The host kernel's machine (kernel.arch sysctl) read under the root, as the kernel release
+    is; None where /proc is not there (uname then: a container shares the host's kernel)."""
+    text = root.read_text("/proc/sys/kernel/arch")
+    return text.strip() if text and text.strip() else None
+
+
 def normalise_arch(machine: str | None = None) -> str:
     """x86_64 or aarch64 from `machine` (default: uname); raises UnsupportedArch otherwise."""
     value = os.uname().machine if machine is None else machine
@@ -186,7 +194,7 @@ def gather(
     return HostFacts(
         distro=detect_distro(root),
         kernel_release=kernel_release(root, kernel_override),
-        arch=normalise_arch(machine),
+        arch=normalise_arch(machine if machine is not None else host_machine(root)),
         gpus=nvidia_gpus(root),
         modules=loaded_modules(root),
         loaded_driver=loaded_driver(root),

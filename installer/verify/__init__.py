@@ -37,6 +37,7 @@ def verify(
     fabric_required: bool = False,
     switches: Sequence[str] = (),
     fabric_starts_later: bool = False,
+    arch: str = "",
 ) -> VerifyReport:
     """Asks the installed nvidia-smi and NVML (in a child process) about the loaded driver.
 
@@ -111,6 +112,7 @@ def verify(
         fabric_required=fabric_required,
         switches=tuple(switches),
         cuda=cuda_check,
+        arch=arch,
     )
 
 

@@ -79,6 +79,7 @@ class VerifyReport:
     fabric_required: bool = False  # an NVSwitch node (Fabric Manager must have run)
     switches: tuple[str, ...] = ()
     cuda: Optional[CudaAnswer] = None  # None: not asked (NVML did not answer) or no answer
+    arch: str = ""  # the host's machine (x86_64, aarch64): which .run and user space it takes
 
     @property
     def ok(self) -> bool:
@@ -98,6 +99,7 @@ class VerifyReport:
         """The `installer verify --json` document."""
         return {
             "ok": self.ok,
+            "architecture": self.arch or None,
             "expected_version": self.expected_version,
             "expected_gpus": list(self.expected_gpus),
             "driver_version": {

@@ -45,7 +45,8 @@ RUNTIME_PACKAGES = {
         "xz",
         "dnf-plugins-core",
         "ca-certificates",
-        "python3.11",
+        '"${python}"',
+        '"${python}-pip"',
         "pciutils",
     },
 }
@@ -178,6 +179,7 @@ def test_apt_compilers_cover_each_release_kernels() -> None:
         "ubuntu20.04": {"gcc-9", "gcc-10"},
         "ubuntu22.04": {"gcc-11", "gcc-12"},
         "ubuntu24.04": {"gcc-12", "gcc-13", "gcc-14"},
+        "ubuntu26.04": {"gcc-14", "gcc-15"},
     }
 
 
@@ -213,20 +215,22 @@ def _build_sh(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60, check=False, env=full_env, cwd=REPO)
 
 
-SUFFIXES = ("debian12", "ubuntu20.04", "ubuntu22.04", "ubuntu24.04", "rocky8", "rocky9")
+SUFFIXES = ("debian12", "ubuntu20.04", "ubuntu22.04", "ubuntu24.04", "ubuntu26.04", "rocky8",
+            "rocky9", "rocky10")
 
 
-def test_build_sh_dry_run_builds_six_images_with_the_pyproject_version() -> None:
+def test_build_sh_dry_run_builds_every_image_with_the_pyproject_version() -> None:
     result = _build_sh("--dry-run", REGISTRY="r.example/gpu")
     assert result.returncode == 0, result.stderr
     commands = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
-    assert len(commands) == 6
+    assert len(commands) == len(SUFFIXES)
     tags = [re.search(r"--tag (\S+)", c).group(1) for c in commands]  # type: ignore[union-attr]
     assert tags == [f"r.example/gpu/nvidia-driver-installer:0.1.0-{s}" for s in SUFFIXES]
     assert "--build-arg DISTRO=debian --build-arg DISTRO_VERSION=12" in commands[0]
     assert "--build-arg DISTRO=ubuntu --build-arg DISTRO_VERSION=20.04" in commands[1]
-    assert all("images/ubuntu/Dockerfile" in c for c in commands[:4])
-    assert "--build-arg ROCKY_VERSION=9" in commands[5]
+    assert all("images/ubuntu/Dockerfile" in c for c in commands[:5])
+    assert "--build-arg ROCKY_VERSION=9" in commands[6]
+    assert "--build-arg ROCKY_VERSION=10" in commands[7]
     assert all("--build-arg VERSION=0.1.0" in c for c in commands)
     # Without buildx (no docker client here): plain docker build with BuildKit on.
     assert all("env DOCKER_BUILDKIT=1 /nonexistent/docker build" in c for c in commands)
@@ -243,7 +247,7 @@ def test_build_sh_push_with_buildx() -> None:
     result = _build_sh("--dry-run", "--push", "--only", "rocky", BUILDER="buildx", TAG="9.9.9")
     assert result.returncode == 0, result.stderr
     commands = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
-    assert len(commands) == 2
+    assert len(commands) == 3
     for command in commands:
         assert "buildx build --platform linux/amd64" in command
         assert "--push" in command and "--load" not in command
@@ -255,7 +259,7 @@ def test_build_sh_push_with_plain_docker_pushes_each_tag() -> None:
     pushes = [
         line for line in result.stdout.splitlines() if line.startswith("+ /nonexistent/docker push")
     ]
-    assert len(pushes) == 3
+    assert len(pushes) == 4
 
 
 def test_build_sh_with_buildah_needs_no_daemon() -> None:

@@ -26,6 +26,11 @@ OS_RELEASES: dict[str, tuple[str, str, str, str]] = {
     "almalinux-8": ("almalinux", "8.10", "AlmaLinux 8.10 (Cerulean Leopard)", ""),
     "almalinux-9": ("almalinux", "9.4", "AlmaLinux 9.4 (Seafoam Ocelot)", ""),
     "almalinux-10": ("almalinux", "10.0", "AlmaLinux 10.0 (Purple Lion)", ""),
+    "ubuntu-26.04": ("ubuntu", "26.04", "Ubuntu 26.04 LTS", "resolute"),
+    "ol-8": ("ol", "8.10", "Oracle Linux Server 8.10", ""),
+    "ol-9": ("ol", "9.6", "Oracle Linux Server 9.6", ""),
+    "ol-10": ("ol", "10.0", "Oracle Linux Server 10.0", ""),
+    "amzn-2023": ("amzn", "2023", "Amazon Linux 2023.9.20251117", ""),
 }
 
 # Common data-center device ids (NVIDIA's supported-gpus.json).

@@ -52,6 +52,11 @@ EXPECTED = {
     "almalinux-8": ("almalinux", 8, "rhel"),
     "almalinux-9": ("almalinux", 9, "rhel"),
     "almalinux-10": ("almalinux", 10, "rhel"),
+    "ubuntu-26.04": ("ubuntu", 26, "debian"),
+    "ol-8": ("ol", 8, "rhel"),
+    "ol-9": ("ol", 9, "rhel"),
+    "ol-10": ("ol", 10, "rhel"),
+    "amzn-2023": ("amzn", 2023, "amazon"),
 }
 
 

@@ -555,6 +555,7 @@ def test_json_shape(install_dir: Path) -> None:
 
     assert document == {
         "ok": False,
+        "architecture": None,
         "expected_version": "550.90.07",
         "expected_gpus": list(GPUS),
         "driver_version": {"nvml": VERSION, "nvidia_smi": VERSION},

@@ -10,6 +10,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from installer.distros.rhel import Rhel
 from installer.host import Distro
 from installer.hostroot import HostRoot
 from installer.runner import Runner
@@ -191,7 +192,8 @@ def dnf_base(root: HostRoot, distro: Distro, cache_dir: Path) -> list[str]:
 
 
 def kernel_packages(kernel: str) -> list[str]:
-    return [f"kernel-devel-{kernel}", f"kernel-headers-{kernel}"]
+    # The dnf source is offered on the RHEL family only; its kernel package names (UEK, 64k).
+    return Rhel().host_kernel_packages(kernel)
 
 
 def kernel_argv(base: list[str], kernel: str) -> list[str]:

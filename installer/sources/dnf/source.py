@@ -38,7 +38,8 @@ class DnfSource(Source):
     def refuse_unless_offered(self, distro: Distro) -> None:
         if not self.offered(distro):
             raise ConfigError(
-                f"NVIDIA_DRIVER_SOURCE=dnf needs a RHEL-family host (Rocky, RHEL, AlmaLinux); "
+                f"NVIDIA_DRIVER_SOURCE=dnf needs a RHEL-family host (Rocky, RHEL, AlmaLinux, "
+                f"Oracle Linux); "
                 f"this host is {distro}",
                 hint="Use NVIDIA_DRIVER_SOURCE=auto or runfile on this host.",
             )

@@ -218,8 +218,8 @@ def _ensure_dkms(ctx: Context, name: str, version: str) -> None:
         raise ModuleBuildFailed(
             f"DKMS could not build {name} {version} for kernel {kernel}: "
             f"{exc.output_tail.strip()}\n--- {make_log} (last lines) ---\n{tail}",
-            hint=f"Check that kernel-devel-{kernel}, gcc and make on the host match the kernel; "
-            "the driver transaction was undone, the host's packages are as they were.",
+            hint=f"Check that {cmd.kernel_packages(kernel)[0]}, gcc and make on the host match "
+            "the kernel; the driver transaction was undone, the host's packages are as they were.",
         ) from exc
 
 

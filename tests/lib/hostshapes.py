@@ -1,0 +1,200 @@
+"""The hosts GPU fleets run in 2026, shaped like the real ones: small kernel header trees packaged
+as Ubuntu and the EL rebuilds package them, the repo files each distribution installs, and the
+os-release and /proc files of each. Where each shape comes from is said beside it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from lib.headerrepos import KEY_NAME, Key, build_deb, run, stop_agent
+from lib.hosttrees import write_known_os_release, write_osrelease_kernel
+
+DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+
+
+def pose_host(root: Path, distro: str, kernel: str, arch: str, proc_version: str) -> Path:
+    """A node of `distro` running `kernel` on `arch`: os-release, the kernel's release and
+    machine (kernel.osrelease and kernel.arch under /proc/sys), /proc/version."""
+    write_known_os_release(root, distro)
+    write_osrelease_kernel(root, kernel)
+    (root / "proc/sys/kernel/arch").write_text(f"{arch}\n")
+    (root / "proc/version").write_text(proc_version)
+    (root / "proc/modules").write_text("")
+    (root / "lib/modules" / kernel).mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def header_tree(tree: Path, kernel: str, gcc: int, page_kib: int | None) -> None:
+    """The files the installer reads in a configured header tree: Makefile, the config (gcc
+    version, arm64 page size), the generated version headers, kernel.h."""
+    config = [f"CONFIG_GCC_VERSION={gcc * 10000 + 100}"]
+    if page_kib is not None:
+        shift = {4: 12, 16: 14, 64: 16}[page_kib]
+        config += [f"CONFIG_ARM64_{page_kib}K_PAGES=y", f"CONFIG_ARM64_PAGE_SHIFT={shift}"]
+    files = {
+        "Makefile": "# the kernel's top Makefile\n",
+        ".config": "\n".join(config) + "\n",
+        "include/config/auto.conf": "\n".join(config) + "\n",
+        "include/generated/uapi/linux/version.h": "#define LINUX_VERSION_CODE 0\n",
+        "include/generated/utsrelease.h": f'#define UTS_RELEASE "{kernel}"\n',
+        "include/linux/kernel.h": "/* kernel.h */\n",
+    }
+    for name, text in files.items():
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(text)
+
+
+# --- Ubuntu ------------------------------------------------------------------------------
+# packages.ubuntu.com (noble, and resolute alike): `linux-headers-<release>` (one per flavour:
+# -generic, -generic-64k, -nvidia, -nvidia-64k, -aws, -azure, -gcp, HWE's -generic) holds
+# /usr/src/linux-headers-<release> (the flavour's config and generated files, the rest linked
+# into the common tree) and /lib/modules/<release>/build, and Depends on its source's common
+# package: `linux-headers-<abi>` for the main kernel, `linux-<source>-headers-<abi>` for the
+# others (linux-aws-headers-6.8.0-1008, linux-nvidia-headers-..., linux-hwe-6.14-headers-...),
+# Architecture: all, holding /usr/src/<that package>. ../shared/reference/blackwell-grace.md §5
+# for the -nvidia-64k and -generic-64k names.
+
+
+def ubuntu_debs(work: Path, kernel: str, common: str, arch: str, gcc: int,
+                page_kib: int | None = None) -> list[Path]:
+    abi = kernel.rsplit("-", 1)[0] if not kernel.endswith("-64k") else kernel.rsplit("-", 2)[0]
+    version = f"{abi}.1"
+    base = work / f"{kernel}-common"
+    common_dir = base / "usr/src" / common
+    (common_dir / "include/linux").mkdir(parents=True)
+    (common_dir / "Makefile").write_text("# the kernel's top Makefile\n")
+    (common_dir / "include/linux/kernel.h").write_text("/* kernel.h */\n")
+    flavour = work / f"{kernel}-flavour"
+    tree = flavour / "usr/src" / f"linux-headers-{kernel}"
+    header_tree(tree, kernel, gcc, page_kib)
+    for name in ("Makefile", "include/linux/kernel.h"):
+        (tree / name).unlink()
+    os.rmdir(tree / "include/linux")
+    os.symlink(f"../{common}/Makefile", tree / "Makefile")
+    os.symlink(f"../../{common}/include/linux", tree / "include/linux")
+    modules = flavour / "lib/modules" / kernel
+    modules.mkdir(parents=True)
+    os.symlink(f"/usr/src/linux-headers-{kernel}", modules / "build")
+    fields = {"Version": version, "Maintainer": "test <test@example.invalid>",
+              "Section": "devel", "Priority": "optional",
+              "Description": "Linux kernel headers (test archive, Ubuntu's shape)"}
+    out = work / "debs"
+    return [
+        build_deb(base, out, {"Package": common, "Architecture": "all", **fields}),
+        build_deb(flavour, out, {"Package": f"linux-headers-{kernel}",
+                                 "Architecture": DEB_ARCH[arch],
+                                 "Depends": f"{common}, libc6 (>= 2.34), libelf1t64",
+                                 **fields}),
+    ]
+
+
+def ubuntu_sources(root: Path, base: str, suite: str, key: Key, arch: str) -> None:
+    """24.04 and later write deb822 `ubuntu.sources` with Signed-By the archive keyring
+    (archive.ubuntu.com for amd64, ports.ubuntu.com/ubuntu-ports for arm64)."""
+    keyring = root / "usr/share/keyrings/ubuntu-archive-keyring.gpg"
+    keyring.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(key.keyring, keyring)
+    parts = root / "etc/apt/sources.list.d"
+    parts.mkdir(parents=True, exist_ok=True)
+    (root / "etc/apt/sources.list").write_text(
+        "# Ubuntu sources have moved to /etc/apt/sources.list.d/ubuntu.sources\n")
+    uri = f"{base}/ubuntu" if arch == "x86_64" else f"{base}/ubuntu-ports"
+    (parts / "ubuntu.sources").write_text(
+        f"Types: deb\nURIs: {uri}\nSuites: {suite} {suite}-updates {suite}-backports\n"
+        "Components: main restricted universe multiverse\n"
+        "Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg\n")
+
+
+# --- the EL rebuilds and Amazon Linux ------------------------------------------------------
+
+
+def el_devel_rpm(work: Path, name: str, kernel: str, arch: str, key: Key, gcc: int,
+                 page_kib: int | None = None) -> Path:
+    """`name` (kernel-devel, kernel-uek-devel, kernel-64k-devel, kernel6.12-devel) of `kernel`
+    as the EL rebuilds and Amazon Linux ship it: one tree in /usr/src/kernels/<uname -r>, the
+    package's version-release the release without its arch (and without +64k: RHEL's
+    kernel-64k-devel has the 4k kernel's NVR), signed with `key`."""
+    nvr = kernel.removesuffix("+64k").rsplit(".", 1)[0]
+    version, release = nvr.split("-", 1)
+    tree = work / f"{name}-tree" / "usr/src/kernels" / kernel
+    header_tree(tree, kernel, gcc, page_kib)
+    spec = work / f"{name}-{kernel}.spec"
+    spec.write_text(f"""Name: {name}
+Version: {version}
+Release: {release}
+Summary: Development package for building kernel modules to match the kernel
+License: GPLv2
+AutoReqProv: no
+%description
+Test archive copy.
+%install
+mkdir -p %{{buildroot}}/usr/src/kernels
+cp -a {tree} %{{buildroot}}/usr/src/kernels/
+%files
+/usr/src/kernels/{kernel}
+""")
+    top = work / f"rpmbuild-{name}-{kernel}"
+    run("rpmbuild", "-bb", "--quiet", f"--target={arch}", f"--define=_topdir {top}",
+        "--define=_binary_payload w1.gzdio", "--define=_build_id_links none",
+        "--define=__os_install_post %{nil}", "--define=debug_package %{nil}", str(spec))
+    rpm = next((top / "RPMS").rglob("*.rpm"))
+    run("rpmsign", "--addsign", f"--define=_gpg_path {key.home}", "--define=__gpg /usr/bin/gpg",
+        f"--define=_gpg_name {KEY_NAME}", str(rpm))
+    stop_agent(key.home)
+    return rpm
+
+
+def _repo_file(root: Path, file: str, key_file: str, key: Key,
+               repos: dict[str, tuple[str, str]]) -> None:
+    pki = root / "etc/pki/rpm-gpg"
+    pki.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(key.armored, pki / key_file)
+    lines = []
+    for repo_id, (title, url) in repos.items():
+        lines += [f"[{repo_id}]", f"name={title}", f"baseurl={url}",
+                  f"gpgkey=file:///etc/pki/rpm-gpg/{key_file}", "gpgcheck=1", "enabled=1", ""]
+    (root / "etc/yum.repos.d").mkdir(parents=True, exist_ok=True)
+    (root / "etc/yum.repos.d" / file).write_text("\n".join(lines))
+
+
+def oracle_repos(root: Path, major: int, base: str, key: Key) -> None:
+    """oraclelinux-release-el<N>'s files: `oracle-linux-ol<N>.repo` (BaseOS latest,
+    AppStream: RHCK's kernel-devel) and `uek-ol<N>.repo` (the UEK channel: kernel-uek-devel),
+    signed by RPM-GPG-KEY-oracle. Real baseurls are https://yum$ociregion.$ocidomain/repo/
+    OracleLinux/OL<N>/...; here the same paths on the test server."""
+    repo = f"{base}/repo/OracleLinux/OL{major}"
+    uek = {8: "UEKR7", 9: "UEKR8", 10: "UEKR8"}[major]
+    _repo_file(root, f"oracle-linux-ol{major}.repo", "RPM-GPG-KEY-oracle", key, {
+        f"ol{major}_baseos_latest": (f"Oracle Linux {major} BaseOS Latest ($basearch)",
+                                     f"{repo}/baseos/latest/$basearch/"),
+        f"ol{major}_appstream": (f"Oracle Linux {major} Application Stream ($basearch)",
+                                 f"{repo}/appstream/$basearch/"),
+    })
+    _repo_file(root, f"uek-ol{major}.repo", "RPM-GPG-KEY-oracle", key, {
+        f"ol{major}_{uek}": (f"Latest Unbreakable Enterprise Kernel for Oracle Linux {major}",
+                             f"{repo}/{uek}/$basearch/"),
+    })
+
+
+def amazon_repos(root: Path, base: str, key: Key) -> None:
+    """AL2023's `amazonlinux.repo` and its releasever lock: /etc/dnf/vars/releasever says
+    `latest` (deterministic upgrades); the real repo reaches cdn.amazonlinux.com through a
+    mirrorlist under al2023/core/mirrors/$releasever/$basearch, here a baseurl of that path."""
+    _repo_file(root, "amazonlinux.repo", "RPM-GPG-KEY-amazon-linux-2023", key, {
+        "amazonlinux": ("Amazon Linux 2023 repository",
+                        f"{base}/al2023/core/$releasever/$basearch/"),
+    })
+    (root / "etc/dnf/vars").mkdir(parents=True, exist_ok=True)
+    (root / "etc/dnf/vars/releasever").write_text("latest\n")
+
+
+def rhel_repos(root: Path, major: int, arch: str, base: str, key: Key) -> None:
+    """redhat.repo as subscription-manager writes it: AppStream per arch
+    (rhel-<N>-for-<arch>-appstream-rpms), signed by RPM-GPG-KEY-redhat-release."""
+    _repo_file(root, "redhat.repo", "RPM-GPG-KEY-redhat-release", key, {
+        f"rhel-{major}-for-{arch}-appstream-rpms": (
+            f"Red Hat Enterprise Linux {major} for $basearch - AppStream (RPMs)",
+            f"{base}/content/dist/rhel{major}/$releasever/$basearch/appstream/os"),
+    })
