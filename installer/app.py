@@ -127,6 +127,9 @@ def verify_installed(config: Config, runner: Runner | None = None) -> Any:
         runner=runner or SubprocessRunner(),
         fabric_required=fabric_required,
         switches=switches,
+        # Any GPU that reports a fabric must have completed it, whatever the board.
+        require_fabric=True,
+        diagnose=lambda reported: components.fabric_diagnosis(root, reported),
     )
 
 

@@ -34,6 +34,7 @@ from installer.errors.components import (
     FabricManagerMismatch,
     FabricManagerMissing,
     FabricManagerUnavailable,
+    FabricNotReady,
     PersistencedFailed,
 )
 from installer.errors.delivery import (
@@ -114,6 +115,7 @@ __all__ = [
     "FabricManagerMismatch",
     "FabricManagerMissing",
     "FabricManagerUnavailable",
+    "FabricNotReady",
     "HeadersFetchFailed",
     "HostLayoutError",
     "HostRepoInsecure",

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -35,6 +35,8 @@ def verify(
     timeout: float = 60,
     fabric_required: bool = False,
     switches: Sequence[str] = (),
+    require_fabric: bool = False,
+    diagnose: Optional[Callable[[Sequence[GpuInfo]], Sequence[str]]] = None,
 ) -> VerifyReport:
     """Asks the installed nvidia-smi and NVML (in a child process) about the loaded driver.
 
@@ -43,8 +45,12 @@ def verify(
     `LD_LIBRARY_PATH=<install_dir>/lib64`. `timeout` bounds the two together. Changes nothing
     on the host and raises nothing for a driver that answers wrongly: every difference from
     `expected_version` / `expected_gpus` is a sentence in `problems` (see `require_ok`).
-    With `fabric_required` (an NVSwitch node) every GPU that reports its fabric state must
-    have completed its registration with success (Fabric Manager ran), else CUDA fails.
+    With `require_fabric` (`installer verify`; the run's verify-driver step only reports the
+    fabric, since the daemons that complete it start after its readiness file), every GPU
+    that reports an NVLink fabric must have completed it with success and not be unhealthy,
+    whatever the board, else CUDA fails (`fabric_problems`); `diagnose` then says why it is
+    not (the components' reasons, components.registry). `fabric_required` (an NVSwitch node)
+    only says so in the report.
     """
     deadline = time.monotonic() + timeout
     lib_dir = Path(install_dir) / "lib64"
@@ -83,8 +89,13 @@ def verify(
         problems.extend(_compare_gpus("nvidia-smi", smi_gpus, expected))
     if nvml_answered and smi_answered:
         problems.extend(_compare_sources(nvml_gpus, smi_gpus))
-    if nvml_answered and fabric_required:
-        problems.extend(fabric_problems(nvml_gpus))
+    reasons: tuple[str, ...] = ()
+    if nvml_answered and require_fabric:
+        missing = fabric_problems(nvml_gpus)
+        if missing and diagnose is not None:
+            reasons = tuple(diagnose(nvml_gpus))
+        problems.extend(missing)
+        problems.extend(f"the fabric is not complete because {r}" for r in reasons)
 
     return VerifyReport(
         expected_version=expected_version,
@@ -97,6 +108,7 @@ def verify(
         smi_gpus=smi_gpus,
         fabric_required=fabric_required,
         switches=tuple(switches),
+        fabric_reasons=reasons,
     )
 
 

@@ -5,6 +5,7 @@ NVFAKE_TEST_ROOT (or a HostRoot) points at."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import NamedTuple
 
@@ -15,8 +16,14 @@ NVSWITCH_CLASS = "0x068000"
 H100_NVSWITCH = 0x22A3  # LS10, HGX H100/H200
 A100_NVSWITCH = 0x1AF1  # LR10, HGX A100
 
-# nvml.h's NVML_GPU_FABRIC_STATE_* values.
+# nvml.h's NVML_GPU_FABRIC_STATE_* and NVML_GPU_FABRIC_HEALTH_SUMMARY_* values.
 NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED = 0, 1, 2, 3
+HEALTH_NOT_SUPPORTED, HEALTHY, UNHEALTHY, LIMITED_CAPACITY = 0, 1, 2, 3
+# The health mask's partition-assigned field (2 bits at shift 12): 2 = no partition assigned,
+# what a GPU of a shared-NVSwitch (FABRIC_MODE=1) node shows until one is activated.
+PARTITION_NOT_ASSIGNED = 2 << 12
+# nvmlReturn_t the fabric manager leaves in a completed registration that failed.
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
 
 
 class FakeSwitch(NamedTuple):
@@ -42,10 +49,17 @@ def write_driver_switches(root: Path, switches: list[FakeSwitch]) -> None:
 
 def write_gpu_state(root: Path, address: str, *, persistence: bool = False,
                     fabric_supported: bool = True, fabric_state: int = NOT_SUPPORTED,
-                    fabric_status: int = 0) -> None:
-    """What the kit's module would report for one GPU (see nv-gpu-state.c)."""
+                    fabric_status: int = 0, cluster_uuid: str | None = None,
+                    clique_id: int = 0, health_mask: int = 0,
+                    health_summary: int = HEALTH_NOT_SUPPORTED) -> None:
+    """What the kit's module would report for one GPU (see nv-gpu-state.c). `cluster_uuid`
+    (a UUID's text) and `clique_id` are what the fabric's manager assigned: NVML reports them
+    once the state is COMPLETED."""
     state = root / "proc/driver/nvidia/gpus" / address / "nvfake-state"
     state.parent.mkdir(parents=True, exist_ok=True)
+    cluster = f"FabricClusterUuid: {uuid.UUID(cluster_uuid).hex}\n" if cluster_uuid else ""
     state.write_text(
         f"PersistenceMode: {int(persistence)}\nFabricSupported: {int(fabric_supported)}\n"
-        f"FabricState: {fabric_state}\nFabricStatus: {fabric_status}\n")
+        f"FabricState: {fabric_state}\nFabricStatus: {fabric_status}\n{cluster}"
+        f"FabricCliqueId: {clique_id}\nFabricHealthMask: {health_mask}\n"
+        f"FabricHealthSummary: {health_summary}\n")
