@@ -91,6 +91,7 @@ def make_plan(
     ctx = Context(config, root, layout, runner, facts, target, fetch_runfile,
                   upgrade_gate=upgrade_gate.choose(config))  # refuse or free a held driver
     decisions = source.decisions(ctx, decisions)
+    decisions.append(steps.coherent_memory(config, root, facts.gpus, resolution.branch).decision)
     decisions += components.decisions(ctx)  # Fabric Manager on NVSwitch nodes
     return Plan(ctx, decisions, _steps(ctx), blockers)
 

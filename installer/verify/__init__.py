@@ -37,6 +37,7 @@ def verify(
     switches: Sequence[str] = (),
     require_fabric: bool = False,
     diagnose: Optional[Callable[[Sequence[GpuInfo]], Sequence[str]]] = None,
+    coherent_memory: tuple[Optional[str], Optional[str]] = (None, None),
 ) -> VerifyReport:
     """Asks the installed nvidia-smi and NVML (in a child process) about the loaded driver.
 
@@ -50,7 +51,8 @@ def verify(
     that reports an NVLink fabric must have completed it with success and not be unhealthy,
     whatever the board, else CUDA fails (`fabric_problems`); `diagnose` then says why it is
     not (the components' reasons, components.registry). `fabric_required` (an NVSwitch node)
-    only says so in the report.
+    only says so in the report. `coherent_memory`: the CoherentGPUMemoryMode the loaded
+    module reports (/proc/driver/nvidia/params) and the one the installer set (None: not set).
     """
     deadline = time.monotonic() + timeout
     lib_dir = Path(install_dir) / "lib64"
@@ -97,6 +99,12 @@ def verify(
         problems.extend(missing)
         problems.extend(f"the fabric is not complete because {r}" for r in reasons)
 
+    mode, wanted = coherent_memory
+    if wanted is not None and mode != wanted:
+        problems.append(f"the nvidia module reports CoherentGPUMemoryMode {mode!r} in "
+                        f"/proc/driver/nvidia/params, expected {wanted!r} (a module loaded "
+                        "without the installer's NVreg_CoherentGPUMemoryMode)")
+
     return VerifyReport(
         expected_version=expected_version,
         expected_gpus=expected,
@@ -109,6 +117,7 @@ def verify(
         fabric_required=fabric_required,
         switches=tuple(switches),
         fabric_reasons=reasons,
+        coherent_memory=mode,
     )
 
 

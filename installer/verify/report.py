@@ -88,6 +88,8 @@ class VerifyReport:
     switches: tuple[str, ...] = ()
     # Why the fabric is not complete, as the components diagnose it (components.registry).
     fabric_reasons: tuple[str, ...] = ()
+    # CoherentGPUMemoryMode as the loaded module reports it (None: it reports none).
+    coherent_memory: Optional[str] = None
 
     @property
     def ok(self) -> bool:
@@ -128,6 +130,7 @@ class VerifyReport:
             "fabric": {"required": self.fabric_required, "state": self.fabric,
                        "nvswitches": list(self.switches), "clique": self.clique,
                        "reasons": list(self.fabric_reasons)},
+            "coherent_memory": self.coherent_memory,
             "problems": list(self.problems),
         }
 

@@ -28,10 +28,8 @@ from installer.layout import READY_FILE
 from installer.runner import SubprocessRunner
 
 VERSION = "580.105.08"
-B200 = [FakeGpu("0000:18:00.0", 0x2901, "NVIDIA B200", 0),
-        FakeGpu("0000:2a:00.0", 0x2901, "NVIDIA B200", 1)]
-GB200 = [FakeGpu("0009:01:00.0", 0x2941, "NVIDIA GB200", 0),
-         FakeGpu("0019:01:00.0", 0x2941, "NVIDIA GB200", 1)]
+B200 = list(fabric.HGX_B200.gpus)
+GB200 = list(fabric.NVL72_GB200_TRAY.gpus)
 H100_PCIE = [FakeGpu("0000:18:00.0", 0x2331, "NVIDIA H100 PCIe", 0)]
 CLUSTER = "3f1c9a52-7be4-4d6e-8a10-2c5f9e7b6d41"
 OTHER_CLUSTER = "0a9b8c7d-6e5f-4a3b-9c2d-1e0f2a3b4c5d"
@@ -61,9 +59,12 @@ def board(root: Path, gpus: list[FakeGpu], state: int, *, status: int = 0,
           health: int = fabric.HEALTHY) -> Path:
     """A node whose GPUs report `state` (no NVSwitch PCI function: B200 and GB200 alike)."""
     write_loaded_driver(root, VERSION, gpus)
-    for i, gpu in enumerate(gpus):
+    board = fabric.Board("test", tuple(gpus))
+    fabric.write_board_fabric(root, board, state, status=status, cluster_uuid=cluster,
+                              clique_id=7, health_mask=health_mask, health_summary=health)
+    for gpu, clique in zip(gpus, cliques):  # GPUs that disagree
         fabric.write_gpu_state(root, gpu.address, fabric_state=state, fabric_status=status,
-                               cluster_uuid=cluster, clique_id=(cliques or (7,) * 8)[i],
+                               cluster_uuid=cluster, clique_id=clique,
                                health_mask=health_mask, health_summary=health)
     return root
 
@@ -105,7 +106,7 @@ def test_a_completed_b200_is_ready_with_its_clique(install_dir: Path, tmp_path: 
     assert document["fabric"]["clique"] == f"{CLUSTER}.7"
     assert [g["fabric"] for g in document["gpus"]] == [
         {"state": "completed", "status": "success", "cluster_uuid": CLUSTER, "clique_id": 7,
-         "health_mask": 0, "health_summary": "healthy"}] * 2
+         "health_mask": 0, "health_summary": "healthy"}] * len(B200)
 
 
 def test_no_clique_when_the_gpus_disagree_or_name_no_cluster(install_dir: Path,
@@ -128,10 +129,10 @@ def test_the_diagnoses_name_why(install_dir: Path, tmp_path: Path) -> None:
     # Shared NVSwitch mode: in progress until a partition holding the GPUs is activated.
     shared = verify_node(install_dir, board(tmp_path / "shared", B200, fabric.IN_PROGRESS,
                                             health_mask=fabric.PARTITION_NOT_ASSIGNED))
+    listed = ", ".join(f"GPU {i} ({g.address})" for i, g in enumerate(B200))
     assert shared.fabric_reasons == (
-        f"no fabric partition is activated for GPU 0 ({B200[0].address}), GPU 1 "
-        f"({B200[1].address}) (shared NVSwitch mode, FABRIC_MODE=1: activate a partition "
-        "through Fabric Manager's API)",)
+        f"no fabric partition is activated for {listed} (shared NVSwitch mode, FABRIC_MODE=1: "
+        "activate a partition through Fabric Manager's API)",)
     assert f"the fabric is not complete because {shared.fabric_reasons[0]}" in shared.problems
     # An NVL72 compute tray: the rack's switch trays bring the fabric up.
     tray = verify_node(install_dir, board(tmp_path / "tray", GB200, fabric.IN_PROGRESS))
@@ -216,3 +217,23 @@ def test_the_tray_wait_is_bounded(install_dir: Path, tmp_path: Path,
     assert "NVLink fabric not-started, not completed" in raised.value.message
     assert "are NVL72 parts whose fabric the rack's switch trays bring up" in raised.value.message
     assert not host.local(ready_file("fabricmanager")).exists()
+
+
+def test_a_gb200_tray_reports_its_coherent_memory_mode(install_dir: Path,
+                                                       tmp_path: Path) -> None:
+    """The installer loads R580 on a Grace-coupled GPU with NVreg_CoherentGPUMemoryMode=driver;
+    verify reads it back from /proc/driver/nvidia/params (as the kit's 580 module prints it)."""
+    root = board(tmp_path, GB200, fabric.COMPLETED)
+    params = root / "proc/driver/nvidia/params"
+    params.write_text('ExcludedGpus: ""\nCoherentGPUMemoryMode: ""\n')
+    without = verify_node(install_dir, root)
+    assert without.problems == (
+        "the nvidia module reports CoherentGPUMemoryMode '' in /proc/driver/nvidia/params, "
+        "expected 'driver' (a module loaded without the installer's "
+        "NVreg_CoherentGPUMemoryMode)",)
+    params.write_text('ExcludedGpus: ""\nCoherentGPUMemoryMode: "driver"\n')
+    report = verify_node(install_dir, root)
+    assert report.ok, report.problems
+    document = report.to_json()
+    assert document["coherent_memory"] == "driver"
+    assert document["fabric"]["clique"] == f"{CLUSTER}.7"

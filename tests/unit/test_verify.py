@@ -572,6 +572,7 @@ def test_json_shape(install_dir: Path) -> None:
         ],
         "fabric": {"required": False, "state": "not-applicable", "nvswitches": [],
                    "clique": None, "reasons": []},
+        "coherent_memory": None,
         "problems": [
             "NVML reports driver 550.54.15, expected 550.90.07",
             "nvidia-smi reports driver 550.54.15, expected 550.90.07",

@@ -101,12 +101,13 @@ long nv_gpu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	}
 }
 
-/* Hopper and Blackwell register with an NVLink fabric; NVML has no fabric state before. */
+/* Hopper and Blackwell (B200/GB200 0x29xx, B300/GB300 0x31xx) register with an NVLink
+ * fabric; NVML has no fabric state before. */
 static bool nv_gpu_fabric_capable(const struct nv_gpu *gpu)
 {
 	u32 family = gpu->device & 0xff00;
 
-	return family == 0x2300 || family == 0x2900;
+	return family == 0x2300 || family == 0x2900 || family == 0x3100;
 }
 
 void nv_gpu_state_show(struct seq_file *m, const struct nv_gpu *gpu)
