@@ -131,9 +131,8 @@ class FabricWait:
             return None
         self.asked = now
         gpus, problems = verify.nvml_gpus(self.install_dir, runner)  # type: ignore[arg-type]
-        if problems:
-            return None
-        missing = verify.fabric_problems(gpus)
+        # An NVML that does not answer cannot vouch for the fabric: that is what is missing.
+        missing = problems or verify.fabric_problems(gpus)
         if not missing:
             return ",".join(sorted({g.fabric_state or "unknown" for g in gpus}))
         if now - self.since >= self.timeout > 0:

@@ -130,3 +130,19 @@ def test_verify_reads_it_back(tmp_path: Path) -> None:
     params.write_text('ResmanDebugLevel: 4294967295\nExcludedGpus: ""\n'
                       'CoherentGPUMemoryMode: "driver"\n')
     assert steps.coherent_memory_mode(root) == "driver"
+
+
+def test_the_plan_shows_it_and_why(tmp_path: Path) -> None:
+    from lib.contexts import V
+    from lib.hosttrees import make_host, root_env
+
+    from installer import planner
+
+    make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64", gpus=[GB200])
+    config = from_env(root_env(tmp_path, NVIDIA_DRIVER_VERSION=V))
+    plan = planner.make_plan(config, FakeRunner(), fetch_bytes=lambda url: b"",
+                             fetch_runfile=lambda *a: tmp_path)
+    chosen = {d.topic: d for d in plan.decisions}
+    assert chosen["kernel-module-type"].value == "open"
+    assert chosen["coherent-memory"].value == CDMM
+    assert chosen["coherent-memory"].reason.startswith("GB200 (10de:2941) on R580: ")
