@@ -222,7 +222,6 @@ class FabricManagerDaemon:
         shutil.rmtree(self.work, ignore_errors=True)
 
     def plan(self, driver: Driver) -> Union[Idle, Callable[[], Running]]:
-
         if self.config.fabricmanager == "false":
             return self._watch("NVIDIA_FABRICMANAGER=false")
         gpus = host.nvidia_gpus(self.root)

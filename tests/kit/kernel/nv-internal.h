@@ -84,6 +84,6 @@ void nv_gpu_state_show(struct seq_file *m, const struct nv_gpu *gpu);
 
 int nv_nvswitch_init(void);
 void nv_nvswitch_exit(void);
-enum nv_fabric_state nv_fabric_state(void);
+enum nv_fabric_state nv_fabric_state(bool nvlink5);
 
 #endif
