@@ -161,7 +161,7 @@ def describe_plan(plan: Plan) -> list[str]:
 
 def verify_installed(config: Config, runner: Runner | None = None) -> Any:
     """Verify the driver that is loaded now against the record (or the requested version)."""
-    from installer import components, verify
+    from installer import components, steps, verify
     from installer.release import versions
 
     root = HostRoot(config.root)
@@ -172,6 +172,9 @@ def verify_installed(config: Config, runner: Runner | None = None) -> Any:
     if record is None and versions.parse_request(config.version).kind == "exact":
         expected = config.version
     fabric_required, switches = components.fabric_required(root)  # NVSwitch nodes
+    loaded = host.loaded_driver(root)
+    major = (expected or (loaded.version if loaded else None) or "0").split(".", 1)[0]
+    coherent = steps.coherent_memory(config, root, gpus, int(major) if major.isdigit() else 0)
     return verify.verify(
         install_dir=layout.install_local,
         expected_version=expected,
@@ -180,6 +183,10 @@ def verify_installed(config: Config, runner: Runner | None = None) -> Any:
         fabric_required=fabric_required,
         switches=switches,
         arch=host.normalise_arch(host.host_machine(root)),
+        # Any GPU that reports a fabric must have completed it, whatever the board.
+        require_fabric=True,
+        diagnose=lambda reported: components.fabric_diagnosis(root, reported),
+        coherent_memory=(steps.coherent_memory_mode(root), coherent.expected),
     )
 
 

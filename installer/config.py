@@ -326,6 +326,12 @@ class Config:
         "persistenced`); false: the host manages persistence (its own nvidia-persistenced): the "
         "container idles as not-applicable and the scheduling gate does not wait for it.",
     )
+    fabric_timeout: float = setting(
+        "NVIDIA_INSTALLER_FABRIC_TIMEOUT", "600", parse.seconds_or_never,
+        "`installer fabricmanager`: seconds to wait for every GPU that reports an NVLink fabric "
+        "to complete it before saying what is missing (fabric-not-ready: the container exits "
+        "where nothing of ours manages the fabric, else it logs and waits on); 0: never.",
+    )
     daemon_restarts: int = setting(
         "NVIDIA_INSTALLER_DAEMON_RESTARTS", "5", parse.count,
         "How often `installer fabricmanager` / `installer persistenced` restart a daemon that "

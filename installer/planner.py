@@ -93,6 +93,7 @@ def make_plan(
                   upgrade_gate=upgrade_gate.choose(config))  # refuse or free a held driver
     decisions = source.decisions(ctx, decisions)
     decisions += platform.decisions(ctx)  # image tag, architecture, flavour, page size
+    decisions.append(steps.coherent_memory(config, root, facts.gpus, resolution.branch).decision)
     decisions += components.decisions(ctx)  # Fabric Manager on NVSwitch nodes
     return Plan(ctx, decisions, _steps(ctx), blockers)
 

@@ -23,6 +23,7 @@ from installer.components.registry import (
     COMPONENTS,
     daemons,
     decisions,
+    fabric_diagnosis,
     fabric_required,
     keeps_download,
     named,
@@ -32,7 +33,8 @@ from installer.components.registry import (
 )
 
 __all__ = [
-    "COMPONENTS", "daemons", "decisions", "driver_held", "fabric_required", "holders",
+    "COMPONENTS", "daemons", "decisions", "driver_held", "fabric_diagnosis", "fabric_required",
+    "holders",
     "keeps_download", "named", "names", "not_ours", "our_daemons", "pause", "pause_for",
     "paused", "resume", "serve", "steps",
 ]

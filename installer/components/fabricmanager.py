@@ -10,13 +10,12 @@ import re
 import shutil
 import signal
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
 from installer import host, runner
-from installer.components import fm_archive, nvswitch
+from installer.components import fabric, fm_archive, nvswitch
 from installer.config import Config
 from installer.dirs import scratch
 from installer.errors import ConfigError, FabricManagerFailed, FabricManagerMissing
@@ -25,7 +24,10 @@ from installer.layout import Layout
 from installer.plan import Context, Decision, Step
 
 if TYPE_CHECKING:  # the supervisor is imported by `installer fabricmanager` only
+    from collections.abc import Sequence
+
     from installer.components.supervisor import Driver, Idle, Running
+    from installer.verify import GpuInfo
 
 log = logging.getLogger(__name__)
 
@@ -208,25 +210,28 @@ class FabricManagerDaemon:
         self.work = Path(tempfile.mkdtemp(prefix="installer-fabricmanager-"))
         self.tail: collections.deque[str] = collections.deque(maxlen=30)
         self.configured = False
-        self.asked = 0.0
         self.layout = Layout.from_config(config, root)
+        # Every component's reasons why a fabric is not complete: set by the registry, which
+        # knows them all (components.registry.serve).
+        self.diagnose: Callable[[Sequence[GpuInfo]], list[str]] = lambda gpus: []
+        self.wait = fabric.FabricWait(self.layout.install_local, root,
+                                      lambda gpus: self.diagnose(gpus), config.fabric_timeout,
+                                      every=NVML_EVERY)
 
     def close(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
 
     def plan(self, driver: Driver) -> Union[Idle, Callable[[], Running]]:
-        from installer.components.supervisor import Idle
-
         if self.config.fabricmanager == "false":
-            return Idle("NVIDIA_FABRICMANAGER=false")
+            return self._watch("NVIDIA_FABRICMANAGER=false")
         gpus = host.nvidia_gpus(self.root)
-        fabric = nvswitch.fabric(self.root, tuple(g.device_id for g in gpus))
-        if not fabric.needed:
-            return Idle(fabric.reason)
+        switches = nvswitch.fabric(self.root, tuple(g.device_id for g in gpus))
+        if not switches.needed:
+            return self._watch(switches.reason)
         version = driver.version
         if not fm_archive.installed(self.layout, version):
             raise FabricManagerMissing(
-                f"{fabric.reason}, but {fm_archive.binary(self.layout, version)} (Fabric "
+                f"{switches.reason}, but {fm_archive.binary(self.layout, version)} (Fabric "
                 f"Manager {version}, the loaded driver's version) is not installed")
         source = fm_archive.config_dir(self.layout, version)
         config_file = self.work / "fabricmanager.cfg"
@@ -237,6 +242,7 @@ class FabricManagerDaemon:
 
         def start() -> Running:
             self.configured = False
+            self.wait.restart()
             self.tail.clear()
             log.info("starting %s %s: %s", DAEMON, version, " ".join(command))
             return ChildRunning(runner.spawn(command, env=environment, on_line=self._line))
@@ -249,21 +255,44 @@ class FabricManagerDaemon:
         if CONFIGURED in line:
             self.configured = True
 
-    def ready(self, running: Running) -> str | None:
-        """Once it said the switches are configured and every GPU whose fabric state NVML
-        reports has completed its registration."""
-        if not self.configured or time.monotonic() - self.asked < NVML_EVERY:
-            return None
-        self.asked = time.monotonic()  # NVML is asked in a child process: not every second
-        from installer import verify  # the container's loop only (the warm path never asks)
+    def _watch(self, reason: str) -> Union[Idle, Callable[[], Running]]:
+        """Nothing of ours to run: idle where no GPU can report a fabric; else wait for the
+        fabric all the same (managed off the node, or by the host), the file written only
+        once it completed."""
+        from installer.components.supervisor import Idle
 
-        gpus, problems = verify.nvml_gpus(self.layout.install_local, runner.SubprocessRunner())
-        if problems or verify.fabric_problems(gpus):
+        if not fabric.may_report_fabric(self.root):
+            return Idle(reason)
+
+        def start() -> Running:
+            self.wait.restart()
+            log.info("%s: %s; waiting for the GPUs' NVLink fabric", NAME, reason)
+            return fabric.FabricWatch(reason)
+
+        return start
+
+    def ready(self, running: Running) -> str | None:
+        """Once it said the switches are configured (where it runs) and every GPU that
+        reports an NVLink fabric completed it (NVML, asked every NVML_EVERY seconds in a
+        child process). Raises FabricNotReady past NVIDIA_INSTALLER_FABRIC_TIMEOUT where
+        nothing of ours runs (fabric.FabricWait)."""
+        if isinstance(running, fabric.FabricWatch):
+            states = self.wait.check(runner.SubprocessRunner(), ours_running=False)
+            if states is None:
+                return None
+            if "completed" not in states.split(","):
+                return (f"DRIVER_VERSION={self._version()}\nSTATE=not-applicable\n"
+                        f"REASON={running.reason}; no GPU reports an NVLink fabric\n")
+            return (f"DRIVER_VERSION={self._version()}\nSTATE=fabric-complete\n"
+                    f"REASON={running.reason}\nFABRIC={states}\n")
+        if not self.configured:
             return None
-        states = sorted({g.fabric_state or "unknown" for g in gpus})
+        states = self.wait.check(runner.SubprocessRunner(), ours_running=True)
+        if states is None:
+            return None
         pid = running.child.pid if isinstance(running, ChildRunning) else 0
         return (f"DRIVER_VERSION={self._version()}\nSTATE=running\nPID={pid}\n"
-                f"FABRIC={','.join(states)}\n")
+                f"FABRIC={states}\n")
 
     def _version(self) -> str:
         driver = host.loaded_driver(self.root)
@@ -274,6 +303,21 @@ class FabricManagerDaemon:
         # keeps 4 KiB (kubectl logs has the rest).
         tail = "\n".join(list(self.tail)[-12:]) or "(it printed nothing)"
         return FabricManagerFailed(f"{message}; its last lines:\n{tail}")
+
+
+def fabric_reasons(root: HostRoot, gpus: Sequence[GpuInfo]) -> list[str]:
+    """Why a fabric is not complete, as far as Fabric Manager goes (a fabric.Diagnosis)."""
+    ids = tuple(g.device_id for g in host.nvidia_gpus(root))
+    off_host = sorted({host.pci_id(i) for i in ids if i in nvswitch.OFF_HOST_FABRIC_GPUS})
+    if off_host:
+        return [f"the GPUs ({', '.join(off_host)}) are NVL72 parts whose fabric the rack's "
+                "switch trays bring up (NVLSM, Fabric Manager and NMX-C there, not on this "
+                "node)"]
+    switches = nvswitch.fabric(root, ids)
+    if switches.needed and not fabric.process_running(root, DAEMON):
+        return [f"Fabric Manager ({DAEMON}) is not running on this NVSwitch node "
+                f"({switches.reason})"]
+    return []
 
 
 class FabricManager:

@@ -6,19 +6,33 @@ import logging
 from typing import TYPE_CHECKING
 
 from installer import host
-from installer.components import fabricmanager, nvswitch, persistenced
+from installer.components import fabric, fabricmanager, nvswitch, persistenced
 from installer.config import Config
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Step
 
 if TYPE_CHECKING:  # the protocol is for the type checker; the tuple is what runs
+    from collections.abc import Sequence
+
     from installer.components.component import Component
+    from installer.verify import GpuInfo
 
 log = logging.getLogger(__name__)
 
 # Every component, in plan order: a new one is its module (a `Component`) and a line here.
 COMPONENTS: tuple[Component, ...] = (fabricmanager.COMPONENT, persistenced.COMPONENT)
+
+
+# Why a fabric is not complete: each entry says it of the GPUs NVML reported, a phrase each
+# (`fabric.Diagnosis`); `installer verify` and the fabricmanager container's error name them.
+FABRIC_DIAGNOSES: tuple[fabric.Diagnosis, ...] = (
+    fabricmanager.fabric_reasons, fabric.partition_reasons)
+
+
+def fabric_diagnosis(root: HostRoot, gpus: Sequence[GpuInfo]) -> list[str]:
+    """Every registered diagnosis's reasons why the fabric of `gpus` is not complete."""
+    return [reason for diagnose in FABRIC_DIAGNOSES for reason in diagnose(root, gpus)]
 
 
 def named(name: str) -> Component:
@@ -74,6 +88,8 @@ def serve(name: str, config: Config) -> None:
 
     root = HostRoot(config.root)
     daemon = named(name).supervised(config, root)
+    if hasattr(daemon, "diagnose"):  # a daemon that waits for the fabric names why it waits
+        daemon.diagnose = lambda gpus: fabric_diagnosis(root, gpus)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

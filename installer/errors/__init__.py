@@ -35,6 +35,7 @@ from installer.errors.components import (
     FabricManagerMismatch,
     FabricManagerMissing,
     FabricManagerUnavailable,
+    FabricNotReady,
     PersistencedFailed,
 )
 from installer.errors.delivery import (
@@ -121,6 +122,7 @@ __all__ = [
     "FabricManagerMismatch",
     "FabricManagerMissing",
     "FabricManagerUnavailable",
+    "FabricNotReady",
     "HeadersFetchFailed",
     "HostLayoutError",
     "HostRepoInsecure",

@@ -56,3 +56,15 @@ class PersistencedFailed(InstallerError):
         "that /dev/nvidia* exist in the container, /var/run/nvidia-persistenced is writable, "
         "and that no other nvidia-persistenced (a host service) runs on the node."
     )
+
+
+class FabricNotReady(InstallerError):
+    reference = "fabric-not-ready"
+    exit_code = 46
+    default_hint = (
+        "CUDA fails on these GPUs (error 802) until their NVLink fabric completes: start what "
+        "the message names (Fabric Manager, NVLSM, the IB modules), activate a partition in "
+        "shared mode, or on an NVL72 compute tray check the rack's switch trays (NMX-C). "
+        "`installer verify --json` shows each GPU's fabric state, status and health; "
+        "NVIDIA_INSTALLER_FABRIC_TIMEOUT sets how long the container waits."
+    )

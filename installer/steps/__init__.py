@@ -6,6 +6,8 @@ name them as `steps.<name>`."""
 from __future__ import annotations
 
 from installer.steps.activation import activate_step, ld_cache_step, unload_old_step
+from installer.steps.coherent import decide as coherent_memory
+from installer.steps.coherent import loaded_mode as coherent_memory_mode
 from installer.steps.guards import (
     driver_free_before_packages_step,
     driver_free_step,
@@ -19,6 +21,8 @@ from installer.steps.record import prune_step, record_step
 
 __all__ = [
     "activate_step",
+    "coherent_memory",
+    "coherent_memory_mode",
     "device_nodes_step",
     "driver_free_before_packages_step",
     "driver_free_step",

@@ -9,6 +9,7 @@ from installer import modules, state
 from installer.errors import ModuleLoadFailed
 from installer.layout import READY_FILE
 from installer.plan import Context, Step
+from installer.steps import coherent
 from installer.steps import rollback as load_rollback
 from installer.steps.placement import modules_dir_writable, restore_module_files
 
@@ -23,12 +24,16 @@ def load_step(ctx: Context) -> Step:
 
     def apply() -> None:
         via_modprobe = modules_dir_writable(ctx, target.kernel)
+        user_args = {modules.kernel_name(m): ctx.config.module_args_for(m)
+                     for m in modules.LOAD_ORDER}
+        # Grace-coupled GPUs from R580 on: driver-managed coherent memory (steps/coherent.py).
+        user_args["nvidia"] = [*user_args.get("nvidia", []), *coherent.decide(
+            ctx.config, ctx.root, ctx.facts.gpus, target.branch).args]
         request = modules.LoadRequest(
             kernel=target.kernel,
             via_modprobe=via_modprobe,
             module_dir=ctx.layout.module_build(target.version, target.kernel, target.flavour),
-            user_args={modules.kernel_name(m): ctx.config.module_args_for(m)
-                       for m in modules.LOAD_ORDER},
+            user_args=user_args,
         )
         try:
             modules.load(ctx.root, ctx.runner, request)

@@ -5,7 +5,7 @@ only libcuda user); report.py holds what they found."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -38,6 +38,9 @@ def verify(
     switches: Sequence[str] = (),
     fabric_starts_later: bool = False,
     arch: str = "",
+    require_fabric: bool = False,
+    diagnose: Optional[Callable[[Sequence[GpuInfo]], Sequence[str]]] = None,
+    coherent_memory: tuple[Optional[str], Optional[str]] = (None, None),
 ) -> VerifyReport:
     """Asks the installed nvidia-smi and NVML (in a child process) about the loaded driver.
 
@@ -46,11 +49,18 @@ def verify(
     `LD_LIBRARY_PATH=<install_dir>/lib64`. `timeout` bounds the two together. Changes nothing
     on the host and raises nothing for a driver that answers wrongly: every difference from
     `expected_version` / `expected_gpus` is a sentence in `problems` (see `require_ok`).
-    With `fabric_required` (an NVSwitch node) every GPU that reports its fabric state must
-    have completed its registration with success (Fabric Manager ran), else CUDA fails.
+    With `require_fabric` (`installer verify`; the run's verify-driver step only reports the
+    fabric, since the daemons that complete it start after its readiness file), every GPU
+    that reports an NVLink fabric must have completed it with success and not be unhealthy,
+    whatever the board, else CUDA fails (`fabric_problems`); `diagnose` then says why it is
+    not (the components' reasons, components.registry). `fabric_required` (an NVSwitch node)
+    only says so in the report. `coherent_memory`: the CoherentGPUMemoryMode the loaded
+    module reports (/proc/driver/nvidia/params) and the one the installer set (None: not set).
     Once NVML answered, a third child (`python -m installer.verify cuda`) runs a tiny kernel on
-    every GPU through the installed libcuda.so.1; with `fabric_starts_later` (install time on
-    an NVSwitch node, before Fabric Manager) its error 802 is expected and not a problem.
+    every GPU through the installed libcuda.so.1; its error 802 (fabric not initialised) is
+    expected, not a problem, where the fabric is completed later: with `fabric_starts_later`
+    (install time on an NVSwitch node, before Fabric Manager) or, without `require_fabric`,
+    while a GPU's fabric is still incomplete.
     """
     deadline = time.monotonic() + timeout
     lib_dir = Path(install_dir) / "lib64"
@@ -89,15 +99,27 @@ def verify(
         problems.extend(_compare_gpus("nvidia-smi", smi_gpus, expected))
     if nvml_answered and smi_answered:
         problems.extend(_compare_sources(nvml_gpus, smi_gpus))
-    if nvml_answered and fabric_required:
-        problems.extend(fabric_problems(nvml_gpus))
+    reasons: tuple[str, ...] = ()
+    incomplete = fabric_problems(nvml_gpus) if nvml_answered else []
+    if require_fabric and incomplete:
+        if diagnose is not None:
+            reasons = tuple(diagnose(nvml_gpus))
+        problems.extend(incomplete)
+        problems.extend(f"the fabric is not complete because {r}" for r in reasons)
+
+    mode, wanted = coherent_memory
+    if wanted is not None and mode != wanted:
+        problems.append(f"the nvidia module reports CoherentGPUMemoryMode {mode!r} in "
+                        f"/proc/driver/nvidia/params, expected {wanted!r} (a module loaded "
+                        "without the installer's NVreg_CoherentGPUMemoryMode)")
     cuda_check = None
     if nvml_answered:
         remaining = max(deadline - time.monotonic(), 1.0)
         cuda_check = cuda.query(env, runner, remaining, nvml.PACKAGE_PARENT, problems)
         if cuda_check is not None:
+            starts_later = fabric_starts_later or (not require_fabric and bool(incomplete))
             cuda_check, found = cuda.check_problems(cuda_check, nvml_gpus, lib_dir,
-                                                    fabric_starts_later)
+                                                    starts_later)
             problems.extend(found)
 
     return VerifyReport(
@@ -113,6 +135,8 @@ def verify(
         switches=tuple(switches),
         cuda=cuda_check,
         arch=arch,
+        fabric_reasons=reasons,
+        coherent_memory=mode,
     )
 
 

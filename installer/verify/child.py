@@ -73,35 +73,78 @@ def _nvml_device(pynvml: Any, index: int) -> dict[str, Any]:
     return gpu
 
 
-# nvml.h's NVML_GPU_FABRIC_STATE_* values.
+# nvml.h's NVML_GPU_FABRIC_STATE_* and NVML_GPU_FABRIC_HEALTH_SUMMARY_* values.
 FABRIC_STATES = {0: "not-supported", 1: "not-started", 2: "in-progress", 3: "completed"}
+HEALTH_SUMMARIES = {0: "not-supported", 1: "healthy", 2: "unhealthy", 3: "limited-capacity"}
+# nvmlGpuFabricInfo_v3 and _v2: the struct's size | version << 24, as nvml.h builds them.
+FABRIC_INFO_V3 = 0x3000028
+FABRIC_INFO_V2 = 0x2000024
+
+
+def _fabric_struct(ctypes: Any, with_summary: bool) -> Any:
+    """nvmlGpuFabricInfo_v3_t (v2 lacks healthSummary), declared here so that the child reads
+    every field whatever pynvml release is installed (older ones only know v2)."""
+    fields = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_uint8 * 16),
+              ("status", ctypes.c_int), ("cliqueId", ctypes.c_uint32),
+              ("state", ctypes.c_uint8), ("healthMask", ctypes.c_uint32)]
+    if with_summary:
+        fields.append(("healthSummary", ctypes.c_uint8))
+    return type("FabricInfo", (ctypes.Structure,), {"_fields_": fields})()
 
 
 def _nvml_fabric(pynvml: Any, handle: Any) -> dict[str, Any]:
-    """nvmlDeviceGetGpuFabricInfoV (v2 struct), else the v1 call of older drivers. A GPU that
-    NVML keeps no fabric state for (before Hopper) answers NOT_SUPPORTED: "unavailable"."""
+    """nvmlDeviceGetGpuFabricInfoV with the v3 struct (v2 where the driver refuses v3's
+    version), else nvmlDeviceGetGpuFabricInfo where the library lacks the versioned call (the
+    535 branch exports only that one). A GPU that NVML keeps no fabric state for (before
+    Hopper) answers NOT_SUPPORTED: "unavailable"."""
     import ctypes
 
-    versioned = getattr(pynvml, "c_nvmlGpuFabricInfoV_t", None)
+    call = "nvmlDeviceGetGpuFabricInfoV"
     try:
+        versioned = getattr(pynvml, "nvmlDeviceGetGpuFabricInfoV", None)
         try:
             if versioned is None:
                 raise pynvml.NVMLError_FunctionNotFound(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-            info = versioned()
-            pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+            info = _fabric_struct(ctypes, True)
+            info.version = FABRIC_INFO_V3
+            try:
+                versioned(handle, ctypes.byref(info))
+            except getattr(pynvml, "NVMLError_ArgumentVersionMismatch", _Never):
+                info = _fabric_struct(ctypes, False)
+                info.version = FABRIC_INFO_V2
+                versioned(handle, ctypes.byref(info))
         except pynvml.NVMLError_FunctionNotFound:
+            call = "nvmlDeviceGetGpuFabricInfo"
             info = pynvml.c_nvmlGpuFabricInfo_t()
             pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
     except pynvml.NVMLError_NotSupported:
         return {"state": "unavailable", "status": None}
     except Exception as exc:
-        return {"state": "unavailable", "status": None, "error": _error_json(
-            "nvmlDeviceGetGpuFabricInfoV", exc)}
+        return {"state": "unavailable", "status": None, "error": _error_json(call, exc)}
     status = int(info.status)
+    uuid = bytes(info.clusterUuid)
+    mask = getattr(info, "healthMask", None)
+    summary = getattr(info, "healthSummary", None)
     return {
         "state": FABRIC_STATES.get(int(info.state) & 0xFF, f"unknown-{int(info.state)}"),
         "status": "success" if status == 0 else _nvml_error_text(pynvml, status),
+        "cluster_uuid": None if not any(uuid) else str(_uuid(uuid)),
+        "clique_id": int(info.cliqueId),
+        "health_mask": None if mask is None else int(mask),
+        "health_summary": None if summary is None else HEALTH_SUMMARIES.get(
+            int(summary), f"unknown-{int(summary)}"),
+        "call": call,
     }
+
+
+class _Never(Exception):
+    """Stands in for an NVML error class an older pynvml does not define."""
+
+
+def _uuid(raw: bytes) -> Any:
+    import uuid
+
+    return uuid.UUID(bytes=raw)
 
 
 def _nvml_error_text(pynvml: Any, status: int) -> str:

@@ -75,6 +75,7 @@ def query(
                 f"NVML {gpu_error.get('call', '?')} failed for GPU {raw.get('index')}: "
                 f"{gpu_error.get('type', '?')}: {gpu_error.get('message', '')}"
             )
+        fabric = raw.get("fabric") or {}
         gpus.append(
             GpuInfo(
                 index=int(raw.get("index", len(gpus))),
@@ -82,10 +83,14 @@ def query(
                 uuid=str(raw.get("uuid") or ""),
                 pci_bus_id=normalize_bus_id(str(raw.get("pci_bus_id") or "")),
                 memory_total_mib=int_or_none(raw.get("memory_total_mib")),
-                fabric_state=_str_or_none((raw.get("fabric") or {}).get("state")),
-                fabric_status=_str_or_none((raw.get("fabric") or {}).get("status")),
+                fabric_state=_str_or_none(fabric.get("state")),
+                fabric_status=_str_or_none(fabric.get("status")),
                 persistence_mode=_str_or_none(raw.get("persistence_mode")),
                 mig_mode=_str_or_none(raw.get("mig_mode")),
+                fabric_cluster_uuid=_str_or_none(fabric.get("cluster_uuid")),
+                fabric_clique_id=int_or_none(fabric.get("clique_id")),
+                fabric_health_mask=int_or_none(fabric.get("health_mask")),
+                fabric_health_summary=_str_or_none(fabric.get("health_summary")),
             )
         )
     return str(version), tuple(gpus), library

@@ -44,6 +44,12 @@ class GpuInfo:
     fabric_status: Optional[str] = field(default=None, compare=False)
     persistence_mode: Optional[str] = field(default=None, compare=False)
     mig_mode: Optional[str] = field(default=None, compare=False)  # "enabled": CUDA sees instances
+    # The v3 struct's rest (None where the driver's NVML has only the older calls): the
+    # cluster UUID (None: all zero), clique ID, health mask and summary (child.HEALTH_SUMMARIES).
+    fabric_cluster_uuid: Optional[str] = field(default=None, compare=False)
+    fabric_clique_id: Optional[int] = field(default=None, compare=False)
+    fabric_health_mask: Optional[int] = field(default=None, compare=False)
+    fabric_health_summary: Optional[str] = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,13 +58,30 @@ class GpuInfo:
             "uuid": self.uuid,
             "pci_bus_id": self.pci_bus_id,
             "memory_total_mib": self.memory_total_mib,
-            "fabric": {"state": self.fabric_state, "status": self.fabric_status},
+            "fabric": {"state": self.fabric_state, "status": self.fabric_status,
+                       "cluster_uuid": self.fabric_cluster_uuid,
+                       "clique_id": self.fabric_clique_id,
+                       "health_mask": self.fabric_health_mask,
+                       "health_summary": self.fabric_health_summary},
             "persistence_mode": self.persistence_mode,
         }
 
     @property
+    def fabric_reported(self) -> bool:
+        """NVML keeps a fabric for this GPU: it must complete before CUDA runs on it."""
+        return self.fabric_state not in (None, "unavailable", "not-supported")
+
+    @property
     def fabric_done(self) -> bool:
-        return self.fabric_state == "completed" and self.fabric_status == "success"
+        return (self.fabric_state == "completed" and self.fabric_status == "success"
+                and self.fabric_health_summary != "unhealthy")
+
+    @property
+    def fabric_attached(self) -> bool:
+        """go-nvlib's IsFabricAttached, which GFD and the DRA driver build the clique from:
+        completed, success, a cluster UUID that is not all zero."""
+        return (self.fabric_state == "completed" and self.fabric_status == "success"
+                and self.fabric_cluster_uuid is not None)
 
 
 @dataclass(frozen=True)
@@ -80,6 +103,10 @@ class VerifyReport:
     switches: tuple[str, ...] = ()
     cuda: Optional[CudaAnswer] = None  # None: not asked (NVML did not answer) or no answer
     arch: str = ""  # the host's machine (x86_64, aarch64): which .run and user space it takes
+    # Why the fabric is not complete, as the components diagnose it (components.registry).
+    fabric_reasons: tuple[str, ...] = ()
+    # CoherentGPUMemoryMode as the loaded module reports it (None: it reports none).
+    coherent_memory: Optional[str] = None
 
     @property
     def ok(self) -> bool:
@@ -87,13 +114,23 @@ class VerifyReport:
 
     @property
     def fabric(self) -> str:
-        """not-applicable (no NVSwitch), completed, pending, or unknown (no GPU reports it)."""
-        if not self.fabric_required:
-            return "not-applicable"
-        reporting = [g for g in self.gpus if g.fabric_state not in (None, "unavailable")]
+        """completed or pending (some GPU reports a fabric), unknown (an NVSwitch node whose
+        GPUs report none), else not-applicable."""
+        reporting = [g for g in self.gpus if g.fabric_reported]
         if not reporting:
-            return "unknown"
+            return "unknown" if self.fabric_required else "not-applicable"
         return "completed" if all(g.fabric_done for g in reporting) else "pending"
+
+    @property
+    def clique(self) -> Optional[str]:
+        """`<clusterUUID>.<cliqueId>` as GFD labels it (nvidia.com/gpu.clique): only when every
+        fabric-attached GPU names the same pair, and at least one is attached."""
+        pairs = {(g.fabric_cluster_uuid, g.fabric_clique_id) for g in self.gpus
+                 if g.fabric_attached}
+        if len(pairs) != 1:
+            return None
+        cluster, clique = pairs.pop()
+        return f"{cluster}.{clique}"
 
     def to_json(self) -> dict[str, Any]:
         """The `installer verify --json` document."""
@@ -111,7 +148,9 @@ class VerifyReport:
                       if self.cuda else None} for gpu in self.gpus],
             "cuda": self.cuda.to_json() if self.cuda else None,
             "fabric": {"required": self.fabric_required, "state": self.fabric,
-                       "nvswitches": list(self.switches)},
+                       "nvswitches": list(self.switches), "clique": self.clique,
+                       "reasons": list(self.fabric_reasons)},
+            "coherent_memory": self.coherent_memory,
             "problems": list(self.problems),
         }
 
@@ -128,8 +167,9 @@ class VerifyReport:
                 f"GPU {gpu.index}: {gpu.name or '?'} {gpu.pci_bus_id} {gpu.uuid or '?'} {memory}"
                 + extra
             )
-        if self.fabric_required:
-            lines.append(f"fabric: {self.fabric} ({len(self.switches)} NVSwitch(es))")
+        if self.fabric != "not-applicable":
+            lines.append(f"fabric: {self.fabric} ({len(self.switches)} NVSwitch(es)"
+                         + (f", clique {self.clique})" if self.clique else ")"))
         cuda_line = self.cuda.summary() if self.cuda is not None else None
         if cuda_line:
             lines.append(cuda_line)
@@ -156,19 +196,25 @@ def require_ok(report: VerifyReport) -> None:
 
 
 def fabric_problems(gpus: Sequence[GpuInfo]) -> list[str]:
-    """On an NVSwitch node: every GPU whose fabric state NVML reports must be registered."""
+    """Whatever the board: every GPU that reports an NVLink fabric (state other than
+    NOT_SUPPORTED) must have completed it with success and a summary other than UNHEALTHY,
+    else CUDA fails on it (error 802, system not yet initialized)."""
     problems = []
     for gpu in gpus:
-        if gpu.fabric_state in (None, "unavailable") or gpu.fabric_done:
+        if not gpu.fabric_reported or gpu.fabric_done:
             continue
         label = f"GPU {gpu.index} ({gpu.pci_bus_id})"
-        if gpu.fabric_state == "completed":
+        if gpu.fabric_state != "completed":
+            problems.append(f"{label}: NVLink fabric {gpu.fabric_state}, not completed (CUDA "
+                            "fails with error 802, system not yet initialized)")
+        elif gpu.fabric_status != "success":
             problems.append(f"{label}: its NVLink fabric registration failed "
                             f"({gpu.fabric_status}); CUDA fails on it")
         else:
-            problems.append(f"{label}: NVLink fabric {gpu.fabric_state}, not completed: "
-                            "Fabric Manager has not configured the NVSwitches (CUDA fails with "
-                            "error 802, system not yet initialized)")
+            problems.append(f"{label}: its NVLink fabric completed but its health summary is "
+                            f"unhealthy (health mask {gpu.fabric_health_mask:#x})"
+                            if gpu.fabric_health_mask is not None else
+                            f"{label}: its NVLink fabric completed but is unhealthy")
     return problems
 
 

@@ -32,6 +32,7 @@ from lib.fakes import FakeRunner
 from lib.hosttrees import (
     CLASS_BRIDGE,
     H100,
+    L4,
     add_pci_device,
     make_host,
     module_line,
@@ -702,6 +703,9 @@ def test_elsewhere_the_idle_fabric_manager_container_lets_the_gate_open(
     registered_tainted(env.cluster)
     env.loaded(NEW)
     env.ready(NEW)
+    # An L4 in place of the H100: no NVLink fabric to wait for (a Hopper would make the
+    # container wait for NVML to report its fabric complete).
+    (env.root / "sys/devices/pci0000:00/0000:10:00.0/device").write_text(f"{L4:#06x}\n")
     fm = FabricManagerDaemon(env.config(), HostRoot(env.root))
     stop, errors, thread = _supervise(fm, env)
     try:

@@ -78,7 +78,7 @@ def test_802_on_an_nvswitch_board_before_fabric_manager(install_dir: Path,
                                                          tmp_path: Path) -> None:
     root = node(tmp_path, state=fabric.NOT_STARTED, switches=True)
 
-    report = check(install_dir, root, fabric_required=True)
+    report = check(install_dir, root, fabric_required=True, require_fabric=True)
 
     cuda_problem = report.problems[-1]
     assert cuda_problem.startswith(
@@ -105,6 +105,20 @@ def test_802_is_expected_while_fabric_manager_has_not_started(install_dir: Path,
     assert report.to_json()["cuda"]["failure_expected"] is True
     assert any(line.startswith("CUDA: cuInit failed: CUDA_ERROR_SYSTEM_NOT_READY (802)")
                for line in report.summary_lines())
+
+
+def test_802_is_expected_at_install_time_while_any_fabric_is_incomplete(
+        install_dir: Path, tmp_path: Path) -> None:
+    # A board without NVSwitch PCI functions (HGX B200, an NVL72 tray) whose GPUs report a
+    # fabric not yet complete: the run's verify-driver step does not require the fabric (the
+    # fabricmanager container waits for it), so its 802 is expected there too; `installer
+    # verify` (require_fabric) fails on both.
+    root = node(tmp_path, state=fabric.IN_PROGRESS)
+
+    assert check(install_dir, root).ok
+    strict = check(install_dir, root, require_fabric=True)
+    assert not strict.ok
+    assert strict.problems[-1].startswith("CUDA cuInit failed: CUDA_ERROR_SYSTEM_NOT_READY")
 
 
 def test_missing_gpu_device_nodes_mean_no_device(install_dir: Path, tmp_path: Path) -> None:

@@ -66,7 +66,8 @@ def runner(root: Path) -> SubprocessRunner:
 def check(install_dir: Path, root: Path, gpus: list[FakeGpu], required: bool = True):  # type: ignore[no-untyped-def]
     return verify(install_dir=install_dir, expected_version=VERSION,
                   expected_gpus=[g.address for g in gpus], runner=runner(root),
-                  fabric_required=required, switches=[s.address for s in SWITCHES])
+                  fabric_required=required, switches=[s.address for s in SWITCHES],
+                  require_fabric=True)
 
 
 def test_nvswitch_node_fails_until_the_fabric_completes(install_dir: Path,
@@ -74,10 +75,9 @@ def test_nvswitch_node_fails_until_the_fabric_completes(install_dir: Path,
     before = check(install_dir, node(tmp_path / "before", H100, state=fabric.NOT_STARTED), H100)
     assert [g.fabric_state for g in before.gpus] == ["not-started", "not-started"]
     assert before.fabric == "pending" and not before.ok
-    assert before.problems[:-1] == tuple(
-        f"GPU {i} ({g.address}): NVLink fabric not-started, not completed: Fabric Manager has "
-        "not configured the NVSwitches (CUDA fails with error 802, system not yet "
-        "initialized)" for i, g in enumerate(H100))
+    assert before.problems[:len(H100)] == tuple(
+        f"GPU {i} ({g.address}): NVLink fabric not-started, not completed (CUDA fails with "
+        "error 802, system not yet initialized)" for i, g in enumerate(H100))
     assert before.problems[-1].startswith(CUDA_802)
 
     during = check(install_dir, node(tmp_path / "during", H100, state=fabric.IN_PROGRESS), H100)
@@ -88,10 +88,13 @@ def test_nvswitch_node_fails_until_the_fabric_completes(install_dir: Path,
     assert after.ok, after.problems
     assert after.fabric == "completed"
     document = after.to_json()
+    # HGX H100 reports no cluster UUID (all zero): no clique.
     assert document["fabric"] == {"required": True, "state": "completed",
-                                  "nvswitches": [s.address for s in SWITCHES]}
+                                  "nvswitches": [s.address for s in SWITCHES],
+                                  "clique": None, "reasons": []}
     assert [g["fabric"] for g in document["gpus"]] == [
-        {"state": "completed", "status": "success"}] * 2
+        {"state": "completed", "status": "success", "cluster_uuid": None, "clique_id": 0,
+         "health_mask": 0, "health_summary": "not-supported"}] * 2
     assert [g["persistence_mode"] for g in document["gpus"]] == ["enabled"] * 2
 
 
@@ -130,6 +133,9 @@ def test_the_library_checks_the_struct_version_and_persistence_needs_root(
     """nvml.h's layouts through pynvml: v1 and the versioned v2/v3 calls; a wrong version is
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH; SetPersistenceMode reaches the (absent) module."""
     root = node(tmp_path, H100[:1], state=fabric.COMPLETED)
+    fabric.write_gpu_state(root, H100[0].address, fabric_state=fabric.COMPLETED,
+                           cluster_uuid="6e766661-6b65-2d66-6162-7269632d3031", clique_id=4,
+                           health_mask=0x1000, health_summary=fabric.HEALTHY)
     script = r"""
 import ctypes, json, pynvml
 pynvml.nvmlInit()
@@ -137,11 +143,12 @@ handle = pynvml.nvmlDeviceGetHandleByIndex(0)
 answers = {}
 v1 = pynvml.c_nvmlGpuFabricInfo_t()
 pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(v1))
-answers["v1"] = [v1.state, v1.status, bytes(v1.clusterUuid).decode()]
+answers["v1"] = [v1.state, v1.status, bytes(v1.clusterUuid).decode(), v1.cliqueId]
 for name in ("c_nvmlGpuFabricInfo_v2_t", "c_nvmlGpuFabricInfo_v3_t"):
     info = getattr(pynvml, name)()
     pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
-    answers[name] = [info.state, info.status, info.healthMask]
+    answers[name] = [info.state, info.status, info.healthMask,
+                     getattr(info, "healthSummary", None)]
 bad = pynvml.c_nvmlGpuFabricInfo_v2_t()
 bad.version = 0x01000024
 try:
@@ -159,9 +166,9 @@ print(json.dumps(answers))
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, check=True).stdout
     answers = json.loads(out)
-    assert answers["v1"] == [3, 0, "nvfake-fabric-01"]
-    assert answers["c_nvmlGpuFabricInfo_v2_t"] == [3, 0, 0]
-    assert answers["c_nvmlGpuFabricInfo_v3_t"] == [3, 0, 0]
+    assert answers["v1"] == [3, 0, "nvfake-fabric-01", 4]
+    assert answers["c_nvmlGpuFabricInfo_v2_t"] == [3, 0, 0x1000, None]
+    assert answers["c_nvmlGpuFabricInfo_v3_t"] == [3, 0, 0x1000, fabric.HEALTHY]
     assert answers["bad"] == 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
     # /dev/nvidiactl under the test root is a plain file: its ioctl fails (ENOTTY), an error
     # NVML has no name for.

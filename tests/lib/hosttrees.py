@@ -49,6 +49,13 @@ L4 = 0x27B8
 L40S = 0x26B9
 B200 = 0x2901
 GB200 = 0x2941
+# Grace-coupled (GH200, GB200, GB300) and the other Blackwell boards: open modules only.
+GH200 = 0x2342
+GH200_144G = 0x2348
+B200_595 = 0x2909
+B300 = 0x3182
+GB300 = 0x31C2
+GB300_595 = 0x31C3
 
 CLASS_3D = 0x030200
 CLASS_VGA = 0x030000

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import sys
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,7 @@ UUIDS = (
     "GPU-8c7b6a59-4e3d-2c1b-0a9f-8e7d6c5b4a39",
 )
 NAME = "NVIDIA A100-SXM4-80GB"
+CLUSTER = uuid.UUID("5f2c7a1e-0b8d-4c3e-9a51-7d2e6f4b8c90")
 # `nvidia-smi --query-gpu=driver_version,name,uuid,pci.bus_id,memory.total
 #  --format=csv,noheader,nounits` on a two-GPU host.
 SMI_OK = (
@@ -567,7 +570,8 @@ def test_json_shape(install_dir: Path) -> None:
                 "uuid": UUIDS[0],
                 "pci_bus_id": "0000:3b:00.0",
                 "memory_total_mib": 81920,
-                "fabric": {"state": None, "status": None},
+                "fabric": {"state": None, "status": None, "cluster_uuid": None,
+                           "clique_id": None, "health_mask": None, "health_summary": None},
                 "persistence_mode": None,
                 "cuda": {"ok": True, "error": None, "name": None, "meaning": None},
             },
@@ -577,13 +581,16 @@ def test_json_shape(install_dir: Path) -> None:
                 "uuid": UUIDS[1],
                 "pci_bus_id": "0000:5e:00.0",
                 "memory_total_mib": 81920,
-                "fabric": {"state": None, "status": None},
+                "fabric": {"state": None, "status": None, "cluster_uuid": None,
+                           "clique_id": None, "health_mask": None, "health_summary": None},
                 "persistence_mode": None,
                 "cuda": {"ok": True, "error": None, "name": None, "meaning": None},
             },
         ],
         "cuda": {"library": None, "ok": True, "failure_expected": False, "error": None},
-        "fabric": {"required": False, "state": "not-applicable", "nvswitches": []},
+        "fabric": {"required": False, "state": "not-applicable", "nvswitches": [],
+                   "clique": None, "reasons": []},
+        "coherent_memory": None,
         "problems": [
             "NVML reports driver 550.54.15, expected 550.90.07",
             "nvidia-smi reports driver 550.54.15, expected 550.90.07",
@@ -654,11 +661,17 @@ def test_child_queries_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
         return pynvml.c_nvmlMemory_t(total=81920 * 1024 * 1024, free=0, used=0)
 
     def fabric(handle: int, info: Any) -> int:
-        # The versioned call gets nvml.h's v2 struct, passed by reference.
-        assert info._obj.version == pynvml.nvmlGpuFabricInfo_v2
+        # The versioned call gets nvml.h's v3 struct (pynvml's layout), by reference.
+        assert info._obj.version == pynvml.nvmlGpuFabricInfo_v3
+        assert ctypes.sizeof(info._obj) == ctypes.sizeof(pynvml.c_nvmlGpuFabricInfo_v3_t)
         info._obj.state = [pynvml.NVML_GPU_FABRIC_STATE_COMPLETED,
                            pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS][handle]
         info._obj.status = 0
+        if handle == 0:
+            info._obj.clusterUuid[:] = list(CLUSTER.bytes)
+            info._obj.cliqueId = 7
+            info._obj.healthMask = 2 << 12  # partition assigned: false
+            info._obj.healthSummary = pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
         return 0
 
     fakes: dict[str, Callable[..., Any]] = {
@@ -694,7 +707,10 @@ def test_child_queries_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
             "pci_bus_id": "00000000:3B:00.0",
             "memory_total_mib": 81920,
             "error": None,
-            "fabric": {"state": "completed", "status": "success"},
+            "fabric": {"state": "completed", "status": "success",
+                       "cluster_uuid": str(CLUSTER), "clique_id": 7,
+                       "health_mask": 0x2000, "health_summary": "healthy",
+                       "call": "nvmlDeviceGetGpuFabricInfoV"},
             "persistence_mode": "enabled",
             "mig_mode": "enabled",
         },
@@ -705,7 +721,10 @@ def test_child_queries_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
             "pci_bus_id": "00000000:5E:00.0",
             "memory_total_mib": 81920,
             "error": None,
-            "fabric": {"state": "in-progress", "status": "success"},
+            "fabric": {"state": "in-progress", "status": "success",
+                       "cluster_uuid": None, "clique_id": 0, "health_mask": 0,
+                       "health_summary": "not-supported",
+                       "call": "nvmlDeviceGetGpuFabricInfoV"},
             "persistence_mode": "disabled",
             "mig_mode": "disabled",
         },

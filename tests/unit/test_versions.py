@@ -45,7 +45,7 @@ from installer.release.versions import (
 
 SHIPPED = catalog.shipped()
 NEWEST = {b.major: b.newest.version for b in SHIPPED.branches}
-UNKNOWN_NEW = 0x3182  # not in the shipped list, above Turing's id range
+UNKNOWN_NEW = 0x3F10  # not in the shipped list, above Turing's id range
 UNKNOWN_OLD = 0x1C82  # a GeForce GTX 1050 Ti (Pascal): not in the shipped list
 
 

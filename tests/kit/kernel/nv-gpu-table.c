@@ -1,7 +1,8 @@
 /*
  * Which GPUs this driver version supports, in the shape of NVIDIA's support
  * rules: Kepler ended at 470, Maxwell/Pascal/Volta at 580, Hopper and Ada
- * start at 525, Blackwell at 570 with the open modules only, and the open
+ * start at 525, Blackwell at 570 and Grace Hopper (GH200) with the open
+ * modules only, and the open
  * modules need Turing or newer (a GSP).
  */
 #include <linux/kernel.h>
@@ -29,7 +30,14 @@ static const struct nv_gpu_model nv_gpu_models[] = {
 	{ 0x2339, 0x2339, "NVIDIA H100", 525, 0, NULL, false },
 	{ 0x26b9, 0x26b9, "NVIDIA L40S", 525, 0, NULL, false },
 	{ 0x27b8, 0x27b8, "NVIDIA L4", 525, 0, NULL, false },
+	{ 0x2342, 0x2342, "NVIDIA GH200 480GB", 535, 0, NULL, true },
+	{ 0x2348, 0x2348, "NVIDIA GH200 144G HBM3e", 570, 0, NULL, true },
 	{ 0x2901, 0x2901, "NVIDIA B200", 570, 0, NULL, true },
+	{ 0x2909, 0x2909, "NVIDIA B200", 595, 0, NULL, true },
+	{ 0x2941, 0x2941, "NVIDIA GB200", 570, 0, NULL, true },
+	{ 0x3182, 0x3182, "NVIDIA B300 SXM6 AC", 580, 0, NULL, true },
+	{ 0x31c2, 0x31c2, "NVIDIA GB300", 580, 0, NULL, true },
+	{ 0x31c3, 0x31c3, "NVIDIA GB300", 595, 0, NULL, true },
 };
 
 const struct nv_gpu_model *nv_gpu_model_lookup(u32 device)

@@ -54,6 +54,9 @@ struct nv_parm {
 };
 
 extern const struct nv_parm nv_parms[];
+#if NV_MAJOR >= 580
+extern char *NVreg_CoherentGPUMemoryMode;
+#endif
 extern struct nv_gpu nv_gpus[NV_MAX_GPUS];
 extern int nv_gpu_count;
 extern struct nv_switch nv_switches[NV_MAX_SWITCHES];
@@ -81,6 +84,6 @@ void nv_gpu_state_show(struct seq_file *m, const struct nv_gpu *gpu);
 
 int nv_nvswitch_init(void);
 void nv_nvswitch_exit(void);
-enum nv_fabric_state nv_fabric_state(void);
+enum nv_fabric_state nv_fabric_state(bool nvlink5);
 
 #endif

@@ -26,6 +26,12 @@ module_param(NVreg_DeviceFileMode, uint, 0444);
 module_param(NVreg_RestrictProfilingToAdminUsers, uint, 0444);
 module_param(NVreg_EnableGpuFirmware, uint, 0444);
 module_param(NVreg_OpenRmEnableUnsupportedGpus, uint, 0444);
+#if NV_MAJOR >= 580
+/* Coherent driver-managed memory (CDMM) on Grace-coupled GPUs, a string key from R580 on:
+ * "driver" keeps GPU memory out of the kernel's NUMA nodes (open modules' os-registry.c). */
+char *NVreg_CoherentGPUMemoryMode = "";
+module_param(NVreg_CoherentGPUMemoryMode, charp, 0444);
+#endif
 
 static unsigned int nv_resman_debug_level = 0xffffffff;
 static unsigned int nv_rm_logon_rc = 1;

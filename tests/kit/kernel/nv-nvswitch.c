@@ -25,9 +25,11 @@ static int nvswitch_major;
 static struct file *fm_session;
 static bool fabric_done;
 
-enum nv_fabric_state nv_fabric_state(void)
+/* NVLink5 boards (HGX B200/B300) have no NVSwitch PCI function: their fabric manager (with
+ * NVLSM on the ConnectX-7 LPF port) holds the same session and routes zero switches here. */
+enum nv_fabric_state nv_fabric_state(bool nvlink5)
 {
-	if (nv_switch_count == 0)
+	if (nv_switch_count == 0 && !nvlink5)
 		return NV_FABRIC_NOT_SUPPORTED;
 	if (fabric_done)
 		return NV_FABRIC_COMPLETED;

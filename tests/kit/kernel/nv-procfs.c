@@ -59,6 +59,9 @@ static int nv_params_show(struct seq_file *m, void *v)
 	seq_puts(m, "GpuBlacklist: \"\"\n");
 	seq_puts(m, "TemporaryFilePath: \"\"\n");
 	seq_puts(m, "ExcludedGpus: \"\"\n");
+#if NV_MAJOR >= 580
+	seq_printf(m, "CoherentGPUMemoryMode: \"%s\"\n", NVreg_CoherentGPUMemoryMode);
+#endif
 	return 0;
 }
 

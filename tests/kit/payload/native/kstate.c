@@ -179,6 +179,8 @@ int kstate_read_gpu_state(const struct kstate_gpu *gpu, struct kstate_gpu_state 
 	if (!fp)
 		return -1;
 	while (fgets(line, sizeof(line), fp)) {
+		char hex[33];
+		unsigned int number;
 		int value;
 
 		if (sscanf(line, "PersistenceMode: %d", &value) == 1)
@@ -189,6 +191,23 @@ int kstate_read_gpu_state(const struct kstate_gpu *gpu, struct kstate_gpu_state 
 			state->fabric_state = value;
 		else if (sscanf(line, "FabricStatus: %d", &value) == 1)
 			state->fabric_status = value;
+		else if (sscanf(line, "FabricCliqueId: %u", &number) == 1)
+			state->clique_id = number;
+		else if (sscanf(line, "FabricHealthMask: %u", &number) == 1)
+			state->health_mask = number;
+		else if (sscanf(line, "FabricHealthSummary: %d", &value) == 1)
+			state->health_summary = value;
+		else if (sscanf(line, "FabricClusterUuid: %32[0-9a-f]", hex) == 1 &&
+			 strlen(hex) == 32) {
+			int i;
+
+			for (i = 0; i < 16; i++) {
+				unsigned int byte;
+
+				sscanf(hex + 2 * i, "%2x", &byte);
+				state->cluster_uuid[i] = (unsigned char)byte;
+			}
+		}
 	}
 	fclose(fp);
 	return 0;

@@ -37,6 +37,12 @@ struct kstate_gpu_state {
 	int fabric_supported;  /* 0: NVML keeps no fabric state for this GPU */
 	int fabric_state;      /* NVML_GPU_FABRIC_STATE_* */
 	int fabric_status;     /* an nvmlReturn_t */
+	/* Set by whoever manages the fabric (Fabric Manager, or an NVL72 rack's switch trays):
+	 * all zero unless the module names a cluster (HGX H100 reports zero), so no clique. */
+	unsigned char cluster_uuid[16];
+	unsigned int clique_id;
+	unsigned int health_mask;     /* NVML_GPU_FABRIC_HEALTH_MASK_* fields */
+	int health_summary;           /* NVML_GPU_FABRIC_HEALTH_SUMMARY_* */
 };
 
 /* 0 when the module reported the state, -1 when it did not (absent: nothing is on). */

@@ -61,55 +61,65 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceSetPersistenceMode(nvmlDevice_t device, nvmlE
 	return err ? NVML_ERROR_UNKNOWN : NVML_SUCCESS;
 }
 
-/* Fills the fields every version shares; NOT_SUPPORTED for a GPU without fabric state. */
+/* Fills the fields every version shares; NOT_SUPPORTED for a GPU without fabric state. The
+ * cluster UUID and clique ID are the fabric manager's answer: zero until COMPLETED. */
 static nvmlReturn_t fabric(nvmlDevice_t device, unsigned char *uuid, nvmlReturn_t *status,
-			   unsigned int *clique, nvmlGpuFabricState_t *fabric_state)
+			   unsigned int *clique, nvmlGpuFabricState_t *fabric_state,
+			   struct kstate_gpu_state *state)
 {
 	const struct kstate_gpu *gpu;
-	struct kstate_gpu_state state;
-	nvmlReturn_t ret = gpu_state(device, &gpu, &state);
+	nvmlReturn_t ret = gpu_state(device, &gpu, state);
 
 	if (ret)
 		return ret;
-	if (!state.fabric_supported)
+	if (!state->fabric_supported)
 		return NVML_ERROR_NOT_SUPPORTED;
 	memset(uuid, 0, NVML_GPU_FABRIC_UUID_LEN);
-	if (state.fabric_state == NVML_GPU_FABRIC_STATE_COMPLETED)
-		memcpy(uuid, "nvfake-fabric-01", NVML_GPU_FABRIC_UUID_LEN);
-	*status = (nvmlReturn_t)state.fabric_status;
 	*clique = 0;
-	*fabric_state = (nvmlGpuFabricState_t)state.fabric_state;
+	if (state->fabric_state == NVML_GPU_FABRIC_STATE_COMPLETED) {
+		memcpy(uuid, state->cluster_uuid, NVML_GPU_FABRIC_UUID_LEN);
+		*clique = state->clique_id;
+	}
+	*status = (nvmlReturn_t)state->fabric_status;
+	*fabric_state = (nvmlGpuFabricState_t)state->fabric_state;
 	return NVML_SUCCESS;
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device,
 						    nvmlGpuFabricInfo_t *info)
 {
+	struct kstate_gpu_state state;
+
 	if (!info)
 		return NVML_ERROR_INVALID_ARGUMENT;
-	return fabric(device, info->clusterUuid, &info->status, &info->cliqueId, &info->state);
+	return fabric(device, info->clusterUuid, &info->status, &info->cliqueId, &info->state,
+		      &state);
 }
 
-/* The versioned call: the caller sets .version to nvmlGpuFabricInfo_v2 or _v3. */
+/* The versioned call: the caller sets .version to nvmlGpuFabricInfo_v2 or _v3 (v3 adds the
+ * health summary). */
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, void *info)
 {
 	nvmlGpuFabricInfo_v2_t *v2 = info;
 	nvmlGpuFabricInfo_v3_t *v3 = info;
+	struct kstate_gpu_state state;
 	nvmlReturn_t ret;
 
 	if (!info)
 		return NVML_ERROR_INVALID_ARGUMENT;
 	if (v2->version == nvmlGpuFabricInfo_v2) {
-		ret = fabric(device, v2->clusterUuid, &v2->status, &v2->cliqueId, &v2->state);
+		ret = fabric(device, v2->clusterUuid, &v2->status, &v2->cliqueId, &v2->state,
+			     &state);
 		if (!ret)
-			v2->healthMask = 0;
+			v2->healthMask = state.health_mask;
 		return ret;
 	}
 	if (v3->version == nvmlGpuFabricInfo_v3) {
-		ret = fabric(device, v3->clusterUuid, &v3->status, &v3->cliqueId, &v3->state);
+		ret = fabric(device, v3->clusterUuid, &v3->status, &v3->cliqueId, &v3->state,
+			     &state);
 		if (!ret) {
-			v3->healthMask = 0;
-			v3->healthSummary = 0;
+			v3->healthMask = state.health_mask;
+			v3->healthSummary = (unsigned char)state.health_summary;
 		}
 		return ret;
 	}

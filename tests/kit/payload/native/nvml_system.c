@@ -82,6 +82,7 @@ NVML_EXPORT const char *nvmlErrorString(nvmlReturn_t result)
 	case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
 	case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
 	case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "Driver/library version mismatch";
+	case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Insufficient Resources";
 	case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
 	default: return "Unknown Error";
 	}
