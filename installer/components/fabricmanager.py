@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
 from installer import host, runner
-from installer.components import fm_archive, nvswitch
+from installer.components import fm_archive, nvlink5, nvswitch
 from installer.config import Config
 from installer.dirs import scratch
 from installer.errors import ConfigError, FabricManagerFailed, FabricManagerMissing
@@ -44,7 +44,7 @@ _CONTROL = r"[\x00-\x1f\x7f]"
 
 
 def _fabric(ctx: Context) -> nvswitch.Fabric:
-    return nvswitch.fabric(ctx.root, tuple(g.device_id for g in ctx.facts.gpus))
+    return nvlink5.fabric(ctx.root, tuple(g.device_id for g in ctx.facts.gpus))
 
 
 def applies(ctx: Context) -> bool:
@@ -220,7 +220,7 @@ class FabricManagerDaemon:
         if self.config.fabricmanager == "false":
             return Idle("NVIDIA_FABRICMANAGER=false")
         gpus = host.nvidia_gpus(self.root)
-        fabric = nvswitch.fabric(self.root, tuple(g.device_id for g in gpus))
+        fabric = nvlink5.fabric(self.root, tuple(g.device_id for g in gpus))
         if not fabric.needed:
             return Idle(fabric.reason)
         version = driver.version

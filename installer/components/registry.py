@@ -6,7 +6,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from installer import host
-from installer.components import fabricmanager, nvswitch, persistenced
+from installer.components import fabricmanager, nvlink5, nvswitch, persistenced
 from installer.config import Config
 from installer.hostroot import HostRoot
 from installer.layout import Layout
@@ -41,12 +41,16 @@ def daemons() -> tuple[str, ...]:
 
 
 def decisions(ctx: Context) -> list[Decision]:
-    return [component.decision(ctx) for component in COMPONENTS]
+    # NVLink5 is said apart: it is why Fabric Manager applies there, and what NVLSM needs.
+    return [nvlink5.decision(ctx), *(component.decision(ctx) for component in COMPONENTS)]
 
 
 def steps(ctx: Context) -> list[Step]:
     """After the user space is in versions/<ver>/, before it is activated."""
-    return [step for component in COMPONENTS for step in component.steps(ctx)]
+    # NVLSM's InfiniBand modules before the components' downloads: a kernel that lacks them
+    # stops the run before Fabric Manager is fetched.
+    return nvlink5.steps(ctx) + [step for component in COMPONENTS
+                                 for step in component.steps(ctx)]
 
 
 def keeps_download(name: str, version: str, arch: str) -> bool:
@@ -55,10 +59,11 @@ def keeps_download(name: str, version: str, arch: str) -> bool:
 
 
 def fabric_required(root: HostRoot) -> tuple[bool, tuple[str, ...]]:
-    """Whether readiness needs the NVLink fabric (an NVSwitch node whose fabric the node
-    manages), and the switches: the driver's list, else the PCI functions."""
+    """Whether readiness needs the NVLink fabric (an NVSwitch or NVLink5 node whose fabric the
+    node manages), and the switches: the driver's list, else the PCI functions (none listed on
+    an NVLink5 node, whose switches are behind its LPF ports)."""
     gpus = host.nvidia_gpus(root)
-    fabric = nvswitch.fabric(root, tuple(g.device_id for g in gpus))
+    fabric = nvlink5.fabric(root, tuple(g.device_id for g in gpus))
     switches = nvswitch.driver_switches(root) or tuple(s.address for s in fabric.switches)
     return fabric.needed, switches
 

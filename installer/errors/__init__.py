@@ -65,6 +65,10 @@ from installer.errors.host import (
     SecureBootKeysMissing,
     VerificationFailed,
 )
+from installer.errors.nvlink5 import (
+    IbModuleLoadFailed,
+    IbModulesMissing,
+)
 from installer.errors.packages import (
     DkmsUnavailable,
     HostRepoInsecure,
@@ -117,6 +121,8 @@ __all__ = [
     "HeadersFetchFailed",
     "HostLayoutError",
     "HostRepoInsecure",
+    "IbModuleLoadFailed",
+    "IbModulesMissing",
     "IncompatibleGpus",
     "InstallFailed",
     "InstallerError",

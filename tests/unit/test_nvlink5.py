@@ -1,0 +1,218 @@
+"""NVLink5 nodes without processes: the Limited PF ports found by their VPD and their port GUID,
+the plan's decision and the IB module step (its argv, the package a kernel lacks), what
+readiness demands there, and the diagnosis of a fabric that is not complete."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from kit.nvlink5 import Cx7Port, hgx_b200_ports, vpd, write_cx7_port, write_module_tree
+from lib.contexts import V
+from lib.fakes import FakeRunner
+from lib.hosttrees import B200, GB200, make_host, module_line, root_env, write_proc_modules
+
+from installer import components, planner
+from installer.components import nvlink5
+from installer.config import from_env
+from installer.errors import IbModuleLoadFailed, IbModulesMissing
+from installer.hostroot import HostRoot
+
+UBUNTU_KERNEL = "6.8.0-1021-aws"
+
+
+def b200(root: Path, *, distro: str = "ubuntu-24.04", kernel: str = UBUNTU_KERNEL,
+         ib_loaded: bool = False, gpus: Sequence[int] = (B200,) * 8,
+         tree: tuple[str, ...] = ("mlx5_core", "mlx5_ib", "ib_umad")) -> HostRoot:
+    host = make_host(root, distro=distro, kernel=kernel, gpus=gpus)
+    for port in hgx_b200_ports():
+        write_cx7_port(root, port, ib_loaded=ib_loaded)
+    write_module_tree(root, kernel, tree)
+    if ib_loaded:
+        write_proc_modules(root, [module_line(n) for n in nvlink5.IB_MODULES])
+    return host
+
+
+def test_the_kits_vpd_is_well_formed_pci_vpd() -> None:
+    data = vpd(True)
+    assert data[0] == 0x82 and data[-1] == 0x78
+    end = data.index(b"RV") + 4
+    assert sum(data[:end]) & 0xFF == 0  # the RV checksum
+    assert b"SW_MNG" in data and b"SW_MNG" not in vpd(False)
+
+
+def test_limited_pfs_are_found_by_their_vpd_with_their_port_guid(tmp_path: Path) -> None:
+    root = b200(tmp_path, ib_loaded=True)
+    ports = nvlink5.lpf_ports(root)
+    assert ports == (
+        nvlink5.LpfPort("0000:c1:00.1", 0x1021, "mlx5_1", "0xb8cef60300e61201"),
+        nvlink5.LpfPort("0000:c2:00.1", 0x1021, "mlx5_3", "0xb8cef60300e61203"))
+    found = nvlink5.detect(root)
+    assert found.port == ports[0]
+    assert found.reason == ("NVLink5 node: 2 ConnectX-7 Limited PF port(s) whose VPD says "
+                            "SW_MNG, first 0000:c1:00.1 (15b3:1021, mlx5_1), port GUID "
+                            "0xb8cef60300e61201")
+    # The node GUID serves where the port has no GID yet.
+    (tmp_path / "sys/devices/pci0000:c0/0000:c1:00.1/infiniband/mlx5_1/ports/1/gids/0"
+     ).write_text("fe80:0000:0000:0000:0000:0000:0000:0000\n")
+    assert nvlink5.lpf_ports(root)[0].guid == "0xb8cef60300e61201"
+
+
+def test_the_ports_are_found_before_mlx5_ib_is_loaded(tmp_path: Path) -> None:
+    root = b200(tmp_path, ib_loaded=False)
+    ports = nvlink5.lpf_ports(root)
+    assert [(p.address, p.ib_device, p.guid) for p in ports] == [
+        ("0000:c1:00.1", None, None), ("0000:c2:00.1", None, None)]
+    assert nvlink5.detect(root).reason.endswith("port GUID known once mlx5_ib is loaded")
+
+
+def test_full_pfs_and_other_nodes_are_not_nvlink5(tmp_path: Path) -> None:
+    root = make_host(tmp_path, gpus=[B200])
+    write_cx7_port(tmp_path, Cx7Port("0000:c1:00.0", "mlx5_0", 1, lpf=False))
+    assert not nvlink5.detect(root).detected
+    assert not nvlink5.fabric(root, (B200,)).needed
+    assert components.fabric_required(root) == (False, ())
+
+
+def test_an_nvlink5_node_needs_its_fabric_unless_managed_off_the_node(tmp_path: Path) -> None:
+    root = b200(tmp_path)
+    fabric = nvlink5.fabric(root, (B200,))
+    assert fabric.needed and fabric.switches == ()
+    assert components.fabric_required(root) == (True, ())
+    off = nvlink5.fabric(root, (GB200,))
+    assert not off.needed and "managed off the node" in off.reason
+
+
+def plan_for(tmp_path: Path, runner: FakeRunner | None = None, **env: str) -> planner.Plan:
+    config = from_env(root_env(tmp_path, NVIDIA_DRIVER_VERSION=V, **env))
+    return planner.make_plan(config, runner or FakeRunner(), fetch_bytes=lambda url: b"",
+                             fetch_runfile=lambda *a: tmp_path)
+
+
+def test_the_plan_says_nvlink5_and_loads_the_ib_modules_first(tmp_path: Path) -> None:
+    b200(tmp_path)
+    plan = plan_for(tmp_path)
+    (said,) = [d for d in plan.decisions if d.topic == "nvlink5"]
+    assert said.value == "yes"
+    assert said.reason.startswith("NVLink5 node: 2 ConnectX-7 Limited PF port(s) whose VPD says "
+                                  "SW_MNG, first 0000:c1:00.1 (15b3:1021)")
+    assert said.reason.endswith("mlx5_core, mlx5_ib, ib_umad will be loaded (modprobe)")
+    (fm,) = [d for d in plan.decisions if d.topic == "fabric-manager"]
+    assert fm.value == f"fabricmanager-linux-x86_64-{V}-archive.tar.xz"
+    names = [s.name for s in plan.steps]
+    assert names[names.index("load-ib-modules"):][:3] == [
+        "load-ib-modules", "fetch-fabricmanager", "install-fabricmanager"]
+
+
+def test_the_ib_modules_are_loaded_with_the_hosts_modprobe(tmp_path: Path) -> None:
+    b200(tmp_path)
+    loaded: list[str] = []
+
+    def load(argv: Sequence[str]) -> None:
+        loaded.append(argv[-1])
+        write_proc_modules(tmp_path, [module_line(n) for n in loaded])
+
+    runner = FakeRunner().on("modprobe", effect=load)
+    plan = plan_for(tmp_path, runner)
+    (step,) = [s for s in plan.steps if s.name == "load-ib-modules"]
+    assert not step.is_satisfied()
+    step.apply()
+    assert step.is_satisfied()
+    modprobes = [a for a in runner.argvs() if "modprobe" in a]
+    config_dir = str(tmp_path / "etc/modprobe.d")
+    assert modprobes == [["modprobe", "-d", str(tmp_path), "-C", config_dir, name]
+                         for name in ("mlx5_core", "mlx5_ib", "ib_umad")]
+
+
+def test_modules_built_into_the_kernel_count_as_loaded(tmp_path: Path) -> None:
+    b200(tmp_path, tree=("ib_umad",))
+    (tmp_path / f"lib/modules/{UBUNTU_KERNEL}/modules.builtin").write_text(
+        "kernel/drivers/net/ethernet/mellanox/mlx5/core/mlx5_core.ko\n"
+        "kernel/drivers/infiniband/hw/mlx5/mlx5_ib.ko\n")
+    assert nvlink5.not_loaded(HostRoot(tmp_path), UBUNTU_KERNEL) == [
+        "ib_umad"]
+
+
+@pytest.mark.parametrize(("distro", "kernel", "package"), [
+    ("ubuntu-24.04", UBUNTU_KERNEL, f"linux-modules-extra-{UBUNTU_KERNEL}"),
+    ("debian-12", "6.1.0-56-amd64", "linux-image-6.1.0-56-amd64"),
+    ("rocky-9", "5.14.0-427.13.1.el9_4.x86_64", "kernel-modules-5.14.0-427.13.1.el9_4.x86_64"),
+])
+def test_a_kernel_without_the_ib_modules_is_refused_naming_its_package(
+        tmp_path: Path, distro: str, kernel: str, package: str) -> None:
+    # EKS's Ubuntu image: mlx5_core is in linux-modules, mlx5_ib and ib_umad are not.
+    b200(tmp_path, distro=distro, kernel=kernel, tree=("mlx5_core",))
+    runner = FakeRunner()
+    plan = plan_for(tmp_path, runner, NVIDIA_DRIVER_SOURCE="runfile")
+    (said,) = [d for d in plan.decisions if d.topic == "nvlink5"]
+    assert said.reason.endswith(f"mlx5_ib, ib_umad missing from /lib/modules/{kernel}: install "
+                                f"{package} (run fails with ib-modules-missing)")
+    (step,) = [s for s in plan.steps if s.name == "load-ib-modules"]
+    with pytest.raises(IbModulesMissing) as caught:
+        step.apply()
+    assert caught.value.exit_code == 54
+    assert f"/lib/modules/{kernel} has no mlx5_ib, ib_umad" in caught.value.message
+    assert caught.value.hint.startswith(f"Install {package} on the node")
+    assert not [a for a in runner.argvs() if "modprobe" in a]  # nothing loaded half-way
+
+
+def test_a_module_modprobe_refuses_is_a_clear_error(tmp_path: Path) -> None:
+    b200(tmp_path)
+    runner = FakeRunner().on("modprobe", returncode=1,
+                             output="modprobe: ERROR: could not insert 'mlx5_core': "
+                             "Key was rejected by service")
+    (step,) = [s for s in plan_for(tmp_path, runner).steps if s.name == "load-ib-modules"]
+    with pytest.raises(IbModuleLoadFailed, match=r"modprobe mlx5_core exited 1: .*Key was "
+                       r"rejected") as caught:
+        step.apply()
+    assert caught.value.exit_code == 55
+
+
+def test_nothing_is_loaded_where_fabric_manager_is_the_hosts(tmp_path: Path) -> None:
+    b200(tmp_path)
+    plan = plan_for(tmp_path, NVIDIA_FABRICMANAGER="false")
+    assert "load-ib-modules" not in [s.name for s in plan.steps]
+    (said,) = [d for d in plan.decisions if d.topic == "nvlink5"]
+    assert said.value == "off"
+
+
+def test_elsewhere_the_plan_says_no_nvlink5(tmp_path: Path) -> None:
+    make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64", gpus=[B200])
+    plan = plan_for(tmp_path)
+    (said,) = [d for d in plan.decisions if d.topic == "nvlink5"]
+    assert said.value == "no" and "SW_MNG" in said.reason
+    assert "load-ib-modules" not in [s.name for s in plan.steps]
+
+
+def test_the_diagnosis_names_what_an_nvlink5_fabric_lacks(tmp_path: Path) -> None:
+    root = b200(tmp_path, ib_loaded=True)
+    (tmp_path / "proc/sys/kernel").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "proc/sys/kernel/osrelease").write_text(UBUNTU_KERNEL + "\n")
+    write_proc_modules(tmp_path, [module_line("mlx5_core")])
+    said = nvlink5.diagnose(root)
+    assert said is not None and said.endswith(
+        "mlx5_ib, ib_umad not loaded, so NVLSM cannot bind the port (install the kernel's "
+        "InfiniBand modules; `installer plan` names the package)")
+    write_proc_modules(tmp_path, [module_line(n) for n in nvlink5.IB_MODULES])
+    assert "NVLSM is not running (no live pid in /var/run/nvidia-fabricmanager/nvlsm.pid)" in (
+        nvlink5.diagnose(root) or "")
+    run = tmp_path / "var/run/nvidia-fabricmanager"
+    run.mkdir(parents=True)
+    (run / "nvlsm.pid").write_text("4242\n")
+    assert "NVLSM is not running" in (nvlink5.diagnose(root) or "")
+    (tmp_path / "proc/4242").mkdir()
+    assert "has not opened /var/run/nvidia-fabricmanager/fm_sm_ipc.socket" in (
+        nvlink5.diagnose(root) or "")
+    (run / "fm_sm_ipc.socket").touch()
+    assert nvlink5.diagnose(root) is None
+    assert nvlink5.diagnose(make_host(tmp_path / "other", gpus=[B200])) is None
+
+
+def test_the_kit_links_sysfs_as_the_kernel_does(tmp_path: Path) -> None:
+    b200(tmp_path, ib_loaded=True)
+    link = tmp_path / "sys/class/infiniband/mlx5_1"
+    assert os.path.realpath(link / "device") == str(
+        tmp_path / "sys/devices/pci0000:c0/0000:c1:00.1")
+    assert b"SW_MNG" in (link / "device/vpd").read_bytes()
