@@ -201,7 +201,7 @@ class FabricManagerDaemon:
     name = NAME
 
     def __init__(self, config: Config, root: HostRoot,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, run_dir: Path | None = None) -> None:
         self.config = config
         self.root = root
         self.env = dict(os.environ if env is None else env)
@@ -210,6 +210,8 @@ class FabricManagerDaemon:
         self.configured = False
         self.asked = 0.0
         self.layout = Layout.from_config(config, root)
+        # NVLSM's pid file and the socket it shares with Fabric Manager, in this container.
+        self.run_dir = run_dir or Path(nvlink5.FM_RUN_DIR)
 
     def close(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
@@ -234,6 +236,21 @@ class FabricManagerDaemon:
                                       overrides(self.env, source)))
         command = argv(fm_archive.binary(self.layout, version), config_file)
         environment = {"LD_LIBRARY_PATH": str(self.layout.version_dir(version) / "lib64")}
+        found = nvlink5.detect(self.root)
+        if found.detected:  # NVLSM first, on the port Fabric Manager then manages through
+            from installer.components import nvlsm
+
+            log.info("%s: NVLSM, then %s", found.reason, DAEMON)
+            pair = nvlsm.pair_start(self.layout, version, found,
+                                    fm_archive.binary(self.layout, version), config_file,
+                                    environment, self.run_dir, self._line)
+
+            def start_pair() -> Running:
+                self.configured = False
+                self.tail.clear()
+                return pair()
+
+            return start_pair
 
         def start() -> Running:
             self.configured = False
@@ -261,7 +278,8 @@ class FabricManagerDaemon:
         if problems or verify.fabric_problems(gpus):
             return None
         states = sorted({g.fabric_state or "unknown" for g in gpus})
-        pid = running.child.pid if isinstance(running, ChildRunning) else 0
+        child = getattr(running, "child", None)  # nv-fabricmanager alone, or beside NVLSM
+        pid = child.pid if child is not None else 0
         return (f"DRIVER_VERSION={self._version()}\nSTATE=running\nPID={pid}\n"
                 f"FABRIC={','.join(states)}\n")
 

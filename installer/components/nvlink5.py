@@ -242,8 +242,16 @@ def decision(ctx: Context) -> Decision:
         modules_said = f"{', '.join(wanted)} will be loaded (modprobe)"
     else:
         modules_said = f"{', '.join(IB_MODULES)} loaded"
+    if ctx.target.packages_own_user_space:
+        nvlsm_said = ("NVLSM is not installed by the installer on this source: install "
+                      "NVIDIA's nvlsm package on the host")
+    else:
+        from installer.components import nvlsm_archive
+
+        nvlsm_said = "NVLSM: " + nvlsm_archive.digest_source(ctx.config, ctx.target.version)
     return Decision("nvlink5", "yes", f"{found.reason}: NVLSM runs on that port before Fabric "
-                    f"Manager, both in the fabricmanager container; {modules_said}")
+                    f"Manager, both in the fabricmanager container; {modules_said}; "
+                    f"{nvlsm_said}")
 
 
 def steps(ctx: Context) -> list[Step]:

@@ -6,7 +6,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from installer import host
-from installer.components import fabricmanager, nvlink5, nvswitch, persistenced
+from installer.components import fabricmanager, nvlink5, nvlsm, nvswitch, persistenced
 from installer.config import Config
 from installer.hostroot import HostRoot
 from installer.layout import Layout
@@ -47,9 +47,9 @@ def decisions(ctx: Context) -> list[Decision]:
 
 def steps(ctx: Context) -> list[Step]:
     """After the user space is in versions/<ver>/, before it is activated."""
-    # NVLSM's InfiniBand modules before the components' downloads: a kernel that lacks them
-    # stops the run before Fabric Manager is fetched.
-    return nvlink5.steps(ctx) + [step for component in COMPONENTS
+    # NVLSM's InfiniBand modules before the components' downloads (a kernel that lacks them
+    # stops the run before Fabric Manager is fetched), then NVLSM beside Fabric Manager.
+    return nvlink5.steps(ctx) + nvlsm.steps(ctx) + [step for component in COMPONENTS
                                  for step in component.steps(ctx)]
 
 

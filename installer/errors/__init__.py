@@ -68,6 +68,9 @@ from installer.errors.host import (
 from installer.errors.nvlink5 import (
     IbModuleLoadFailed,
     IbModulesMissing,
+    NvlsmMismatch,
+    NvlsmMissing,
+    NvlsmUnavailable,
 )
 from installer.errors.packages import (
     DkmsUnavailable,
@@ -137,6 +140,9 @@ __all__ = [
     "NoNvidiaGpu",
     "NodeNotFound",
     "NouveauActive",
+    "NvlsmMismatch",
+    "NvlsmMissing",
+    "NvlsmUnavailable",
     "PackageManagerFailed",
     "PersistencedFailed",
     "PrebuiltRequired",

@@ -23,3 +23,34 @@ class IbModuleLoadFailed(InstallerError):
         "(a module of another kernel, a blacklist in /etc/modprobe.d, Secure Boot), fix it and "
         "run the installer again."
     )
+
+
+class NvlsmUnavailable(InstallerError):
+    reference = "nvlsm-unavailable"
+    exit_code = 56
+    default_hint = (
+        "An NVLink5 node needs NVLSM: set NVIDIA_NVLSM_VERSION (and NVIDIA_NVLSM_SHA256 or a "
+        "digests-file entry) to an nvlsm archive under NVIDIA_NVLSM_REDIST, or use a driver "
+        "whose redistrib_<version>.json lists nvlsm; NVIDIA_FABRICMANAGER=false leaves NVLSM "
+        "and Fabric Manager to the host."
+    )
+
+
+class NvlsmMismatch(InstallerError):
+    reference = "nvlsm-mismatch"
+    exit_code = 57
+    default_hint = (
+        "The redist tree serves an NVLSM archive or listing of another layout: fix the mirror's "
+        "copy (or NVIDIA_NVLSM_VERSION). No NVLSM file was installed."
+    )
+
+
+class NvlsmMissing(InstallerError):
+    reference = "nvlsm-missing"
+    exit_code = 58
+    default_hint = (
+        "The install dir has no NVLSM beside the loaded driver's Fabric Manager, or mlx5_ib "
+        "made no IB device for the Limited PF port: let the installer initContainer (`installer "
+        "run`) finish on this NVLink5 node first, and keep NVIDIA_FABRICMANAGER=auto on both "
+        "containers."
+    )

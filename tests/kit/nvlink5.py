@@ -70,6 +70,9 @@ def write_cx7_port(root: Path, port: Cx7Port, *, ib_loaded: bool = True) -> Path
                                            + "\n")
         (ib / "ports/1/state").write_text("4: ACTIVE\n")
         os.symlink("../..", ib / "device")
+        # ib_umad's class (libibumad looks for it before it opens /dev/infiniband/umadN).
+        (root / "sys/class/infiniband_mad").mkdir(parents=True, exist_ok=True)
+        (root / "sys/class/infiniband_mad/abi_version").write_text("5\n")
         klass = root / "sys/class/infiniband"
         klass.mkdir(parents=True, exist_ok=True)
         os.symlink(f"../../devices/pci0000:c0/{port.address}/infiniband/{port.ib_device}",

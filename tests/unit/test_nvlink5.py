@@ -98,12 +98,17 @@ def test_the_plan_says_nvlink5_and_loads_the_ib_modules_first(tmp_path: Path) ->
     assert said.value == "yes"
     assert said.reason.startswith("NVLink5 node: 2 ConnectX-7 Limited PF port(s) whose VPD says "
                                   "SW_MNG, first 0000:c1:00.1 (15b3:1021)")
-    assert said.reason.endswith("mlx5_core, mlx5_ib, ib_umad will be loaded (modprobe)")
+    assert said.reason.endswith(
+        "mlx5_core, mlx5_ib, ib_umad will be loaded (modprobe); NVLSM: the nvlsm entry of "
+        f"redistrib_{V}.json at https://developer.download.nvidia.com/compute/nvidia-driver/"
+        "redist; its SHA-256 from that JSON when it is https on a trusted origin, else the "
+        "digests file")
     (fm,) = [d for d in plan.decisions if d.topic == "fabric-manager"]
     assert fm.value == f"fabricmanager-linux-x86_64-{V}-archive.tar.xz"
     names = [s.name for s in plan.steps]
-    assert names[names.index("load-ib-modules"):][:3] == [
-        "load-ib-modules", "fetch-fabricmanager", "install-fabricmanager"]
+    assert names[names.index("load-ib-modules"):][:5] == [
+        "load-ib-modules", "fetch-nvlsm", "install-nvlsm", "fetch-fabricmanager",
+        "install-fabricmanager"]
 
 
 def test_the_ib_modules_are_loaded_with_the_hosts_modprobe(tmp_path: Path) -> None:
@@ -147,8 +152,8 @@ def test_a_kernel_without_the_ib_modules_is_refused_naming_its_package(
     runner = FakeRunner()
     plan = plan_for(tmp_path, runner, NVIDIA_DRIVER_SOURCE="runfile")
     (said,) = [d for d in plan.decisions if d.topic == "nvlink5"]
-    assert said.reason.endswith(f"mlx5_ib, ib_umad missing from /lib/modules/{kernel}: install "
-                                f"{package} (run fails with ib-modules-missing)")
+    assert (f"mlx5_ib, ib_umad missing from /lib/modules/{kernel}: install {package} (run "
+            "fails with ib-modules-missing); NVLSM: " in said.reason)
     (step,) = [s for s in plan.steps if s.name == "load-ib-modules"]
     with pytest.raises(IbModulesMissing) as caught:
         step.apply()
