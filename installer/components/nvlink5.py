@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from installer import host, modules
@@ -261,9 +261,11 @@ def steps(ctx: Context) -> list[Step]:
 
 
 def diagnose(root: HostRoot) -> str | None:
-    """Why an NVLink5 node's fabric is not complete (IB modules not loaded, NVLSM not running),
-    or None when that is not the reason (not an NVLink5 node, or both are fine). Reads /proc
-    and the NVLSM pid file only."""
+    """Why an NVLink5 node's fabric is not complete (IB modules not loaded, no NVLSM running),
+    or None when that is not the reason (not an NVLink5 node, or both are fine). Reads sysfs
+    and the host's /proc only (any nvlsm process counts: ours, or the host's own service)."""
+    from installer.components import processes
+
     found = detect(root)
     if not found.detected:
         return None
@@ -273,13 +275,10 @@ def diagnose(root: HostRoot) -> str | None:
         return (f"{found.reason}: {', '.join(absent)} not loaded, so NVLSM cannot bind the "
                 "port (install the kernel's InfiniBand modules; `installer plan` names the "
                 "package)")
-    pid = (root.read_text(NVLSM_PID_FILE, "") or "").strip()
-    if not pid.isdigit() or not root.local(f"/proc/{pid}").exists():
-        return (f"{found.reason}: NVLSM is not running (no live pid in {NVLSM_PID_FILE}); "
-                "Fabric Manager cannot route the NVLink5 fabric without it")
-    if not root.exists(SM_SOCKET):
-        return (f"{found.reason}: NVLSM (pid {pid}) has not opened {SM_SOCKET} yet, so Fabric "
-                "Manager has no subnet manager to talk to")
+    if not processes.find(root, ("nvlsm",), (PurePosixPath("/"),)):
+        return (f"{found.reason}: NVLSM is not running (no nvlsm process); Fabric Manager "
+                "cannot route the NVLink5 fabric without it (the fabricmanager container "
+                "starts both)")
     return None
 
 

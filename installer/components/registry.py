@@ -36,8 +36,10 @@ def names() -> tuple[str, ...]:
 
 
 def daemons() -> tuple[str, ...]:
-    """The names of their daemons' processes (what an unload waits for or stops)."""
-    return tuple(c.daemon for c in COMPONENTS)
+    """The names of their daemons' processes (what an unload waits for or stops), in the order
+    they are stopped: NVLSM, which the fabricmanager container runs beside nv-fabricmanager,
+    after it."""
+    return (*(c.daemon for c in COMPONENTS), nvlsm.DAEMON)
 
 
 def decisions(ctx: Context) -> list[Decision]:

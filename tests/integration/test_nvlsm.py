@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import kit
 import pytest
@@ -21,7 +23,8 @@ from kit.nvlsm import archive_name, build_nvlsm, relative_path
 from lib.hosttrees import B200, make_host, write_driver_version
 from lib.httpfaults import serve_directory
 
-from installer.components import fm_archive, nvlsm, nvlsm_archive
+from installer import runner
+from installer.components import fm_archive, nvlsm, nvlsm_archive, processes, registry
 from installer.components.fabricmanager import FabricManagerDaemon
 from installer.components.supervisor import Supervisor
 from installer.config import from_env
@@ -182,3 +185,45 @@ def test_the_pairs_argv() -> None:
     assert nvlsm.fabricmanager_argv(Path("/i/bin/nv-fabricmanager"), Path("/w/fm.cfg"),
                                     GUID) == [
         "/i/bin/nv-fabricmanager", "--config", "/w/fm.cfg", "--fm-sm-mgmt-port-guid", GUID]
+
+
+STOPPING = """import signal, sys, time
+def bye(*a):
+    time.sleep({linger})
+    open({log!r}, "a").write({name!r} + "\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, bye)
+print("up", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_before_an_unload_fabric_manager_stops_before_nvlsm(tmp_path: Path) -> None:
+    install = tmp_path / "install"
+    stopped = tmp_path / "stopped"
+    children = []
+    said: list[str] = []
+    # NVLSM stops at once, Fabric Manager takes a while: signalled together, NVLSM would be
+    # gone first.
+    for name, linger in (("nvlsm", 0.0), ("nv-fabricmanager", 0.5)):
+        path = install / "versions" / V / "bin" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"#!{sys.executable}\n"
+                        + STOPPING.format(linger=linger, log=str(stopped), name=name))
+        path.chmod(0o755)
+        children.append(runner.spawn([str(path)], on_line=said.append))
+    try:
+        deadline = time.monotonic() + 15
+        while said.count("up") < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        root = HostRoot(Path("/"))
+        found = processes.find(root, registry.daemons(), (PurePosixPath(str(install)),))
+        assert sorted(d.name for d in found) == ["nv-fabricmanager", "nvlsm"]
+        assert processes.terminate_in_order(root, found, registry.daemons()) == []
+        assert stopped.read_text() == "nv-fabricmanager\nnvlsm\n"
+    finally:
+        for child in children:
+            child.send_signal(9)
+            child.wait(5)

@@ -10,9 +10,17 @@ from pathlib import Path
 
 import pytest
 from kit.nvlink5 import Cx7Port, hgx_b200_ports, vpd, write_cx7_port, write_module_tree
-from lib.contexts import V
+from lib.contexts import V, our_process
 from lib.fakes import FakeRunner
-from lib.hosttrees import B200, GB200, make_host, module_line, root_env, write_proc_modules
+from lib.hosttrees import (
+    B200,
+    GB200,
+    add_process,
+    make_host,
+    module_line,
+    root_env,
+    write_proc_modules,
+)
 
 from installer import components, planner
 from installer.components import nvlink5
@@ -201,16 +209,14 @@ def test_the_diagnosis_names_what_an_nvlink5_fabric_lacks(tmp_path: Path) -> Non
         "mlx5_ib, ib_umad not loaded, so NVLSM cannot bind the port (install the kernel's "
         "InfiniBand modules; `installer plan` names the package)")
     write_proc_modules(tmp_path, [module_line(n) for n in nvlink5.IB_MODULES])
-    assert "NVLSM is not running (no live pid in /var/run/nvidia-fabricmanager/nvlsm.pid)" in (
-        nvlink5.diagnose(root) or "")
-    run = tmp_path / "var/run/nvidia-fabricmanager"
-    run.mkdir(parents=True)
-    (run / "nvlsm.pid").write_text("4242\n")
+    assert (nvlink5.diagnose(root) or "").endswith(
+        "NVLSM is not running (no nvlsm process); Fabric Manager cannot route the NVLink5 "
+        "fabric without it (the fabricmanager container starts both)")
+    other = add_process(tmp_path, 4242, "nvlsm-exporter", {},
+                        cmdline="/opt/nvlsm/bin/nvlsm-exporter")
+    os.symlink("/opt/nvlsm/bin/nvlsm-exporter", other / "exe")
     assert "NVLSM is not running" in (nvlink5.diagnose(root) or "")
-    (tmp_path / "proc/4242").mkdir()
-    assert "has not opened /var/run/nvidia-fabricmanager/fm_sm_ipc.socket" in (
-        nvlink5.diagnose(root) or "")
-    (run / "fm_sm_ipc.socket").touch()
+    our_process(tmp_path, 4243, "/var/lib/nvidia", "nvlsm", script=True)  # the kit's stand-in
     assert nvlink5.diagnose(root) is None
     assert nvlink5.diagnose(make_host(tmp_path / "other", gpus=[B200])) is None
 
