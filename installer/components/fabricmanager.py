@@ -173,6 +173,15 @@ def render(text: str, values: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def shared_nvswitch(config_text: str) -> bool:
+    """Whether fabricmanager.cfg says FABRIC_MODE=1 (shared NVSwitch multitenancy)."""
+    for line in config_text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "FABRIC_MODE" and not line.lstrip().startswith("#"):
+            return value.strip() == "1"
+    return False
+
+
 def argv(binary: Path, config_file: Path) -> list[str]:
     return [str(binary), "-c", str(config_file)]
 
@@ -209,6 +218,11 @@ class FabricManagerDaemon:
         self.tail: collections.deque[str] = collections.deque(maxlen=30)
         self.configured = False
         self.asked = 0.0
+        # Shared NVSwitch mode (FABRIC_MODE=1): NVIDIA's driver container resets the GPUs once
+        # Fabric Manager is up (`nvidia-smi -r`), after each start.
+        self.reset_pending = False
+        self.shared_mode = False
+        self.commands: runner.Runner = runner.SubprocessRunner()
         self.layout = Layout.from_config(config, root)
         # NVLSM's pid file and the socket it shares with Fabric Manager, in this container.
         self.run_dir = run_dir or Path(nvlink5.FM_RUN_DIR)
@@ -234,6 +248,7 @@ class FabricManagerDaemon:
         config_file = self.work / "fabricmanager.cfg"
         config_file.write_text(render((source / "fabricmanager.cfg").read_text(),
                                       overrides(self.env, source)))
+        self.shared_mode = shared_nvswitch(config_file.read_text())
         command = argv(fm_archive.binary(self.layout, version), config_file)
         environment = {"LD_LIBRARY_PATH": str(self.layout.version_dir(version) / "lib64")}
         found = nvlink5.detect(self.root)
@@ -247,6 +262,7 @@ class FabricManagerDaemon:
 
             def start_pair() -> Running:
                 self.configured = False
+                self.reset_pending = self.shared_mode
                 self.tail.clear()
                 return pair()
 
@@ -254,6 +270,7 @@ class FabricManagerDaemon:
 
         def start() -> Running:
             self.configured = False
+            self.reset_pending = self.shared_mode
             self.tail.clear()
             log.info("starting %s %s: %s", DAEMON, version, " ".join(command))
             return ChildRunning(runner.spawn(command, env=environment, on_line=self._line))
@@ -269,7 +286,12 @@ class FabricManagerDaemon:
     def ready(self, running: Running) -> str | None:
         """Once it said the switches are configured and every GPU whose fabric state NVML
         reports has completed its registration."""
-        if not self.configured or time.monotonic() - self.asked < NVML_EVERY:
+        if not self.configured:
+            return None
+        if self.reset_pending:
+            self.reset_pending = False
+            self._reset_gpus()
+        if time.monotonic() - self.asked < NVML_EVERY:
             return None
         self.asked = time.monotonic()  # NVML is asked in a child process: not every second
         from installer import verify  # the container's loop only (the warm path never asks)
@@ -282,6 +304,15 @@ class FabricManagerDaemon:
         pid = child.pid if child is not None else 0
         return (f"DRIVER_VERSION={self._version()}\nSTATE=running\nPID={pid}\n"
                 f"FABRIC={','.join(states)}\n")
+
+    def _reset_gpus(self) -> None:
+        smi = self.layout.bin_dir / "nvidia-smi"
+        result = self.commands.run([str(smi), "-r"], check=False, timeout=300)
+        if result.returncode != 0:  # a GPU in use is not reset; the partition still works
+            log.warning("FABRIC_MODE=1: nvidia-smi -r exited %d: %s", result.returncode,
+                        result.tail().strip())
+        else:
+            log.info("FABRIC_MODE=1: reset the GPUs after Fabric Manager came up (nvidia-smi -r)")
 
     def _version(self) -> str:
         driver = host.loaded_driver(self.root)

@@ -227,3 +227,43 @@ def test_the_kit_links_sysfs_as_the_kernel_does(tmp_path: Path) -> None:
     assert os.path.realpath(link / "device") == str(
         tmp_path / "sys/devices/pci0000:c0/0000:c1:00.1")
     assert b"SW_MNG" in (link / "device/vpd").read_bytes()
+
+
+@pytest.mark.parametrize(("mode", "resets"), [("1", 1), ("0", 0), (None, 0)])
+def test_shared_nvswitch_mode_resets_the_gpus_once_fabric_manager_is_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str | None, resets: int) -> None:
+    from installer import verify
+    from installer.components import fabricmanager, fm_archive
+    from installer.components.supervisor import Driver
+    from installer.layout import Layout
+
+    root = make_host(tmp_path, gpus=[B200])
+    config = from_env(root_env(tmp_path))
+    layout = Layout.from_config(config, root)
+    share = fm_archive.config_dir(layout, V)
+    share.mkdir(parents=True)
+    (share / "fabricmanager.cfg").write_text("LOG_LEVEL=4\nFABRIC_MODE=0\n")
+    (share / fm_archive.INSTALLED_MARKER).write_text(f"{V}\n{'0' * 64}\n")
+    fm_archive.binary(layout, V).parent.mkdir(parents=True)
+    fm_archive.binary(layout, V).write_text("")
+    from kit.fabric import FakeSwitch, write_pci_switch
+
+    write_pci_switch(tmp_path / "sys/bus/pci/devices", FakeSwitch("0000:05:00.0"))
+    env = {} if mode is None else {"NVFM_CONFIG_FABRIC_MODE": mode}
+    daemon = fabricmanager.FabricManagerDaemon(config, root, env=env)
+    runner = FakeRunner().on(str(layout.bin_dir / "nvidia-smi"), "-r",
+                             output="GPU 00000000:20:00.0 was successfully reset.")
+    daemon.commands = runner
+    monkeypatch.setattr(verify, "nvml_gpus", lambda *a: ([], []))
+    try:
+        start = daemon.plan(Driver(V, layout.install_host))
+        assert callable(start)
+        monkeypatch.setattr(fabricmanager.runner, "spawn", lambda *a, **k: object())
+        start()
+        assert daemon.ready(object()) is None  # not configured yet: nothing reset
+        daemon._line(fabricmanager.CONFIGURED)
+        daemon.ready(object())
+        daemon.ready(object())
+    finally:
+        daemon.close()
+    assert runner.argvs() == [[str(layout.bin_dir / "nvidia-smi"), "-r"]] * resets
