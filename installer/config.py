@@ -313,6 +313,12 @@ class Config:
         "Comma-separated base URLs of NVIDIA's driver redist tree, tried in order (mirrors "
         "first): each holds redistrib_<version>.json and the fabricmanager archive it names.",
     )
+    imex: str = setting(
+        "NVIDIA_IMEX", "auto", parse.choice("auto", "install", "false"),
+        "auto: on GB200/GB300 trays install nvidia-imex and nvidia-imex-ctl of the driver's "
+        "exact version into the install dir (the DRA driver runs them); install: on any node; "
+        "false: never.",
+    )
     nvlsm_version: str | None = setting(
         "NVIDIA_NVLSM_VERSION", "", parse.date_version,
         "NVLSM (NVLink5 nodes: HGX B200/B300) of this version (YYYY.MM.N) from "

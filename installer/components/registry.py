@@ -6,7 +6,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from installer import host
-from installer.components import fabricmanager, nvlink5, nvlsm, nvswitch, persistenced
+from installer.components import fabricmanager, imex, nvlink5, nvlsm, nvswitch, persistenced
 from installer.config import Config
 from installer.hostroot import HostRoot
 from installer.layout import Layout
@@ -44,15 +44,17 @@ def daemons() -> tuple[str, ...]:
 
 def decisions(ctx: Context) -> list[Decision]:
     # NVLink5 is said apart: it is why Fabric Manager applies there, and what NVLSM needs.
-    return [nvlink5.decision(ctx), *(component.decision(ctx) for component in COMPONENTS)]
+    # IMEX has no daemon of ours (the DRA driver runs it): only its decision and step.
+    return [nvlink5.decision(ctx), imex.decision(ctx),
+            *(component.decision(ctx) for component in COMPONENTS)]
 
 
 def steps(ctx: Context) -> list[Step]:
     """After the user space is in versions/<ver>/, before it is activated."""
     # NVLSM's InfiniBand modules before the components' downloads (a kernel that lacks them
     # stops the run before Fabric Manager is fetched), then NVLSM beside Fabric Manager.
-    return nvlink5.steps(ctx) + nvlsm.steps(ctx) + [step for component in COMPONENTS
-                                 for step in component.steps(ctx)]
+    return (nvlink5.steps(ctx) + nvlsm.steps(ctx) + imex.steps(ctx)
+            + [step for component in COMPONENTS for step in component.steps(ctx)])
 
 
 def keeps_download(name: str, version: str, arch: str) -> bool:

@@ -68,6 +68,8 @@ from installer.errors.host import (
 from installer.errors.nvlink5 import (
     IbModuleLoadFailed,
     IbModulesMissing,
+    ImexMismatch,
+    ImexUnavailable,
     NvlsmMismatch,
     NvlsmMissing,
     NvlsmUnavailable,
@@ -126,6 +128,8 @@ __all__ = [
     "HostRepoInsecure",
     "IbModuleLoadFailed",
     "IbModulesMissing",
+    "ImexMismatch",
+    "ImexUnavailable",
     "IncompatibleGpus",
     "InstallFailed",
     "InstallerError",

@@ -54,3 +54,23 @@ class NvlsmMissing(InstallerError):
         "run`) finish on this NVLink5 node first, and keep NVIDIA_FABRICMANAGER=auto on both "
         "containers."
     )
+
+
+class ImexUnavailable(InstallerError):
+    reference = "imex-unavailable"
+    exit_code = 59
+    default_hint = (
+        "IMEX must be exactly the driver's version: check that redistrib_<version>.json at "
+        "NVIDIA_FABRICMANAGER_REDIST lists an imex archive for this architecture (or copy both "
+        "into your mirror), or set NVIDIA_IMEX=false."
+    )
+
+
+class ImexMismatch(InstallerError):
+    reference = "imex-mismatch"
+    exit_code = 19
+    default_hint = (
+        "The redist tree lists or serves an IMEX archive of another version or layout: fix the "
+        "mirror's copy of the archive and of redistrib_<version>.json. No IMEX file was "
+        "installed."
+    )
