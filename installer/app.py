@@ -3,6 +3,7 @@ versions, download, prebuild."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -120,7 +121,7 @@ def verify_installed(config: Config, runner: Runner | None = None) -> Any:
     if record is None and versions.parse_request(config.version).kind == "exact":
         expected = config.version
     fabric_required, switches = components.fabric_required(root)  # NVSwitch nodes
-    return verify.verify(
+    report = verify.verify(
         install_dir=layout.install_local,
         expected_version=expected,
         expected_gpus=[g.address for g in gpus],
@@ -128,6 +129,8 @@ def verify_installed(config: Config, runner: Runner | None = None) -> Any:
         fabric_required=fabric_required,
         switches=switches,
     )
+    sections = components.verify_sections(config, root)  # IMEX's channel device
+    return dataclasses.replace(report, sections=sections) if sections else report
 
 
 def status(config: Config) -> dict[str, Any]:

@@ -72,6 +72,16 @@ def fabric_required(root: HostRoot) -> tuple[bool, tuple[str, ...]]:
     return fabric.needed, switches
 
 
+def verify_sections(config: Config, root: HostRoot) -> dict[str, object]:
+    """What the components add to `installer verify --json` (read-only): IMEX's channel
+    device where IMEX is installed or the driver has the device."""
+    channel = imex.channel(root)
+    gpus = tuple(g.device_id for g in host.nvidia_gpus(root))
+    if imex.wanted(config, gpus)[0] or channel["major"] is not None:
+        return {"imex": channel}
+    return {}
+
+
 def serve(name: str, config: Config) -> None:
     """The long-running container command: keep the daemon up beside the verified driver until
     SIGTERM or SIGINT (then stop it and return). Raises the daemon's error when it cannot be

@@ -63,6 +63,8 @@ class VerifyReport:
     smi_gpus: tuple[GpuInfo, ...] = field(default=(), repr=False)
     fabric_required: bool = False  # an NVSwitch node (Fabric Manager must have run)
     switches: tuple[str, ...] = ()
+    # Sections the components add to the JSON document (IMEX's channel device, ...).
+    sections: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -92,6 +94,7 @@ class VerifyReport:
             "gpus": [gpu.to_json() for gpu in self.gpus],
             "fabric": {"required": self.fabric_required, "state": self.fabric,
                        "nvswitches": list(self.switches)},
+            **self.sections,
             "problems": list(self.problems),
         }
 

@@ -120,3 +120,20 @@ def test_verify_reads_the_imex_channel_device(tmp_path: Path) -> None:
     (tmp_path / "dev/nvidia-caps-imex-channels").mkdir(parents=True)
     (tmp_path / "dev/nvidia-caps-imex-channels/channel0").touch()
     assert imex.channel(root)["channel0_present"] is True
+
+
+def test_verify_json_shows_the_imex_channel_where_imex_is(tmp_path: Path) -> None:
+    from installer import components
+    from installer.verify.report import VerifyReport
+
+    root = make_host(tmp_path, gpus=[GB200])
+    config = from_env(root_env(tmp_path))
+    (tmp_path / "proc/devices").write_text("Character devices:\n511 nvidia-caps-imex-channels\n")
+    sections = components.verify_sections(config, root)
+    assert sections == {"imex": {"device": "nvidia-caps-imex-channels", "major": 511,
+                                 "channel0": "/dev/nvidia-caps-imex-channels/channel0",
+                                 "channel0_present": False}}
+    report = VerifyReport(V, (), V, V, (), (), sections=sections)
+    document = report.to_json()
+    assert document["imex"]["major"] == 511 and list(document)[-1] == "problems"
+    assert components.verify_sections(config, make_host(tmp_path / "h100", gpus=[H100])) == {}
