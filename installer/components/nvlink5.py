@@ -235,7 +235,10 @@ def decision(ctx: Context) -> Decision:
     kernel = ctx.target.kernel
     wanted = not_loaded(ctx.root, kernel)
     absent = [name for name in unavailable(ctx.root, kernel) if name in wanted]
-    if absent:
+    if not ctx.target.load:
+        modules_said = (f"{', '.join(IB_MODULES)} are loaded by a run that loads the driver "
+                        "(this one loads nothing)")
+    elif absent:
         modules_said = (f"{', '.join(absent)} missing from /lib/modules/{kernel}: install "
                         f"{_package(ctx)} (run fails with ib-modules-missing)")
     elif wanted:

@@ -139,24 +139,19 @@ def steps(ctx: Context) -> list[Step]:
     if not nvlink5.applies(ctx) or ctx.target.packages_own_user_space:
         return []
     layout, driver, arch = ctx.layout, ctx.target.version, ctx.facts.arch
-    fetched: list[tuple[nvlsm_archive.Listed, Path]] = []
 
-    def fetch_satisfied() -> bool:
+    def satisfied() -> bool:
         return nvlsm_archive.installed(layout, driver) is not None
 
-    def fetch() -> None:
-        fetched.append(nvlsm_archive.fetch(ctx.config, layout, driver, arch))
-
-    def install() -> None:
-        listed, archive = fetched[-1] if fetched else nvlsm_archive.fetch(
-            ctx.config, layout, driver, arch)
+    def apply() -> None:
+        # One step: which archive (and its version) is known only once the JSON is read.
+        listed, archive = nvlsm_archive.fetch(ctx.config, layout, driver, arch)
         with scratch(layout.tmp) as tmp:
             placed = nvlsm_archive.unpack_and_install(archive, tmp, layout, driver,
                                                       listed.version)
         log.info("installed NVLSM %s into %s: %s", listed.version, layout.version_dir(driver),
                  ", ".join(placed))
 
-    return [Step("fetch-nvlsm", "download the NVLSM archive (" + nvlsm_archive.digest_source(
-                ctx.config, driver) + ")", fetch_satisfied, fetch),
-            Step("install-nvlsm", "nvlsm and nvlsm.conf into versions/<ver>/ beside Fabric "
-                 "Manager", fetch_satisfied, install)]
+    return [Step("install-nvlsm", "download the NVLSM archive ("
+                 + nvlsm_archive.digest_source(ctx.config, driver) + ") and put nvlsm and "
+                 "nvlsm.conf into versions/<ver>/ beside Fabric Manager", satisfied, apply)]

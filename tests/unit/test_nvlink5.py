@@ -114,9 +114,8 @@ def test_the_plan_says_nvlink5_and_loads_the_ib_modules_first(tmp_path: Path) ->
     (fm,) = [d for d in plan.decisions if d.topic == "fabric-manager"]
     assert fm.value == f"fabricmanager-linux-x86_64-{V}-archive.tar.xz"
     names = [s.name for s in plan.steps]
-    assert names[names.index("load-ib-modules"):][:5] == [
-        "load-ib-modules", "fetch-nvlsm", "install-nvlsm", "fetch-fabricmanager",
-        "install-fabricmanager"]
+    assert names[names.index("load-ib-modules"):][:4] == [
+        "load-ib-modules", "install-nvlsm", "fetch-fabricmanager", "install-fabricmanager"]
 
 
 def test_the_ib_modules_are_loaded_with_the_hosts_modprobe(tmp_path: Path) -> None:
