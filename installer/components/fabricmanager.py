@@ -222,6 +222,7 @@ class FabricManagerDaemon:
         # Fabric Manager is up (`nvidia-smi -r`), after each start.
         self.reset_pending = False
         self.shared_mode = False
+        self.pair = False  # NVLSM beside it (an NVLink5 node)
         self.commands: runner.Runner = runner.SubprocessRunner()
         self.layout = Layout.from_config(config, root)
         # NVLSM's pid file and the socket it shares with Fabric Manager, in this container.
@@ -252,6 +253,7 @@ class FabricManagerDaemon:
         command = argv(fm_archive.binary(self.layout, version), config_file)
         environment = {"LD_LIBRARY_PATH": str(self.layout.version_dir(version) / "lib64")}
         found = nvlink5.detect(self.root)
+        self.pair = found.detected
         if found.detected:  # NVLSM first, on the port Fabric Manager then manages through
             from installer.components import nvlsm
 
@@ -286,7 +288,9 @@ class FabricManagerDaemon:
     def ready(self, running: Running) -> str | None:
         """Once it said the switches are configured and every GPU whose fabric state NVML
         reports has completed its registration."""
-        if not self.configured:
+        # Fabric Manager's log on NVLink5 nodes is not documented: there NVML's fabric state
+        # alone decides (it is asked below either way).
+        if not self.configured and not self.pair:
             return None
         if self.reset_pending:
             self.reset_pending = False

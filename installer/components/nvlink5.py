@@ -246,8 +246,10 @@ def decision(ctx: Context) -> Decision:
     else:
         modules_said = f"{', '.join(IB_MODULES)} loaded"
     if ctx.target.packages_own_user_space:
-        nvlsm_said = ("NVLSM is not installed by the installer on this source: install "
-                      "NVIDIA's nvlsm package on the host")
+        nvlsm_said = ("NVLSM is not installed by the installer on this source, so the "
+                      "fabricmanager container fails with nvlsm-missing: set "
+                      "NVIDIA_FABRICMANAGER=false and run NVIDIA's nvlsm package and Fabric "
+                      "Manager of the driver's version on the host")
     else:
         from installer.components import nvlsm_archive
 

@@ -266,3 +266,60 @@ def test_shared_nvswitch_mode_resets_the_gpus_once_fabric_manager_is_up(
     finally:
         daemon.close()
     assert runner.argvs() == [[str(layout.bin_dir / "nvidia-smi"), "-r"]] * resets
+
+
+def test_on_nvlink5_nvml_alone_says_when_fabric_manager_is_ready(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fabric Manager's NVLink5 log lines are not documented: the completed fabric decides."""
+    from installer import verify
+    from installer.components import fabricmanager, fm_archive, nvlsm_archive
+    from installer.components.supervisor import Driver
+    from installer.layout import Layout
+
+    root = b200(tmp_path, ib_loaded=True)
+    config = from_env(root_env(tmp_path))
+    layout = Layout.from_config(config, root)
+    share = fm_archive.config_dir(layout, V)
+    share.mkdir(parents=True)
+    (share / "fabricmanager.cfg").write_text("FABRIC_MODE=0\n")
+    (share / fm_archive.INSTALLED_MARKER).write_text(f"{V}\n{'0' * 64}\n")
+    fm_archive.binary(layout, V).parent.mkdir(parents=True)
+    fm_archive.binary(layout, V).write_text("")
+    nvlsm_archive.binary(layout, V).write_text("")
+    nvlsm_archive.share_dir(layout, V).mkdir(parents=True)
+    (nvlsm_archive.share_dir(layout, V) / nvlsm_archive.INSTALLED_MARKER).write_text(
+        f"2025.10.12\n{'0' * 64}\n")
+    monkeypatch.setattr(verify, "nvml_gpus", lambda *a: ([], []))
+    daemon = fabricmanager.FabricManagerDaemon(config, root, env={})
+    try:
+        assert callable(daemon.plan(Driver(V, layout.install_host)))
+        said = daemon.ready(object())
+    finally:
+        daemon.close()
+    assert said is not None and said.startswith("DRIVER_VERSION=")
+    # Without NVLSM installed the container says what is missing.
+    (nvlsm_archive.share_dir(layout, V) / nvlsm_archive.INSTALLED_MARKER).unlink()
+    from installer.errors import NvlsmMissing
+
+    other = fabricmanager.FabricManagerDaemon(config, root, env={})
+    try:
+        with pytest.raises(NvlsmMissing, match=r"bin/nvlsm \(NVLSM installed with driver"):
+            other.plan(Driver(V, layout.install_host))
+    finally:
+        other.close()
+
+
+def test_on_dnf_hosts_the_plan_says_nvlsm_is_the_hosts(tmp_path: Path) -> None:
+    import dataclasses
+
+    from installer.components import nvlink5 as module
+
+    b200(tmp_path, distro="rocky-9", kernel="5.14.0-427.13.1.el9_4.x86_64")
+    plan = plan_for(tmp_path, NVIDIA_DRIVER_SOURCE="runfile")
+    ctx = dataclasses.replace(plan.context, target=dataclasses.replace(
+        plan.context.target, packages_own_user_space=True))
+    said = module.decision(ctx)
+    assert said.reason.endswith(
+        "NVLSM is not installed by the installer on this source, so the fabricmanager "
+        "container fails with nvlsm-missing: set NVIDIA_FABRICMANAGER=false and run NVIDIA's "
+        "nvlsm package and Fabric Manager of the driver's version on the host")
