@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
@@ -285,6 +286,13 @@ def diagnose(root: HostRoot) -> str | None:
                 "cannot route the NVLink5 fabric without it (the fabricmanager container "
                 "starts both)")
     return None
+
+
+def fabric_reasons(root: HostRoot, gpus: Sequence[object]) -> list[str]:
+    """`diagnose` in the shape of a registered fabric diagnosis: a list of phrases (the GPUs
+    NVML reported are not needed: sysfs and /proc say it)."""
+    said = diagnose(root)
+    return [said] if said else []
 
 
 def _read(path: Path) -> str | None:

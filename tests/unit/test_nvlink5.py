@@ -215,8 +215,10 @@ def test_the_diagnosis_names_what_an_nvlink5_fabric_lacks(tmp_path: Path) -> Non
                         cmdline="/opt/nvlsm/bin/nvlsm-exporter")
     os.symlink("/opt/nvlsm/bin/nvlsm-exporter", other / "exe")
     assert "NVLSM is not running" in (nvlink5.diagnose(root) or "")
+    assert nvlink5.fabric_reasons(root, []) == [nvlink5.diagnose(root)]
     our_process(tmp_path, 4243, "/var/lib/nvidia", "nvlsm", script=True)  # the kit's stand-in
     assert nvlink5.diagnose(root) is None
+    assert nvlink5.fabric_reasons(root, []) == []
     assert nvlink5.diagnose(make_host(tmp_path / "other", gpus=[B200])) is None
 
 
