@@ -3,6 +3,7 @@ versions, download, prebuild."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -175,7 +176,7 @@ def verify_installed(config: Config, runner: Runner | None = None) -> Any:
     loaded = host.loaded_driver(root)
     major = (expected or (loaded.version if loaded else None) or "0").split(".", 1)[0]
     coherent = steps.coherent_memory(config, root, gpus, int(major) if major.isdigit() else 0)
-    return verify.verify(
+    report = verify.verify(
         install_dir=layout.install_local,
         expected_version=expected,
         expected_gpus=[g.address for g in gpus],
@@ -188,6 +189,8 @@ def verify_installed(config: Config, runner: Runner | None = None) -> Any:
         diagnose=lambda reported: components.fabric_diagnosis(root, reported),
         coherent_memory=(steps.coherent_memory_mode(root), coherent.expected),
     )
+    sections = components.verify_sections(config, root)  # IMEX's channel device
+    return dataclasses.replace(report, sections=sections) if sections else report
 
 
 def status(config: Config) -> dict[str, Any]:

@@ -320,6 +320,29 @@ class Config:
         "Comma-separated base URLs of NVIDIA's driver redist tree, tried in order (mirrors "
         "first): each holds redistrib_<version>.json and the fabricmanager archive it names.",
     )
+    imex: str = setting(
+        "NVIDIA_IMEX", "auto", parse.choice("auto", "install", "false"),
+        "auto: on GB200/GB300 trays install nvidia-imex and nvidia-imex-ctl of the driver's "
+        "exact version into the install dir (the DRA driver runs them); install: on any node; "
+        "false: never.",
+    )
+    nvlsm_version: str | None = setting(
+        "NVIDIA_NVLSM_VERSION", "", parse.date_version,
+        "NVLSM (NVLink5 nodes: HGX B200/B300) of this version (YYYY.MM.N) from "
+        "NVIDIA_NVLSM_REDIST; unset: the one the driver's redistrib_<version>.json lists.",
+    )
+    nvlsm_redist: tuple[str, ...] = setting(
+        "NVIDIA_NVLSM_REDIST",
+        "https://developer.download.nvidia.com/compute/cuda/redist", parse.redist,
+        "Comma-separated base URLs of NVIDIA's CUDA redist tree (mirrors first) holding "
+        "nvlsm/linux-<arch>/nvlsm-linux-<arch>-<version>-archive.tar.xz, for "
+        "NVIDIA_NVLSM_VERSION.",
+    )
+    nvlsm_sha256: str | None = setting(
+        "NVIDIA_NVLSM_SHA256", "", parse.sha256,
+        "Expected SHA-256 of the NVIDIA_NVLSM_VERSION archive (else its "
+        "NVIDIA_DRIVER_DIGESTS_FILE entry).",
+    )
     persistenced: bool = setting(
         "NVIDIA_INSTALLER_PERSISTENCED", "true", parse.switch,
         "true: run the installed nvidia-persistenced with persistence mode on (`installer "

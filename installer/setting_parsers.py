@@ -174,6 +174,16 @@ def version(value: str, setting: Named) -> str:
     return value.strip() or "auto"
 
 
+def date_version(value: str, setting: Named) -> str | None:
+    """A date-versioned component (NVLSM: 2025.10.12), or None when empty."""
+    if not value.strip():
+        return None
+    if not re.match(r"^\d{4}\.\d{2}\.\d+$", value.strip()):
+        raise ConfigError(f"{setting.env}={value!r} is not a version of the form YYYY.MM.N",
+                          hint="Example: 2025.10.12 (the nvlsm archive's or package's version).")
+    return value.strip()
+
+
 def text(value: str, setting: Named) -> str:
     return value
 

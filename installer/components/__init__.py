@@ -30,11 +30,12 @@ from installer.components.registry import (
     names,
     serve,
     steps,
+    verify_sections,
 )
 
 __all__ = [
     "COMPONENTS", "daemons", "decisions", "driver_held", "fabric_diagnosis", "fabric_required",
     "holders",
     "keeps_download", "named", "names", "not_ours", "our_daemons", "pause", "pause_for",
-    "paused", "resume", "serve", "steps",
+    "paused", "resume", "serve", "steps", "verify_sections",
 ]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
 from installer import host, runner
-from installer.components import fabric, fm_archive, nvswitch
+from installer.components import fabric, fm_archive, nvlink5, nvswitch
 from installer.config import Config
 from installer.dirs import scratch
 from installer.errors import ConfigError, FabricManagerFailed, FabricManagerMissing
@@ -46,7 +46,7 @@ _CONTROL = r"[\x00-\x1f\x7f]"
 
 
 def _fabric(ctx: Context) -> nvswitch.Fabric:
-    return nvswitch.fabric(ctx.root, tuple(g.device_id for g in ctx.facts.gpus))
+    return nvlink5.fabric(ctx.root, tuple(g.device_id for g in ctx.facts.gpus))
 
 
 def applies(ctx: Context) -> bool:
@@ -175,6 +175,15 @@ def render(text: str, values: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def shared_nvswitch(config_text: str) -> bool:
+    """Whether fabricmanager.cfg says FABRIC_MODE=1 (shared NVSwitch multitenancy)."""
+    for line in config_text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "FABRIC_MODE" and not line.lstrip().startswith("#"):
+            return value.strip() == "1"
+    return False
+
+
 def argv(binary: Path, config_file: Path) -> list[str]:
     return [str(binary), "-c", str(config_file)]
 
@@ -203,7 +212,7 @@ class FabricManagerDaemon:
     name = NAME
 
     def __init__(self, config: Config, root: HostRoot,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, run_dir: Path | None = None) -> None:
         self.config = config
         self.root = root
         self.env = dict(os.environ if env is None else env)
@@ -217,6 +226,14 @@ class FabricManagerDaemon:
         self.wait = fabric.FabricWait(self.layout.install_local, root,
                                       lambda gpus: self.diagnose(gpus), config.fabric_timeout,
                                       every=NVML_EVERY)
+        # Shared NVSwitch mode (FABRIC_MODE=1): NVIDIA's driver container resets the GPUs once
+        # Fabric Manager is up (`nvidia-smi -r`), after each start.
+        self.reset_pending = False
+        self.shared_mode = False
+        self.pair = False  # NVLSM beside it (an NVLink5 node)
+        self.commands: runner.Runner = runner.SubprocessRunner()
+        # NVLSM's pid file and the socket it shares with Fabric Manager, in this container.
+        self.run_dir = run_dir or Path(nvlink5.FM_RUN_DIR)
 
     def close(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
@@ -225,7 +242,7 @@ class FabricManagerDaemon:
         if self.config.fabricmanager == "false":
             return self._watch("NVIDIA_FABRICMANAGER=false")
         gpus = host.nvidia_gpus(self.root)
-        switches = nvswitch.fabric(self.root, tuple(g.device_id for g in gpus))
+        switches = nvlink5.fabric(self.root, tuple(g.device_id for g in gpus))
         if not switches.needed:
             return self._watch(switches.reason)
         version = driver.version
@@ -237,12 +254,32 @@ class FabricManagerDaemon:
         config_file = self.work / "fabricmanager.cfg"
         config_file.write_text(render((source / "fabricmanager.cfg").read_text(),
                                       overrides(self.env, source)))
+        self.shared_mode = shared_nvswitch(config_file.read_text())
         command = argv(fm_archive.binary(self.layout, version), config_file)
         environment = {"LD_LIBRARY_PATH": str(self.layout.version_dir(version) / "lib64")}
+        found = nvlink5.detect(self.root)
+        self.pair = found.detected
+        if found.detected:  # NVLSM first, on the port Fabric Manager then manages through
+            from installer.components import nvlsm
+
+            log.info("%s: NVLSM, then %s", found.reason, DAEMON)
+            pair = nvlsm.pair_start(self.layout, version, found,
+                                    fm_archive.binary(self.layout, version), config_file,
+                                    environment, self.run_dir, self._line)
+
+            def start_pair() -> Running:
+                self.configured = False
+                self.wait.restart()
+                self.reset_pending = self.shared_mode
+                self.tail.clear()
+                return pair()
+
+            return start_pair
 
         def start() -> Running:
             self.configured = False
             self.wait.restart()
+            self.reset_pending = self.shared_mode
             self.tail.clear()
             log.info("starting %s %s: %s", DAEMON, version, " ".join(command))
             return ChildRunning(runner.spawn(command, env=environment, on_line=self._line))
@@ -285,14 +322,29 @@ class FabricManagerDaemon:
                         f"REASON={running.reason}; no GPU reports an NVLink fabric\n")
             return (f"DRIVER_VERSION={self._version()}\nSTATE=fabric-complete\n"
                     f"REASON={running.reason}\nFABRIC={states}\n")
-        if not self.configured:
+        # Fabric Manager's log on NVLink5 nodes is not documented: there NVML's fabric state
+        # alone decides.
+        if not self.configured and not self.pair:
             return None
+        if self.reset_pending:
+            self.reset_pending = False
+            self._reset_gpus()
         states = self.wait.check(runner.SubprocessRunner(), ours_running=True)
         if states is None:
             return None
-        pid = running.child.pid if isinstance(running, ChildRunning) else 0
+        child = getattr(running, "child", None)  # nv-fabricmanager alone, or beside NVLSM
+        pid = child.pid if child is not None else 0
         return (f"DRIVER_VERSION={self._version()}\nSTATE=running\nPID={pid}\n"
                 f"FABRIC={states}\n")
+
+    def _reset_gpus(self) -> None:
+        smi = self.layout.bin_dir / "nvidia-smi"
+        result = self.commands.run([str(smi), "-r"], check=False, timeout=300)
+        if result.returncode != 0:  # a GPU in use is not reset; the partition still works
+            log.warning("FABRIC_MODE=1: nvidia-smi -r exited %d: %s", result.returncode,
+                        result.tail().strip())
+        else:
+            log.info("FABRIC_MODE=1: reset the GPUs after Fabric Manager came up (nvidia-smi -r)")
 
     def _version(self) -> str:
         driver = host.loaded_driver(self.root)
@@ -313,7 +365,7 @@ def fabric_reasons(root: HostRoot, gpus: Sequence[GpuInfo]) -> list[str]:
         return [f"the GPUs ({', '.join(off_host)}) are NVL72 parts whose fabric the rack's "
                 "switch trays bring up (NVLSM, Fabric Manager and NMX-C there, not on this "
                 "node)"]
-    switches = nvswitch.fabric(root, ids)
+    switches = nvlink5.fabric(root, ids)
     if switches.needed and not fabric.process_running(root, DAEMON):
         return [f"Fabric Manager ({DAEMON}) is not running on this NVSwitch node "
                 f"({switches.reason})"]

@@ -73,7 +73,9 @@ def pause(root: HostRoot, layout: Layout, config: Config) -> None:
     root.write_atomic(PAUSE_FILE, f"INSTALLER_PID={os.getpid()}\n")
     daemons = processes.find(root, registry.daemons(), _install_dirs(layout, config))
     if daemons:
-        for daemon in processes.terminate(root, daemons):
+        # In registry order: Fabric Manager before NVLSM, as NVIDIA's driver container
+        # unloads (then the modules).
+        for daemon in processes.terminate_in_order(root, daemons, registry.daemons()):
             log.warning("cannot stop %s (pid %d) from here", daemon.name, daemon.pid)
     for name in registry.names():  # their containers are not ready while the daemons are stopped
         root.local(ready_file(name)).unlink(missing_ok=True)

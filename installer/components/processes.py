@@ -86,6 +86,19 @@ def terminate(root: HostRoot, daemons: list[Daemon], timeout: float = 15.0) -> l
     return left + pending
 
 
+def terminate_in_order(root: HostRoot, daemons: list[Daemon], names: tuple[str, ...],
+                       timeout: float = 15.0) -> list[Daemon]:
+    """`terminate` one name at a time, in the order of `names` (each group gone before the
+    next is signalled: Fabric Manager before the NVLSM it talks to). Returns what `terminate`
+    returns for them all."""
+    left = []
+    for name in names:
+        group = [d for d in daemons if d.name == name]
+        if group:
+            left += terminate(root, group, timeout)
+    return left
+
+
 def _signal(pid_dir: Path, signum: int) -> bool:
     """Signal through a /proc/<pid> directory descriptor: the right process even if the pid
     was reused, and refused (False) when it lives outside our PID namespace."""

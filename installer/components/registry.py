@@ -6,7 +6,15 @@ import logging
 from typing import TYPE_CHECKING
 
 from installer import host
-from installer.components import fabric, fabricmanager, nvswitch, persistenced
+from installer.components import (
+    fabric,
+    fabricmanager,
+    imex,
+    nvlink5,
+    nvlsm,
+    nvswitch,
+    persistenced,
+)
 from installer.config import Config
 from installer.hostroot import HostRoot
 from installer.layout import Layout
@@ -27,7 +35,7 @@ COMPONENTS: tuple[Component, ...] = (fabricmanager.COMPONENT, persistenced.COMPO
 # Why a fabric is not complete: each entry says it of the GPUs NVML reported, a phrase each
 # (`fabric.Diagnosis`); `installer verify` and the fabricmanager container's error name them.
 FABRIC_DIAGNOSES: tuple[fabric.Diagnosis, ...] = (
-    fabricmanager.fabric_reasons, fabric.partition_reasons)
+    fabricmanager.fabric_reasons, nvlink5.fabric_reasons, fabric.partition_reasons)
 
 
 def fabric_diagnosis(root: HostRoot, gpus: Sequence[GpuInfo]) -> list[str]:
@@ -50,17 +58,25 @@ def names() -> tuple[str, ...]:
 
 
 def daemons() -> tuple[str, ...]:
-    """The names of their daemons' processes (what an unload waits for or stops)."""
-    return tuple(c.daemon for c in COMPONENTS)
+    """The names of their daemons' processes (what an unload waits for or stops), in the order
+    they are stopped: NVLSM, which the fabricmanager container runs beside nv-fabricmanager,
+    after it."""
+    return (*(c.daemon for c in COMPONENTS), nvlsm.DAEMON)
 
 
 def decisions(ctx: Context) -> list[Decision]:
-    return [component.decision(ctx) for component in COMPONENTS]
+    # NVLink5 is said apart: it is why Fabric Manager applies there, and what NVLSM needs.
+    # IMEX has no daemon of ours (the DRA driver runs it): only its decision and step.
+    return [nvlink5.decision(ctx), imex.decision(ctx),
+            *(component.decision(ctx) for component in COMPONENTS)]
 
 
 def steps(ctx: Context) -> list[Step]:
     """After the user space is in versions/<ver>/, before it is activated."""
-    return [step for component in COMPONENTS for step in component.steps(ctx)]
+    # NVLSM's InfiniBand modules before the components' downloads (a kernel that lacks them
+    # stops the run before Fabric Manager is fetched), then NVLSM beside Fabric Manager.
+    return (nvlink5.steps(ctx) + nvlsm.steps(ctx) + imex.steps(ctx)
+            + [step for component in COMPONENTS for step in component.steps(ctx)])
 
 
 def keeps_download(name: str, version: str, arch: str) -> bool:
@@ -69,12 +85,23 @@ def keeps_download(name: str, version: str, arch: str) -> bool:
 
 
 def fabric_required(root: HostRoot) -> tuple[bool, tuple[str, ...]]:
-    """Whether readiness needs the NVLink fabric (an NVSwitch node whose fabric the node
-    manages), and the switches: the driver's list, else the PCI functions."""
+    """Whether readiness needs the NVLink fabric (an NVSwitch or NVLink5 node whose fabric the
+    node manages), and the switches: the driver's list, else the PCI functions (none listed on
+    an NVLink5 node, whose switches are behind its LPF ports)."""
     gpus = host.nvidia_gpus(root)
-    fabric = nvswitch.fabric(root, tuple(g.device_id for g in gpus))
+    fabric = nvlink5.fabric(root, tuple(g.device_id for g in gpus))
     switches = nvswitch.driver_switches(root) or tuple(s.address for s in fabric.switches)
     return fabric.needed, switches
+
+
+def verify_sections(config: Config, root: HostRoot) -> dict[str, object]:
+    """What the components add to `installer verify --json` (read-only): IMEX's channel
+    device where IMEX is installed or the driver has the device."""
+    channel = imex.channel(root)
+    gpus = tuple(g.device_id for g in host.nvidia_gpus(root))
+    if imex.wanted(config, gpus)[0] or channel["major"] is not None:
+        return {"imex": channel}
+    return {}
 
 
 def serve(name: str, config: Config) -> None:

@@ -56,6 +56,13 @@ class Debian(Family):
 
         return apt.fetch(root, config, facts, work, runner, package, where)
 
+    def ib_modules_package(self, distro: Release, kernel: str) -> str:
+        # Ubuntu splits a kernel's modules: mlx5_ib and ib_umad are in linux-modules-extra
+        # (cloud images such as EKS's leave it out); Debian's linux-image carries them all.
+        if distro.id == "ubuntu":
+            return f"linux-modules-extra-{kernel}"
+        return f"linux-image-{kernel}"
+
     def owns_compiler_package(self, package: str) -> bool:
         return re.fullmatch(_GCC, package) is not None
 

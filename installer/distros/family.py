@@ -109,6 +109,10 @@ class Family(ABC):
         return None
 
     @abstractmethod
+    def ib_modules_package(self, distro: Release, kernel: str) -> str:
+        """The package holding `kernel`'s InfiniBand modules (mlx5_core, mlx5_ib, ib_umad)."""
+
+    @abstractmethod
     def owns_compiler_package(self, package: str) -> bool:
         """Whether `package` is one of this family's versioned compiler packages."""
 

@@ -84,6 +84,10 @@ class Rhel(Family):
 
         return f"Rocky's vault for {dnf.kernel_minor(kernel, distro)}", config.rocky_vault
 
+    def ib_modules_package(self, distro: Release, kernel: str) -> str:
+        # kernel-modules-core holds what boots; the InfiniBand drivers are in kernel-modules.
+        return f"kernel-modules-{kernel}"
+
     def owns_compiler_package(self, package: str) -> bool:
         return re.fullmatch(_TOOLSET, package) is not None
 

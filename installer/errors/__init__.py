@@ -72,6 +72,15 @@ from installer.errors.metrics import (
     MetricsListenInvalid,
     MetricsPortUnavailable,
 )
+from installer.errors.nvlink5 import (
+    IbModuleLoadFailed,
+    IbModulesMissing,
+    ImexMismatch,
+    ImexUnavailable,
+    NvlsmMismatch,
+    NvlsmMissing,
+    NvlsmUnavailable,
+)
 from installer.errors.packages import (
     DkmsUnavailable,
     HostRepoInsecure,
@@ -126,6 +135,10 @@ __all__ = [
     "HeadersFetchFailed",
     "HostLayoutError",
     "HostRepoInsecure",
+    "IbModuleLoadFailed",
+    "IbModulesMissing",
+    "ImexMismatch",
+    "ImexUnavailable",
     "IncompatibleGpus",
     "InstallFailed",
     "InstallerError",
@@ -144,6 +157,9 @@ __all__ = [
     "NodeConditionForbidden",
     "NodeNotFound",
     "NouveauActive",
+    "NvlsmMismatch",
+    "NvlsmMissing",
+    "NvlsmUnavailable",
     "PackageManagerFailed",
     "PageSizeRisk",
     "PersistencedFailed",

@@ -107,6 +107,8 @@ class VerifyReport:
     fabric_reasons: tuple[str, ...] = ()
     # CoherentGPUMemoryMode as the loaded module reports it (None: it reports none).
     coherent_memory: Optional[str] = None
+    # Sections the components add to the JSON document (IMEX's channel device, ...).
+    sections: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -151,6 +153,7 @@ class VerifyReport:
                        "nvswitches": list(self.switches), "clique": self.clique,
                        "reasons": list(self.fabric_reasons)},
             "coherent_memory": self.coherent_memory,
+            **self.sections,
             "problems": list(self.problems),
         }
 

@@ -73,7 +73,8 @@ def test_the_registered_components_are_fabric_manager_then_persistenced() -> Non
     assert components.COMPONENTS == (fabricmanager.COMPONENT, persistenced.COMPONENT)
     # Their commands and what the scheduling gate waits for.
     assert components.names() == ("fabricmanager", "persistenced")
-    assert components.daemons() == ("nv-fabricmanager", "nvidia-persistenced")
+    # NVLSM runs in the fabricmanager container beside nv-fabricmanager, and stops after it.
+    assert components.daemons() == ("nv-fabricmanager", "nvidia-persistenced", "nvlsm")
     assert components.named("persistenced") is persistenced.COMPONENT
     with pytest.raises(KeyError):
         components.named("dcgm")

@@ -39,6 +39,9 @@ class Suse(Family):
     def fetch_headers(self, *args: Any) -> list[str]:
         raise NotImplementedError
 
+    def ib_modules_package(self, distro: Any, kernel: str) -> str:
+        return f"kernel-default-{kernel}"
+
     def owns_compiler_package(self, package: str) -> bool:
         return package.startswith("gcc") and package[3:].isdigit()
 

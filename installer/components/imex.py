@@ -1,0 +1,226 @@
+"""IMEX for multi-node NVLink (GB200/GB300 NVL72 trays): nvidia-imex and nvidia-imex-ctl of
+exactly the driver's version from the driver's redist tree into versions/<ver>/bin, where the
+DRA driver's compute-domain daemon finds driver binaries; the host's nvidia-imex.service."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from pathlib import Path, PurePosixPath
+from typing import Any, NamedTuple
+
+from installer.components import fm_archive, nvswitch
+from installer.config import Config
+from installer.dirs import mark_complete, scratch
+from installer.errors import DownloadForbidden, DownloadNotFound, ImexMismatch, ImexUnavailable
+from installer.hostroot import HostRoot
+from installer.layout import Layout
+from installer.plan import Context, Decision, Step
+
+log = logging.getLogger(__name__)
+
+COMPONENT_KEY = "imex"
+BINARIES = ("nvidia-imex", "nvidia-imex-ctl")
+MARKER = ".imex-version"
+# The host's own unit: it must not serve IMEX while the DRA driver's daemon does.
+UNIT = "nvidia-imex.service"
+UNIT_DIRS = ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
+# What the DRA driver's kubelet plugin needs of the loaded driver.
+CHANNELS_DEVICE = "nvidia-caps-imex-channels"
+CHANNEL0 = "/dev/nvidia-caps-imex-channels/channel0"
+_SHA256 = r"^[0-9a-f]{64}$"
+
+
+def wanted(config: Config, gpu_device_ids: tuple[int, ...]) -> tuple[bool, str]:
+    """Whether to install IMEX, and why: NVIDIA_IMEX=install, or auto on GB200/GB300 trays."""
+    if config.imex == "false":
+        return False, "NVIDIA_IMEX=false"
+    if config.imex == "install":
+        return True, "NVIDIA_IMEX=install"
+    trays = sorted(i for i in gpu_device_ids if i in nvswitch.OFF_HOST_FABRIC_GPUS)
+    if trays:
+        return True, (f"GPUs 10de:{trays[0]:04x} are GB200/GB300 NVL72 parts: multi-node NVLink "
+                      "needs IMEX of the driver's version")
+    return False, "no GB200/GB300 GPU (NVIDIA_IMEX=install installs it anyway)"
+
+
+def host_unit(root: HostRoot) -> str | None:
+    """The host's nvidia-imex.service: None (none), "masked", or where it is."""
+    for directory in UNIT_DIRS:
+        path = root.local(f"{directory}/{UNIT}")
+        if path.is_symlink() and str(path.readlink()) == "/dev/null":
+            return "masked"
+        if path.exists():
+            return f"{directory}/{UNIT}"
+    return None
+
+
+def installed(layout: Layout, version: str) -> bool:
+    bin_dir = layout.version_dir(version) / "bin"
+    try:
+        text = (bin_dir / MARKER).read_text()
+    except OSError:
+        return False
+    return (re.fullmatch(re.escape(version) + r"\n[0-9a-f]{64}\n", text) is not None
+            and all((bin_dir / name).is_file() for name in BINARIES))
+
+
+class Listed(NamedTuple):
+    relative_path: str
+    sha256: str
+    size: int
+    where: str
+    trusted: bool = False
+
+
+def parse_entry(data: bytes, version: str, arch: str, where: str) -> Listed:
+    """The imex entry of redistrib_<version>.json for `arch` (its archive's name varies by
+    release: taken from the JSON, under imex/). Raises ImexUnavailable (none listed) or
+    ImexMismatch (another version, or a path outside the tree)."""
+    try:
+        document: Any = json.loads(data)
+    except ValueError as exc:
+        raise ImexMismatch(f"{where} is not JSON: {exc}") from None
+    entry = document.get(COMPONENT_KEY) if isinstance(document, dict) else None
+    platform = fm_archive.PLATFORMS[arch]
+    if not isinstance(entry, dict) or not isinstance(entry.get(platform), dict):
+        raise ImexUnavailable(f"{where} lists no imex archive for {platform}")
+    if entry.get("version") != version:
+        raise ImexMismatch(f"{where} lists imex {entry.get('version')!r}, not {version}: IMEX "
+                           "aborts on a driver of another version")
+    item = entry[platform]
+    relative = str(item.get("relative_path", ""))
+    path = PurePosixPath(relative)
+    if (path.is_absolute() or ".." in path.parts or path.parts[:1] != (COMPONENT_KEY,)
+            or not path.name.endswith(".tar.xz") or version not in path.name):
+        raise ImexMismatch(f"{where}: {platform} names {relative!r}, not an imex archive of "
+                           f"{version} under imex/")
+    sha256 = str(item.get("sha256", "")).lower()
+    size = str(item.get("size", ""))
+    if not re.match(_SHA256, sha256) or not size.isdigit():
+        raise ImexMismatch(f"{where}: {platform} has no valid sha256 and size")
+    return Listed(relative, sha256, int(size), where)
+
+
+def fetch(config: Config, layout: Layout, version: str, arch: str) -> Path:
+    """The archive the first (trusted-first) redistrib JSON lists, into the download cache,
+    verified as Fabric Manager's is (digests file, or that JSON over TLS from a trusted
+    origin; a mirror's JSON vouches for nothing)."""
+    from installer import delivery
+    from installer.delivery import digests
+    from installer.delivery.checksums import Expected
+
+    settings = fm_archive.download_settings(config)
+    found: Listed | None = None
+    tried = []
+    for base in config.fabricmanager_redist:
+        url = fm_archive.manifest_url(base, version)
+        trusted = digests.is_trusted(url, config.trusted_origins)
+        if found is not None and not trusted:
+            continue
+        try:
+            data = delivery.fetch_bytes(url, settings, max_bytes=4 << 20, https_only=trusted)
+        except (DownloadNotFound, DownloadForbidden) as exc:
+            tried.append(f"{delivery.redact_url(url)} ({exc.message.rsplit(': ', 1)[-1]})")
+            continue
+        found = parse_entry(data, version, arch, delivery.redact_url(url))._replace(
+            trusted=trusted)
+        if trusted:
+            break
+    if found is None:
+        raise ImexUnavailable(f"no redistrib_{version}.json in the redist tree: tried "
+                              f"{'; '.join(tried)}")
+    vouched = None
+    if found.trusted or config.allow_unverified:
+        vouched = Expected(found.sha256, "trusted-origin" if found.trusted else "none",
+                           f"listed in {found.where}", found.size)
+    name = PurePosixPath(found.relative_path).name
+    urls = [f"{b.rstrip('/')}/{found.relative_path}" for b in config.fabricmanager_redist]
+    fetched = delivery.fetch_file(urls, layout.downloads, name, checksum_urls=[],
+                                  settings=settings, vouched=vouched)
+    log.info("IMEX %s: %s (sha256 %s, verified by %s)", version, name, fetched.sha256,
+             fetched.verified_by)
+    return Path(fetched.path)
+
+
+def install(archive: Path, work: Path, layout: Layout, version: str) -> list[str]:
+    """nvidia-imex and nvidia-imex-ctl of the extracted archive (confined to its top
+    directory) into versions/<ver>/bin; the marker (version, archive SHA-256) last. Raises
+    ArchiveUnsafe or ImexMismatch."""
+    from installer.delivery.checksums import file_sha256
+    from installer.delivery.unpack import extract
+
+    tree = extract(archive, work, archive.name[: -len(".tar.xz")])
+    bin_dir = layout.version_dir(version) / "bin"
+    sources = {}
+    for name in BINARIES:
+        source = next((p for p in (tree / "bin" / name, tree / "sbin" / name) if p.is_file()),
+                      None)
+        if source is None:
+            raise ImexMismatch(f"{archive.name} has no bin/{name}")
+        sources[name] = source
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, source in sources.items():
+        temporary = bin_dir / f".{name}.new"
+        shutil.copy2(source, temporary)
+        temporary.replace(bin_dir / name)
+    mark_complete(bin_dir, f"{version}\n{file_sha256(archive)}\n", MARKER)
+    return [f"bin/{name}" for name in BINARIES]
+
+
+def decision(ctx: Context) -> Decision:
+    want, why = wanted(ctx.config, tuple(g.device_id for g in ctx.facts.gpus))
+    if not want:
+        return Decision("imex", "not installed", why)
+    unit = host_unit(ctx.root)
+    service = {None: "the host has no nvidia-imex.service",
+               "masked": "the host's nvidia-imex.service is masked"}.get(
+        unit, f"the host's {unit} is left alone: mask it (systemctl mask nvidia-imex) where the "
+        "DRA driver's compute-domain daemon runs IMEX")
+    where = (f"into versions/{ctx.target.version}/bin (the DRA driver finds them with "
+             f"nvidiaDriverRoot={ctx.layout.install_host})")
+    t = ctx.target
+    if t.packages_own_user_space:
+        package = (f"nvidia-imex-{t.version}" if t.branch >= 580 else
+                   f"nvidia-imex-{t.branch}-{t.version}")
+        return Decision("imex", "not installed by the installer", f"{why}; the {t.source} "
+                        f"source does not install it: install NVIDIA's {package} package of "
+                        f"the driver's version; {service}")
+    return Decision("imex", f"nvidia-imex {t.version}", f"{why}: nvidia-imex and "
+                    f"nvidia-imex-ctl of exactly {t.version} from the imex entry of "
+                    f"redistrib_{t.version}.json at {', '.join(ctx.config.fabricmanager_redist)} "
+                    f"{where}; {service}")
+
+
+def steps(ctx: Context) -> list[Step]:
+    if ctx.target.packages_own_user_space or not wanted(
+            ctx.config, tuple(g.device_id for g in ctx.facts.gpus))[0]:
+        return []
+    layout, version, arch = ctx.layout, ctx.target.version, ctx.facts.arch
+
+    def satisfied() -> bool:
+        return installed(layout, version)
+
+    def apply() -> None:
+        archive = fetch(ctx.config, layout, version, arch)
+        with scratch(layout.tmp) as tmp:
+            placed = install(archive, tmp, layout, version)
+        log.info("installed IMEX %s: %s", version, ", ".join(placed))
+
+    return [Step("install-imex", "nvidia-imex and nvidia-imex-ctl of the driver's version "
+                 "into versions/<ver>/bin (the redistrib JSON names the archive)", satisfied,
+                 apply)]
+
+
+def channel(root: HostRoot) -> dict[str, object]:
+    """What `verify --json` reports of IMEX channels: the driver's char device major for
+    nvidia-caps-imex-channels in /proc/devices, and whether channel0's node exists."""
+    major = None
+    for line in (root.read_text("/proc/devices", "") or "").splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[1] == CHANNELS_DEVICE and fields[0].isdigit():
+            major = int(fields[0])
+    return {"device": CHANNELS_DEVICE, "major": major, "channel0": CHANNEL0,
+            "channel0_present": root.exists(CHANNEL0)}

@@ -1,0 +1,309 @@
+"""NVLink5 nodes (HGX B200/B300): the ConnectX-7 "Limited PF" ports that manage the switches,
+the InfiniBand modules NVLSM needs, and why such a node's fabric is not complete."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
+from typing import NamedTuple
+
+from installer import host, modules
+from installer.components import nvswitch
+from installer.errors import IbModuleLoadFailed, IbModulesMissing
+from installer.hostroot import HostRoot
+from installer.plan import Context, Decision, Step
+
+log = logging.getLogger(__name__)
+
+MELLANOX_VENDOR_ID = 0x15B3
+# On NVLink5 boards the switches sit behind ConnectX-7 bridges (MT2910). Each port has a full PF
+# and a Limited PF; the LPF's VPD carries SMDL=SW_MNG: NVLSM and Fabric Manager manage the
+# NVLink switches through it (what NVIDIA's driver container greps for).
+SW_MNG = b"SW_MNG"
+# NVLSM binds libibumad on an mlx5 IB port: the PCI driver, its IB half (which makes
+# /sys/class/infiniband) and the user MAD device. Loaded in this order (each needs the one
+# before), unloaded after NVLSM stops.
+IB_MODULES = ("mlx5_core", "mlx5_ib", "ib_umad")
+# Where nvlsm and nv-fabricmanager meet (the socket NVLSM opens once it manages the port).
+FM_RUN_DIR = "/var/run/nvidia-fabricmanager"
+NVLSM_PID_FILE = f"{FM_RUN_DIR}/nvlsm.pid"
+SM_SOCKET = f"{FM_RUN_DIR}/fm_sm_ipc.socket"
+_GID = r"^[0-9a-f]{4}(:[0-9a-f]{4}){7}$"
+_NODE_GUID = r"^[0-9a-f]{4}(:[0-9a-f]{4}){3}$"
+
+
+class LpfPort(NamedTuple):
+    """A Limited PF of a ConnectX-7 bridge: its PCI function, its IB device once mlx5_ib made
+    one, and the port GUID NVLSM and Fabric Manager are given (None until then)."""
+
+    address: str
+    device_id: int
+    ib_device: str | None
+    guid: str | None  # 0x + 16 hex digits
+
+
+def lpf_ports(root: HostRoot) -> tuple[LpfPort, ...]:
+    """The Mellanox PCI functions whose VPD says SW_MNG, by address. Reads sysfs only: the PCI
+    function's vpd is there before mlx5_ib is loaded (/sys/class/infiniband/*/device/vpd, where
+    NVIDIA's driver container looks, is the same file once it is)."""
+    devices = root.local_resolved("/sys/bus/pci/devices")
+    try:
+        entries = sorted(os.listdir(devices))
+    except OSError:
+        return ()
+    found = []
+    for name in entries:
+        function = devices / name
+        if _hex(function / "vendor") != MELLANOX_VENDOR_ID:
+            continue
+        try:
+            vpd = (function / "vpd").read_bytes()
+        except OSError:  # no VPD capability, or unreadable: not an LPF we can tell
+            continue
+        if SW_MNG not in vpd:
+            continue
+        ib_device, guid = _port_guid(function)
+        found.append(LpfPort(name, _hex(function / "device") or 0, ib_device, guid))
+    return tuple(found)
+
+
+def _port_guid(function: Path) -> tuple[str | None, str | None]:
+    """Port 1's GUID of the IB device mlx5_ib made for this PCI function: the interface id of
+    its GID 0 (fe80::<port GUID>), else the node GUID (the same on a single-port LPF)."""
+    try:
+        names = sorted(os.listdir(function / "infiniband"))
+    except OSError:
+        return None, None
+    if not names:
+        return None, None
+    ib = function / "infiniband" / names[0]
+    gid = _read(ib / "ports" / "1" / "gids" / "0")
+    if gid is not None and re.match(_GID, gid) and not gid.endswith("0000:0000:0000:0000"):
+        return names[0], "0x" + gid.replace(":", "")[16:]
+    node = _read(ib / "node_guid")
+    if node is not None and re.match(_NODE_GUID, node) and node != "0000:0000:0000:0000":
+        return names[0], "0x" + node.replace(":", "")
+    return names[0], None
+
+
+class Nvlink5(NamedTuple):
+    """Whether this is an NVLink5 node (its switches managed through LPF ports), and why."""
+
+    ports: tuple[LpfPort, ...]
+    reason: str
+
+    @property
+    def detected(self) -> bool:
+        return bool(self.ports)
+
+    @property
+    def port(self) -> LpfPort | None:
+        """The port NVLSM runs on: the first whose GUID is known, else the first."""
+        with_guid = [p for p in self.ports if p.guid]
+        chosen = with_guid or list(self.ports)
+        return chosen[0] if chosen else None
+
+
+def detect(root: HostRoot) -> Nvlink5:
+    ports = lpf_ports(root)
+    if not ports:
+        return Nvlink5((), "no PCI function of vendor 15b3 whose VPD says SW_MNG (a ConnectX-7 "
+                       "Limited PF managing NVLink switches)")
+    first = ports[0]
+    where = (f"{first.address} (15b3:{first.device_id:04x}"
+             + (f", {first.ib_device}" if first.ib_device else "") + ")")
+    guid = (f"port GUID {first.guid}" if first.guid else
+            "port GUID known once mlx5_ib is loaded")
+    return Nvlink5(ports, f"NVLink5 node: {len(ports)} ConnectX-7 Limited PF port(s) whose VPD "
+                   f"says SW_MNG, first {where}, {guid}")
+
+
+def fabric(root: HostRoot, gpu_device_ids: tuple[int, ...]) -> nvswitch.Fabric:
+    """Whether the node's fabric needs Fabric Manager on the node: NVSwitch functions on the
+    host (HGX A100/H100/H200), or LPF ports (NVLink5, where NVLSM must run first); never for
+    NVL72 trays, whose fabric is managed off the node."""
+    switches = nvswitch.fabric(root, gpu_device_ids)
+    if switches.needed or switches.switches:
+        return switches
+    found = detect(root)
+    if not found.detected:
+        return switches
+    off_host = sorted(i for i in gpu_device_ids if i in nvswitch.OFF_HOST_FABRIC_GPUS)
+    if off_host:
+        return nvswitch.Fabric((), False, f"{found.reason}, but the GPUs "
+                               f"({host.pci_id(off_host[0])}) are NVL72 parts whose fabric is "
+                               "managed off the node")
+    return nvswitch.Fabric((), True, found.reason)
+
+
+# --- the InfiniBand modules ------------------------------------------------------------------
+
+
+def _module_files(root: HostRoot, kernel: str) -> set[str]:
+    """Module names of `kernel` modprobe can load or finds built in (modules.dep and
+    modules.builtin, as depmod writes them)."""
+    found = set()
+    for name in ("modules.dep", "modules.builtin"):
+        text = root.read_text(f"/lib/modules/{kernel}/{name}", "") or ""
+        for line in text.splitlines():
+            path = line.split(":", 1)[0].strip()
+            base = path.rsplit("/", 1)[-1]
+            match = re.match(r"^(.+)\.ko(\.[a-z]+)?$", base)
+            if match:
+                found.add(match.group(1).replace("-", "_"))
+    return found
+
+
+def _builtin(root: HostRoot, kernel: str) -> set[str]:
+    text = root.read_text(f"/lib/modules/{kernel}/modules.builtin", "") or ""
+    return {line.rsplit("/", 1)[-1].split(".ko", 1)[0].replace("-", "_")
+            for line in text.splitlines() if line.strip()}
+
+
+def not_loaded(root: HostRoot, kernel: str) -> list[str]:
+    """The IB modules neither in /proc/modules nor built into `kernel`."""
+    present = set(modules.loaded_modules(root)) | _builtin(root, kernel)
+    return [name for name in IB_MODULES if name not in present]
+
+
+def unavailable(root: HostRoot, kernel: str) -> list[str]:
+    """The IB modules `kernel`'s module tree lacks (modprobe could not load them)."""
+    have = _module_files(root, kernel)
+    return [name for name in IB_MODULES if name not in have]
+
+
+def missing_error(root: HostRoot, kernel: str, absent: list[str], package: str,
+                  why: str) -> IbModulesMissing:
+    return IbModulesMissing(
+        f"{why}: NVLSM needs {', '.join(IB_MODULES)}, but /lib/modules/{kernel} has no "
+        f"{', '.join(absent)} (modules.dep): without them NVLSM cannot bind the port, Fabric "
+        "Manager exits (NV_WARN_NOTHING_TO_DO) and CUDA fails with error 802",
+        hint=f"Install {package} on the node (it holds {', '.join(absent)} for kernel "
+        f"{kernel}), then run the installer again.")
+
+
+def ib_modules_step(ctx: Context, found: Nvlink5) -> Step:
+    """Load the missing IB modules with the host's modprobe (refused, before any load, naming
+    the package when the kernel lacks one)."""
+    root, kernel = ctx.root, ctx.target.kernel
+
+    def satisfied() -> bool:
+        return not not_loaded(root, kernel)
+
+    def apply() -> None:
+        wanted = not_loaded(root, kernel)
+        absent = [name for name in unavailable(root, kernel) if name in wanted]
+        if absent:
+            raise missing_error(root, kernel, absent, _package(ctx), found.reason)
+        for name in wanted:
+            result = ctx.runner.run([*modules.modprobe_base(root), name], check=False,
+                                    timeout=120)
+            if result.returncode != 0:
+                raise IbModuleLoadFailed(
+                    f"modprobe {name} exited {result.returncode}: "
+                    f"{result.tail().strip() or '(no output)'}")
+            log.info("loaded %s (NVLink5 node: NVLSM needs it)", name)
+
+    return Step("load-ib-modules", f"modprobe {', '.join(IB_MODULES)} (NVLSM binds the LPF "
+                "port through them)", satisfied, apply)
+
+
+def _package(ctx: Context) -> str:
+    from installer import distros
+
+    return distros.of(ctx.facts.distro).ib_modules_package(ctx.facts.distro, ctx.target.kernel)
+
+
+def applies(ctx: Context) -> bool:
+    return (ctx.config.fabricmanager != "false"
+            and fabric(ctx.root, tuple(g.device_id for g in ctx.facts.gpus)).needed
+            and detect(ctx.root).detected)
+
+
+def decision(ctx: Context) -> Decision:
+    found = detect(ctx.root)
+    if not found.detected:
+        return Decision("nvlink5", "no", found.reason)
+    if ctx.config.fabricmanager == "false":
+        return Decision("nvlink5", "off", f"{found.reason}; NVIDIA_FABRICMANAGER=false: the "
+                        "host runs NVLSM and Fabric Manager")
+    if not applies(ctx):
+        return Decision("nvlink5", "not managed here",
+                        fabric(ctx.root, tuple(g.device_id for g in ctx.facts.gpus)).reason)
+    kernel = ctx.target.kernel
+    wanted = not_loaded(ctx.root, kernel)
+    absent = [name for name in unavailable(ctx.root, kernel) if name in wanted]
+    if not ctx.target.load:
+        modules_said = (f"{', '.join(IB_MODULES)} are loaded by a run that loads the driver "
+                        "(this one loads nothing)")
+    elif absent:
+        modules_said = (f"{', '.join(absent)} missing from /lib/modules/{kernel}: install "
+                        f"{_package(ctx)} (run fails with ib-modules-missing)")
+    elif wanted:
+        modules_said = f"{', '.join(wanted)} will be loaded (modprobe)"
+    else:
+        modules_said = f"{', '.join(IB_MODULES)} loaded"
+    if ctx.target.packages_own_user_space:
+        nvlsm_said = ("NVLSM is not installed by the installer on this source, so the "
+                      "fabricmanager container fails with nvlsm-missing: set "
+                      "NVIDIA_FABRICMANAGER=false and run NVIDIA's nvlsm package and Fabric "
+                      "Manager of the driver's version on the host")
+    else:
+        from installer.components import nvlsm_archive
+
+        nvlsm_said = "NVLSM: " + nvlsm_archive.digest_source(ctx.config, ctx.target.version)
+    return Decision("nvlink5", "yes", f"{found.reason}: NVLSM runs on that port before Fabric "
+                    f"Manager, both in the fabricmanager container; {modules_said}; "
+                    f"{nvlsm_said}")
+
+
+def steps(ctx: Context) -> list[Step]:
+    if not applies(ctx) or not ctx.target.load:
+        return []
+    return [ib_modules_step(ctx, detect(ctx.root))]
+
+
+def diagnose(root: HostRoot) -> str | None:
+    """Why an NVLink5 node's fabric is not complete (IB modules not loaded, no NVLSM running),
+    or None when that is not the reason (not an NVLink5 node, or both are fine). Reads sysfs
+    and the host's /proc only (any nvlsm process counts: ours, or the host's own service)."""
+    from installer.components import processes
+
+    found = detect(root)
+    if not found.detected:
+        return None
+    release = (root.read_text("/proc/sys/kernel/osrelease", "") or "").strip()
+    absent = not_loaded(root, release)
+    if absent:
+        return (f"{found.reason}: {', '.join(absent)} not loaded, so NVLSM cannot bind the "
+                "port (install the kernel's InfiniBand modules; `installer plan` names the "
+                "package)")
+    if not processes.find(root, ("nvlsm",), (PurePosixPath("/"),)):
+        return (f"{found.reason}: NVLSM is not running (no nvlsm process); Fabric Manager "
+                "cannot route the NVLink5 fabric without it (the fabricmanager container "
+                "starts both)")
+    return None
+
+
+def fabric_reasons(root: HostRoot, gpus: Sequence[object]) -> list[str]:
+    """`diagnose` in the shape of a registered fabric diagnosis: a list of phrases (the GPUs
+    NVML reported are not needed: sysfs and /proc say it)."""
+    said = diagnose(root)
+    return [said] if said else []
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip().lower()
+    except OSError:
+        return None
+
+
+def _hex(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip(), 16)
+    except (OSError, ValueError):
+        return None
