@@ -56,7 +56,7 @@ def test_every_family_answers_each_question() -> None:
     assert distros.for_compiler_package("gcc-toolset-13-gcc") is rhel
     assert distros.for_compiler_package("gcc13") is None
     assert list(distros.image_compilers()) == [
-        "debian12", "ubuntu20.04", "ubuntu22.04", "ubuntu24.04", "rocky8", "rocky9"]
+        "debian12", "debian13", "ubuntu20.04", "ubuntu22.04", "ubuntu24.04", "rocky8", "rocky9"]
 
 
 def test_an_unknown_family_is_an_error_never_a_default() -> None:
