@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Build (and optionally push) the installer images: Ubuntu 20.04/22.04/24.04/26.04 and Debian 12
+# Build (and optionally push) the installer images: Ubuntu 20.04/22.04/24.04/26.04 and Debian 12/13
 # (one Dockerfile, images/ubuntu, with Debian as its DISTRO build argument) and Rocky 8/9/10
 # (images/rocky).
 #
-#   images/build.sh [--push] [--dry-run] [--only debian|ubuntu|rocky] [--help]
+#   images/build.sh [--push] [--dry-run] [--only debian|ubuntu|rocky|<tag suffix>] [--help]
 #
 # Environment:
 #   REGISTRY    image repository prefix          (default: registry.example.com)
@@ -16,8 +16,8 @@
 #   BUILDAH     buildah and its global options   (default: buildah --storage-driver vfs)
 #   BUILD_OPTS  extra words for every build      (e.g. --build-arg BASE_IMAGE=...)
 #
-# Tags: $REGISTRY/$IMAGE:$TAG-debian12, -ubuntu20.04, -ubuntu22.04, -ubuntu24.04, -ubuntu26.04,
-# -rocky8, -rocky9, -rocky10.
+# Tags: $REGISTRY/$IMAGE:$TAG-debian12, -debian13, -ubuntu20.04, -ubuntu22.04, -ubuntu24.04,
+# -ubuntu26.04, -rocky8, -rocky9, -rocky10.
 # The build context is the repository root; each Dockerfile has its own .dockerignore.
 # BUILDER=buildah needs no daemon (root, --isolation chroot); --push then pushes each tag.
 set -euo pipefail
@@ -35,14 +35,16 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --push) push=true ;;
         --dry-run) dry_run=true ;;
-        --only) only="${2:?--only needs debian, ubuntu or rocky}"; shift ;;
+        --only) only="${2:?--only needs debian, ubuntu, rocky or a tag suffix}"; shift ;;
         --only=*) only="${1#--only=}" ;;
         -h|--help) usage; exit 0 ;;
         *) echo "build.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
     shift
 done
-case "$only" in ""|debian|ubuntu|rocky) ;; *) echo "build.sh: --only takes debian, ubuntu or rocky" >&2; exit 2 ;; esac
+# A family, or one image by its tag suffix (debian12: CI's image test has a bookworm base only).
+case "$only" in ""|debian|ubuntu|rocky|debian12|debian13|ubuntu20.04|ubuntu22.04|ubuntu24.04|ubuntu26.04|rocky8|rocky9|rocky10) ;;
+    *) echo "build.sh: --only takes debian, ubuntu, rocky or a tag suffix (debian12, ...)" >&2; exit 2 ;; esac
 
 DOCKER=${DOCKER:-docker}
 REGISTRY=${REGISTRY:-registry.example.com}
@@ -117,18 +119,12 @@ build_one() {
     fi
 }
 
+wanted() { [ -z "$only" ] || [ "$only" = "$1" ] || [ "$only" = "$1$2" ]; }
+
 echo "# builder=$BUILDER registry=$REGISTRY image=$IMAGE tag=$TAG platforms=$PLATFORMS push=$push"
-if [ -z "$only" ] || [ "$only" = debian ]; then
-    build_one ubuntu debian 12
-fi
-if [ -z "$only" ] || [ "$only" = ubuntu ]; then
-    build_one ubuntu ubuntu 20.04
-    build_one ubuntu ubuntu 22.04
-    build_one ubuntu ubuntu 24.04
-    build_one ubuntu ubuntu 26.04
-fi
-if [ -z "$only" ] || [ "$only" = rocky ]; then
-    build_one rocky rocky 8
-    build_one rocky rocky 9
-    build_one rocky rocky 10
-fi
+for image in "ubuntu debian 12" "ubuntu debian 13" "ubuntu ubuntu 20.04" "ubuntu ubuntu 22.04" \
+             "ubuntu ubuntu 24.04" "ubuntu ubuntu 26.04" "rocky rocky 8" "rocky rocky 9" \
+             "rocky rocky 10"; do
+    read -r dir name version <<<"$image"
+    if wanted "$name" "$version"; then build_one "$dir" "$name" "$version"; fi
+done

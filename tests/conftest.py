@@ -73,7 +73,8 @@ def installer_logger_reset() -> Iterator[None]:
 # first, so that neither worker is left with a long one at the end.
 REAL_DRIVER_FILES = ("integration/test_real_driver.py", "integration/test_real_registry.py",
                      "vm/test_real_driver_vm.py")
-LONG_GROUPS = ("vm/test_pod_scenarios.py", "real-driver", "vm/test_installer_scenarios.py",
+LONG_GROUPS = ("vm/test_pod_scenarios.py", "real-driver", "integration/test_real_driver_trixie.py",
+               "vm/test_installer_scenarios.py",
                "vm/test_headers_fetched.py", "vm/test_upgrade_protocol.py",
                "vm/test_next_kernel_vm.py", "vm/test_dnf_scenario.py", "vm/test_prebuilt_vm.py")
 

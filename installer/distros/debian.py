@@ -22,13 +22,14 @@ class Debian(Family):
     # Ubuntu's point releases are separate distros: matched on the full VERSION_ID.
     releases: ClassVar[dict[str, tuple[str, ...]]] = {
         "ubuntu": ("20.04", "22.04", "24.04", "26.04"),
-        "debian": ("11", "12"),
+        "debian": ("11", "12", "13"),
     }
     names: ClassVar[dict[str, str]] = {"ubuntu": "Ubuntu", "debian": "Debian"}
     image_tool = "apt-get"
     sources_where = "/etc/apt/sources.list(.d)"
     image_tags: ClassVar[dict[str, tuple[int, ...]]] = {
         "debian12": (12,),
+        "debian13": (14,),
         "ubuntu20.04": (9, 10),
         "ubuntu22.04": (11, 12),
         "ubuntu24.04": (12, 13, 14),

@@ -44,7 +44,7 @@ class UnsupportedDistro(InstallerError):
     reference = "unsupported-distro"
     exit_code = 14
     default_hint = (
-        "Supported: Ubuntu 20.04/22.04/24.04/26.04, Debian 11/12, Rocky/RHEL/AlmaLinux/Oracle "
+        "Supported: Ubuntu 20.04/22.04/24.04/26.04, Debian 11/12/13, Rocky/RHEL/AlmaLinux/Oracle "
         "Linux 8/9/10, Amazon Linux 2023. "
         "Check that ROOT_MOUNT_DIR points at the host's root."
     )

@@ -176,6 +176,7 @@ def test_apt_compilers_cover_each_release_kernels() -> None:
     # Each release's GA and HWE kernel compilers (docs/deploy.md).
     assert {k: set(v.split()) for k, v in defaults.items()} == {
         "debian12": {"gcc-12"},
+        "debian13": {"gcc-14"},
         "ubuntu20.04": {"gcc-9", "gcc-10"},
         "ubuntu22.04": {"gcc-11", "gcc-12"},
         "ubuntu24.04": {"gcc-12", "gcc-13", "gcc-14"},
@@ -215,8 +216,8 @@ def _build_sh(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60, check=False, env=full_env, cwd=REPO)
 
 
-SUFFIXES = ("debian12", "ubuntu20.04", "ubuntu22.04", "ubuntu24.04", "ubuntu26.04", "rocky8",
-            "rocky9", "rocky10")
+SUFFIXES = ("debian12", "debian13", "ubuntu20.04", "ubuntu22.04", "ubuntu24.04", "ubuntu26.04",
+            "rocky8", "rocky9", "rocky10")
 
 
 def test_build_sh_dry_run_builds_every_image_with_the_pyproject_version() -> None:
@@ -227,10 +228,11 @@ def test_build_sh_dry_run_builds_every_image_with_the_pyproject_version() -> Non
     tags = [re.search(r"--tag (\S+)", c).group(1) for c in commands]  # type: ignore[union-attr]
     assert tags == [f"r.example/gpu/nvidia-driver-installer:0.1.0-{s}" for s in SUFFIXES]
     assert "--build-arg DISTRO=debian --build-arg DISTRO_VERSION=12" in commands[0]
-    assert "--build-arg DISTRO=ubuntu --build-arg DISTRO_VERSION=20.04" in commands[1]
-    assert all("images/ubuntu/Dockerfile" in c for c in commands[:5])
-    assert "--build-arg ROCKY_VERSION=9" in commands[6]
-    assert "--build-arg ROCKY_VERSION=10" in commands[7]
+    assert "--build-arg DISTRO=debian --build-arg DISTRO_VERSION=13" in commands[1]
+    assert "--build-arg DISTRO=ubuntu --build-arg DISTRO_VERSION=20.04" in commands[2]
+    assert all("images/ubuntu/Dockerfile" in c for c in commands[:6])
+    assert "--build-arg ROCKY_VERSION=9" in commands[7]
+    assert "--build-arg ROCKY_VERSION=10" in commands[8]
     assert all("--build-arg VERSION=0.1.0" in c for c in commands)
     # Without buildx (no docker client here): plain docker build with BuildKit on.
     assert all("env DOCKER_BUILDKIT=1 /nonexistent/docker build" in c for c in commands)
@@ -264,7 +266,7 @@ def test_build_sh_push_with_plain_docker_pushes_each_tag() -> None:
 
 def test_build_sh_with_buildah_needs_no_daemon() -> None:
     result = _build_sh(
-        "--dry-run", "--push", "--only", "debian", BUILDER="buildah",
+        "--dry-run", "--push", "--only", "debian12", BUILDER="buildah",
         BUILDAH="buildah --root /x", BUILD_OPTS="--build-arg BASE_IMAGE=localhost/base:12",
     )
     assert result.returncode == 0, result.stderr
@@ -293,3 +295,13 @@ def test_shell_scripts_pass_shellcheck(script: Path) -> None:
         [shellcheck, str(script)], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stdout
+
+
+def test_build_sh_only_takes_a_family_or_one_tag() -> None:
+    debian = _build_sh("--dry-run", "--only", "debian")
+    tags = re.findall(r"--tag \S+:0\.1\.0-(\S+)", debian.stdout)
+    assert (debian.returncode, tags) == (0, ["debian12", "debian13"])
+    one = _build_sh("--dry-run", "--only", "debian13")
+    (command,) = [line for line in one.stdout.splitlines() if line.startswith("+ ")]
+    assert "--build-arg DISTRO=debian --build-arg DISTRO_VERSION=13" in command
+    assert _build_sh("--dry-run", "--only", "debian14").returncode == 2

@@ -1,5 +1,6 @@
 """`python3 -m kit build VERSION OUT_DIR [--compile-error] [--kernel-source DIR]` from tests/;
-`python3 -m kit fetch-real-parts` (scripts/install-deps) caches NVIDIA's real parts."""
+`python3 -m kit fetch-real-parts` and `fetch-trixie-parts` (scripts/install-deps) cache NVIDIA's
+real parts."""
 
 from __future__ import annotations
 
@@ -19,7 +20,14 @@ def main() -> None:
     build.add_argument("--kernel-source", type=Path)
     commands.add_parser("fetch-real-parts", help="download NVIDIA's real 535.261.03 parts and "
                         "Debian's 6.1.0-47 headers into the test cache (once)")
+    commands.add_parser("fetch-trixie-parts", help="download NVIDIA's real 550.163.01 parts, "
+                        "trixie's 6.12 headers and a trixie image root with gcc-14 (once)")
     args = parser.parse_args()
+    if args.command == "fetch-trixie-parts":
+        from kit import trixie_parts
+
+        print("\n".join(str(found) for found in trixie_parts.fetch()))
+        return
     if args.command == "fetch-real-parts":
         from kit import real_parts
 

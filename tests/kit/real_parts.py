@@ -130,25 +130,25 @@ def require_old_headers(cache: Path | None = None) -> HeaderTrees:
 # --- fetching (scripts/install-deps only: tests never reach the network) --------------------
 
 
-def sources_list(archive: str) -> str:
+def sources_list(archive: str, suite: str = "bookworm") -> str:
     base = archive.rstrip("/")
     security = base + "-security" if base.endswith("/debian") else base
     options = f"[signed-by={KEYRING}]"
     components = "main contrib non-free non-free-firmware"
-    return (f"deb {options} {base} bookworm {components}\n"
-            f"deb {options} {base} bookworm-updates {components}\n"
-            f"deb {options} {security} bookworm-security {components}\n")
+    return (f"deb {options} {base} {suite} {components}\n"
+            f"deb {options} {base} {suite}-updates {components}\n"
+            f"deb {options} {security} {suite}-security {components}\n")
 
 
 class PrivateApt:
     """apt-get with its own sources, lists, cache and (empty) dpkg status: the machine's apt
     configuration and state are neither read for sources nor written."""
 
-    def __init__(self, directory: Path, archive: str) -> None:
+    def __init__(self, directory: Path, archive: str, suite: str = "bookworm") -> None:
         self.directory = directory
         for sub in ("lists/partial", "cache/archives/partial", "etc"):
             (directory / sub).mkdir(parents=True, exist_ok=True)
-        (directory / "etc/sources.list").write_text(sources_list(archive))
+        (directory / "etc/sources.list").write_text(sources_list(archive, suite))
         (directory / "status").touch()
 
     def options(self) -> list[str]:
@@ -206,7 +206,7 @@ def fetch(cache: Path | None = None, archive: str | None = None) -> tuple[RealPa
     return require(cache), require_old_headers(cache)
 
 
-def unpack_parts(debs: list[Path], dest: Path) -> None:
+def unpack_parts(debs: list[Path], dest: Path, version: str = VERSION) -> None:
     """Lay the packages' files out as NVIDIA's .run has them."""
     with tempfile.TemporaryDirectory(prefix="real-parts.", dir=dest.parent) as scratch:
         root = Path(scratch)
@@ -223,13 +223,16 @@ def unpack_parts(debs: list[Path], dest: Path) -> None:
             shutil.rmtree(module_dir / "debian")
             shutil.move(str(module_dir), dest / tree)
         nvidia = root / "usr/lib/x86_64-linux-gnu/nvidia/current"
-        for library in (f"libnvidia-ml.so.{VERSION}", f"libcuda.so.{VERSION}"):
+        for library in (f"libnvidia-ml.so.{version}", f"libcuda.so.{version}"):
             shutil.copy2(nvidia / library, dest / library)
         shutil.copy2(root / "usr/lib/nvidia/current/nvidia-smi", dest / "nvidia-smi")
         shutil.copy2(root / "usr/bin/nvidia-modprobe", dest / "nvidia-modprobe")
         (dest / "firmware").mkdir()
+        # Debian 13 is merged-/usr: its firmware packages ship under /usr/lib/firmware.
+        firmware = next(d for d in (root / f"lib/firmware/nvidia/{version}",
+                                    root / f"usr/lib/firmware/nvidia/{version}") if d.is_dir())
         for name in FIRMWARE:
-            shutil.copy2(root / f"lib/firmware/nvidia/{VERSION}" / name, dest / "firmware" / name)
+            shutil.copy2(firmware / name, dest / "firmware" / name)
     (dest / COMPLETE).write_text(_digests(debs))
 
 

@@ -17,6 +17,7 @@ OS_RELEASES: dict[str, tuple[str, str, str, str]] = {
     "ubuntu-24.04": ("ubuntu", "24.04", "Ubuntu 24.04.1 LTS", "noble"),
     "debian-11": ("debian", "11", "Debian GNU/Linux 11 (bullseye)", "bullseye"),
     "debian-12": ("debian", "12", "Debian GNU/Linux 12 (bookworm)", "bookworm"),
+    "debian-13": ("debian", "13", "Debian GNU/Linux 13 (trixie)", "trixie"),
     "rocky-8": ("rocky", "8.9", "Rocky Linux 8.9 (Green Obsidian)", ""),
     "rocky-9": ("rocky", "9.4", "Rocky Linux 9.4 (Blue Onyx)", ""),
     "rocky-10": ("rocky", "10.0", "Rocky Linux 10.0 (Red Quartz)", ""),

@@ -137,7 +137,7 @@ class Buildah:
 
 
 def build_debian_image(buildah: Buildah, work: Path) -> Built:
-    """images/build.sh --only debian, on the mmdebstrap base; raises with the log on failure."""
+    """images/build.sh --only debian12, on the mmdebstrap base; raises with the log on failure."""
     tarball, base_seconds = debian_base()
     base_ref = f"localhost/installer-ci-base:debian12-{base_key()}"
     buildah.import_base(tarball, base_ref)
@@ -150,7 +150,7 @@ def build_debian_image(buildah: Buildah, work: Path) -> Built:
             "BUILD_OPTS": f"--build-arg BASE_IMAGE={base_ref} --build-arg PIP_NO_INDEX=1 "
                           f"--build-arg PIP_FIND_LINKS={links}",
         }
-        result = subprocess.run(["bash", str(REPO / "images" / "build.sh"), "--only", "debian"],
+        result = subprocess.run(["bash", str(REPO / "images" / "build.sh"), "--only", "debian12"],
                                 env=env, cwd=REPO, capture_output=True, text=True, timeout=1800,
                                 check=False)
     log = result.stdout + result.stderr

@@ -57,7 +57,7 @@ def test_default_gcc_of_the_same_major_needs_no_cc(monkeypatch: pytest.MonkeyPat
 @pytest.mark.parametrize(("major", "tags"), [
     (9, "ubuntu20.04"), (10, "ubuntu20.04"), (11, "ubuntu22.04 or rocky9"),
     (12, "debian12 or ubuntu22.04 or ubuntu24.04"), (13, "ubuntu24.04"),
-    (14, "ubuntu24.04 or ubuntu26.04 or rocky10"), (8, "rocky8"),
+    (14, "debian13 or ubuntu24.04 or ubuntu26.04 or rocky10"), (8, "rocky8"),
 ])
 def test_no_matching_gcc_names_the_compiler_and_the_tag(monkeypatch: pytest.MonkeyPatch,
                                                          major: int, tags: str) -> None:

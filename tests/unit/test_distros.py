@@ -59,8 +59,8 @@ def test_every_family_answers_each_question() -> None:
     assert distros.for_compiler_package("gcc-toolset-13-gcc") is rhel
     assert distros.for_compiler_package("gcc13") is None
     assert list(distros.image_compilers()) == [
-        "debian12", "ubuntu20.04", "ubuntu22.04", "ubuntu24.04", "ubuntu26.04", "rocky8", "rocky9",
-        "rocky10"]
+        "debian12", "debian13", "ubuntu20.04", "ubuntu22.04", "ubuntu24.04", "ubuntu26.04",
+        "rocky8", "rocky9", "rocky10"]
 
 
 def test_an_unknown_family_is_an_error_never_a_default() -> None:

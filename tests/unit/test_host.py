@@ -43,6 +43,7 @@ EXPECTED = {
     "ubuntu-24.04": ("ubuntu", 24, "debian"),
     "debian-11": ("debian", 11, "debian"),
     "debian-12": ("debian", 12, "debian"),
+    "debian-13": ("debian", 13, "debian"),
     "rocky-8": ("rocky", 8, "rhel"),
     "rocky-9": ("rocky", 9, "rhel"),
     "rocky-10": ("rocky", 10, "rhel"),
