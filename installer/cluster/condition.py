@@ -48,7 +48,8 @@ def camel(reference: str) -> str:
 
 def facts(root: HostRoot, components: Sequence[str]) -> str:
     """What this host says about its driver, from the readiness files: version, flavour,
-    kernel, and each component (Fabric Manager, persistenced) up, idle or down."""
+    kernel, and each component (Fabric Manager, persistenced) up, idle or down, with the
+    NVLink fabric's state where the fabricmanager container reported it."""
     driver = _values(root.read_text(READY_FILE))
     parts = []
     if driver.get("DRIVER_VERSION"):
@@ -64,6 +65,8 @@ def facts(root: HostRoot, components: Sequence[str]) -> str:
             parts.append(f"{name}: down")
         elif state.get("STATE") == "not-applicable":
             parts.append(f"{name}: not needed")
+        elif state.get("FABRIC"):  # the GPUs' NVLink fabric states, as NVML last said them
+            parts.append(f"{name}: up (fabric {state['FABRIC']})")
         else:
             parts.append(f"{name}: up")
     return ", ".join(parts)

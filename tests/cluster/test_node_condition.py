@@ -198,6 +198,20 @@ def test_last_transition_time_moves_only_with_the_status(env: Signals,
     assert not condition.set_condition(config, condition.Reading("True", "Verified", "c"))
 
 
+def test_the_message_names_the_fabric_the_fabricmanager_container_reported(
+        tmp_path: Path) -> None:
+    root = HostRoot(tmp_path)
+    root.write_atomic(READY_FILE, state.ready_text(VERSION, "open", "/var/lib/nvidia", KERNEL))
+    root.write_atomic(readiness.component_file("fabricmanager"),
+                      f"DRIVER_VERSION={VERSION}\nSTATE=running\nPID=7\nFABRIC=completed\n")
+    root.write_atomic(readiness.component_file("persistenced"),
+                      f"DRIVER_VERSION={VERSION}\nSTATE=not-applicable\n")
+
+    assert condition.facts(root, ("fabricmanager", "persistenced")) == (
+        f"driver {VERSION} (open), kernel {KERNEL}, fabricmanager: up (fabric completed), "
+        "persistenced: not needed")
+
+
 def test_camel_case_reasons() -> None:
     assert condition.camel("driver-in-use") == "DriverInUse"
     assert condition.camel("no-nvidia-gpu") == "NoNvidiaGpu"
