@@ -119,8 +119,12 @@ def _nvml_fabric(pynvml: Any, handle: Any) -> dict[str, Any]:
             pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
     except pynvml.NVMLError_NotSupported:
         return {"state": "unavailable", "status": None}
-    except Exception as exc:
+    except pynvml.NVMLError_FunctionNotFound as exc:  # a library older than fabric state
         return {"state": "unavailable", "status": None, "error": _error_json(call, exc)}
+    except Exception as exc:
+        # The GPU may well have a fabric that is not up: an error is never "no fabric".
+        error = _error_json(call, exc)
+        return {"state": "error", "status": error["message"], "error": error}
     status = int(info.status)
     uuid = bytes(info.clusterUuid)
     mask = getattr(info, "healthMask", None)

@@ -207,7 +207,10 @@ def fabric_problems(gpus: Sequence[GpuInfo]) -> list[str]:
         if not gpu.fabric_reported or gpu.fabric_done:
             continue
         label = f"GPU {gpu.index} ({gpu.pci_bus_id})"
-        if gpu.fabric_state != "completed":
+        if gpu.fabric_state == "error":
+            problems.append(f"{label}: NVML could not read its NVLink fabric ({gpu.fabric_status});"
+                            " a fabric that cannot be read is not known to be up")
+        elif gpu.fabric_state != "completed":
             problems.append(f"{label}: NVLink fabric {gpu.fabric_state}, not completed (CUDA "
                             "fails with error 802, system not yet initialized)")
         elif gpu.fabric_status != "success":

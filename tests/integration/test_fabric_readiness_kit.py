@@ -98,6 +98,21 @@ def test_a_b200_whose_fabric_is_not_complete_is_never_ready(
     assert report.clique == (f"{CLUSTER}.7" if words.endswith("unhealthy") else None)
 
 
+def test_a_b200_whose_fabric_nvml_cannot_read_is_never_ready(install_dir: Path,
+                                                             tmp_path: Path) -> None:
+    # NVML_ERROR_UNKNOWN (999) from the fabric query: not "no fabric", which only
+    # NOT_SUPPORTED means; the node stays not ready.
+    root = board(tmp_path, B200, fabric.COMPLETED)
+    fabric.write_gpu_state(root, B200[0].address, fabric_state=fabric.COMPLETED,
+                           cluster_uuid=CLUSTER, clique_id=7, health_summary=fabric.HEALTHY,
+                           query_error=999)
+    report = verify_node(install_dir, root)
+    assert not report.ok and report.fabric == "pending"
+    assert report.gpus[0].fabric_state == "error"
+    assert any(p.startswith(f"GPU 0 ({B200[0].address}): NVML could not read its NVLink fabric")
+               for p in report.problems), report.problems
+
+
 def test_a_completed_b200_is_ready_with_its_clique(install_dir: Path, tmp_path: Path) -> None:
     report = verify_node(install_dir, board(tmp_path, B200, fabric.COMPLETED))
     assert report.ok, report.problems

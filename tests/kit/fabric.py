@@ -51,10 +51,11 @@ def write_gpu_state(root: Path, address: str, *, persistence: bool = False,
                     fabric_supported: bool = True, fabric_state: int = NOT_SUPPORTED,
                     fabric_status: int = 0, cluster_uuid: str | None = None,
                     clique_id: int = 0, health_mask: int = 0,
-                    health_summary: int = HEALTH_NOT_SUPPORTED) -> None:
+                    health_summary: int = HEALTH_NOT_SUPPORTED, query_error: int = 0) -> None:
     """What the kit's module would report for one GPU (see nv-gpu-state.c). `cluster_uuid`
     (a UUID's text) and `clique_id` are what the fabric's manager assigned: NVML reports them
-    once the state is COMPLETED."""
+    once the state is COMPLETED. `query_error`: the nvmlReturn_t NVML's fabric query fails
+    with instead (0: it answers)."""
     state = root / "proc/driver/nvidia/gpus" / address / "nvfake-state"
     state.parent.mkdir(parents=True, exist_ok=True)
     cluster = f"FabricClusterUuid: {uuid.UUID(cluster_uuid).hex}\n" if cluster_uuid else ""
@@ -62,7 +63,8 @@ def write_gpu_state(root: Path, address: str, *, persistence: bool = False,
         f"PersistenceMode: {int(persistence)}\nFabricSupported: {int(fabric_supported)}\n"
         f"FabricState: {fabric_state}\nFabricStatus: {fabric_status}\n{cluster}"
         f"FabricCliqueId: {clique_id}\nFabricHealthMask: {health_mask}\n"
-        f"FabricHealthSummary: {health_summary}\n")
+        f"FabricHealthSummary: {health_summary}\n"
+        + (f"FabricQueryError: {query_error}\n" if query_error else ""))
 
 
 class Board(NamedTuple):

@@ -38,7 +38,8 @@ def report(*gpus: GpuInfo) -> VerifyReport:
     (gpu(health="limited-capacity"), True),  # degraded, not unhealthy: CUDA runs
     (gpu(health=None, mask=None), True),  # a v2 or v1 answer: no summary to judge
     (gpu(state="not-supported"), True),
-    (gpu(state="unavailable"), True),
+    (gpu(state="unavailable"), True),  # NOT_SUPPORTED: NVML keeps no fabric for it
+    (gpu(state="error", status="Unknown Error"), False),  # any other error: not known up
     (gpu(state=None), True),  # nvidia-smi's answer: no fabric asked
     (gpu(state="not-started"), False),
     (gpu(state="in-progress"), False),

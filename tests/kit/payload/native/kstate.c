@@ -197,6 +197,8 @@ int kstate_read_gpu_state(const struct kstate_gpu *gpu, struct kstate_gpu_state 
 			state->health_mask = number;
 		else if (sscanf(line, "FabricHealthSummary: %d", &value) == 1)
 			state->health_summary = value;
+		else if (sscanf(line, "FabricQueryError: %d", &value) == 1)
+			state->fabric_query_error = value;
 		else if (sscanf(line, "FabricClusterUuid: %32[0-9a-f]", hex) == 1 &&
 			 strlen(hex) == 32) {
 			int i;

@@ -43,6 +43,9 @@ struct kstate_gpu_state {
 	unsigned int clique_id;
 	unsigned int health_mask;     /* NVML_GPU_FABRIC_HEALTH_MASK_* fields */
 	int health_summary;           /* NVML_GPU_FABRIC_HEALTH_SUMMARY_* */
+	/* Non-zero: the nvmlReturn_t the fabric query fails with (a GPU fallen off the bus, RM
+	 * out of resources): tests pose it, the real NVML answers such errors too. */
+	int fabric_query_error;
 };
 
 /* 0 when the module reported the state, -1 when it did not (absent: nothing is on). */

@@ -74,6 +74,8 @@ static nvmlReturn_t fabric(nvmlDevice_t device, unsigned char *uuid, nvmlReturn_
 		return ret;
 	if (!state->fabric_supported)
 		return NVML_ERROR_NOT_SUPPORTED;
+	if (state->fabric_query_error)
+		return (nvmlReturn_t)state->fabric_query_error;
 	memset(uuid, 0, NVML_GPU_FABRIC_UUID_LEN);
 	*clique = 0;
 	if (state->fabric_state == NVML_GPU_FABRIC_STATE_COMPLETED) {
