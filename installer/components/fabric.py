@@ -115,9 +115,10 @@ class FabricWait:
         self.since: Optional[float] = None
         self.asked = float("-inf")
         self.warned = False
+        self.last: Sequence[GpuInfo] = ()  # the GPUs NVML last reported
 
     def restart(self) -> None:
-        self.since, self.asked, self.warned = None, float("-inf"), False
+        self.since, self.asked, self.warned, self.last = None, float("-inf"), False, ()
 
     def check(self, runner: object, *, ours_running: bool) -> Optional[str]:
         """None while waiting (or between asks); else the states NVML reported, sorted and
@@ -131,6 +132,7 @@ class FabricWait:
             return None
         self.asked = now
         gpus, problems = verify.nvml_gpus(self.install_dir, runner)  # type: ignore[arg-type]
+        self.last = gpus
         # An NVML that does not answer cannot vouch for the fabric: that is what is missing.
         missing = problems or verify.fabric_problems(gpus)
         if not missing:
@@ -143,6 +145,12 @@ class FabricWait:
                 log.error("error[%s]: %s", error.reference, error.message)
                 self.warned = True
         return None
+
+
+def registering(gpus: Sequence[GpuInfo]) -> bool:
+    """Whether a fabric manager has taken these GPUs in hand: one reports its fabric in
+    progress or completed (not only not-started)."""
+    return any(g.fabric_state in ("in-progress", "completed") for g in gpus)
 
 
 def not_ready(missing: Sequence[str], reasons: Sequence[str], waited: float) -> FabricNotReady:

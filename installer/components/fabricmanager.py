@@ -232,6 +232,7 @@ class FabricManagerDaemon:
         self.shared_mode = False
         self.pair = False  # NVLSM beside it (an NVLink5 node)
         self.commands: runner.Runner = runner.SubprocessRunner()
+        self.library_env: dict[str, str] = {}  # LD_LIBRARY_PATH of the driver's user space
         # NVLSM's pid file and the socket it shares with Fabric Manager, in this container.
         self.run_dir = run_dir or Path(nvlink5.FM_RUN_DIR)
 
@@ -257,6 +258,7 @@ class FabricManagerDaemon:
         self.shared_mode = shared_nvswitch(config_file.read_text())
         command = argv(fm_archive.binary(self.layout, version), config_file)
         environment = {"LD_LIBRARY_PATH": str(self.layout.version_dir(version) / "lib64")}
+        self.library_env = environment
         found = nvlink5.detect(self.root)
         self.pair = found.detected
         if found.detected:  # NVLSM first, on the port Fabric Manager then manages through
@@ -326,9 +328,12 @@ class FabricManagerDaemon:
         # alone decides.
         if not self.configured and not self.pair:
             return None
-        if self.reset_pending:
+        # FABRIC_MODE=1: reset once Fabric Manager has the switches (its log says so), or on
+        # NVLink5, whose log is not documented, once NVML shows it registering the GPUs.
+        if self.reset_pending and (self.configured or fabric.registering(self.wait.last)):
             self.reset_pending = False
             self._reset_gpus()
+            return None  # the fabric is read again after the reset
         states = self.wait.check(runner.SubprocessRunner(), ours_running=True)
         if states is None:
             return None
@@ -339,7 +344,10 @@ class FabricManagerDaemon:
 
     def _reset_gpus(self) -> None:
         smi = self.layout.bin_dir / "nvidia-smi"
-        result = self.commands.run([str(smi), "-r"], check=False, timeout=300)
+        # The container's ld cache does not know the install dir: nvidia-smi finds its
+        # libnvidia-ml there through LD_LIBRARY_PATH, as nv-fabricmanager does.
+        result = self.commands.run([str(smi), "-r"], check=False, timeout=300,
+                                   env=self.library_env)
         if result.returncode != 0:  # a GPU in use is not reset; the partition still works
             log.warning("FABRIC_MODE=1: nvidia-smi -r exited %d: %s", result.returncode,
                         result.tail().strip())

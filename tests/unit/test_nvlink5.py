@@ -268,6 +268,60 @@ def test_shared_nvswitch_mode_resets_the_gpus_once_fabric_manager_is_up(
     finally:
         daemon.close()
     assert runner.argvs() == [[str(layout.bin_dir / "nvidia-smi"), "-r"]] * resets
+    # The container's ld cache does not know the install dir: its libnvidia-ml is named.
+    assert all(call.env == {"LD_LIBRARY_PATH": str(layout.version_dir(V) / "lib64")}
+               for call in runner.calls)
+
+
+def test_on_nvlink5_shared_mode_resets_once_nvml_shows_the_gpus_registering(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVLink5's Fabric Manager log is not documented: the reset waits for NVML to show the
+    GPUs taken in hand (in progress), not for the first poll after the start."""
+    from installer import verify
+    from installer.components import fabricmanager, fm_archive, nvlsm, nvlsm_archive
+    from installer.components.supervisor import Driver
+    from installer.layout import Layout
+    from installer.verify import GpuInfo
+
+    root = b200(tmp_path, ib_loaded=True)
+    config = from_env(root_env(tmp_path))
+    layout = Layout.from_config(config, root)
+    share = fm_archive.config_dir(layout, V)
+    share.mkdir(parents=True)
+    (share / "fabricmanager.cfg").write_text("FABRIC_MODE=0\n")
+    (share / fm_archive.INSTALLED_MARKER).write_text(f"{V}\n{'0' * 64}\n")
+    fm_archive.binary(layout, V).parent.mkdir(parents=True)
+    fm_archive.binary(layout, V).write_text("")
+    nvlsm_archive.binary(layout, V).write_text("")
+    nvlsm_archive.share_dir(layout, V).mkdir(parents=True)
+    (nvlsm_archive.share_dir(layout, V) / nvlsm_archive.INSTALLED_MARKER).write_text(
+        f"2025.10.12\n{'0' * 64}\n")
+    states = ["not-started"]
+
+    def answer(*args: object) -> tuple[list[GpuInfo], list[str]]:
+        return [GpuInfo(0, "NVIDIA B200", "GPU-0", "0000:18:00.0", 183359,
+                        fabric_state=states[0], fabric_status="success")], []
+
+    monkeypatch.setattr(verify, "nvml_gpus", answer)
+    monkeypatch.setattr(nvlsm, "pair_start", lambda *a, **k: (lambda: object()))
+    daemon = fabricmanager.FabricManagerDaemon(
+        config, root, env={"NVFM_CONFIG_FABRIC_MODE": "1"})
+    daemon.wait.every = 0
+    runner = FakeRunner().on(str(layout.bin_dir / "nvidia-smi"), "-r", output="reset")
+    daemon.commands = runner
+    try:
+        start = daemon.plan(Driver(V, layout.install_host))
+        assert callable(start)
+        start()
+        assert daemon.ready(object()) is None and daemon.ready(object()) is None
+        assert runner.argvs() == []  # Fabric Manager has not taken the GPUs yet
+        states[0] = "in-progress"
+        daemon.ready(object())  # NVML now says in progress
+        daemon.ready(object())  # so the reset runs
+        daemon.ready(object())
+    finally:
+        daemon.close()
+    assert runner.argvs() == [[str(layout.bin_dir / "nvidia-smi"), "-r"]]
 
 
 def test_on_nvlink5_nvml_alone_says_when_fabric_manager_is_ready(
