@@ -73,8 +73,9 @@ def _run(config: Config, runner: Runner,
         plan = build_plan(config, runner)
         layout = plan.context.layout
         progress.install_dir, progress.target = layout.install_local, plan.context.target
-        progress.steps = [step.name for step in plan.steps]
         planner.require_go_ahead(plan)
+        # Only now: a refusal is no failure of the plan's first step.
+        progress.steps = [step.name for step in plan.steps]
         layout.install_local.mkdir(parents=True, exist_ok=True)
         with state.HostLock(layout.lock_file, config.lock_timeout):
             for decision in plan.decisions:

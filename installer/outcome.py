@@ -46,6 +46,11 @@ def read(path: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict) or data.get("format") != OUTCOME_FORMAT:
         return None
+    # The file is on the host, where a person may edit it: keep only counts that are counts.
+    failures = data.get("failures")
+    data["failures"] = {str(k): v for k, v in failures.items()
+                        if isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                        } if isinstance(failures, dict) else {}
     return data
 
 
@@ -100,7 +105,11 @@ def record_run(progress: Progress, error: BaseException | None) -> None:
     path = outcome_path(progress.install_dir)
     previous = read(path)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    record = next_record(previous, progress, error, now)
+    try:
+        record = next_record(previous, progress, error, now)
+    except Exception as exc:  # whatever the record holds must not mask the run's own error
+        log.warning("could not record the run's outcome in %s: %s", path, exc)
+        return
     if record == previous:
         return
     try:

@@ -40,6 +40,8 @@ CONDITION_MANAGER = "nvidia-driver-installer-condition"
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 30.0
 USER_AGENT = f"{COMPONENT}/{__version__}"
+# resource.k8s.io versions whose ResourceClaims the installer reads, preferred first.
+RESOURCE_VERSIONS = ("v1", "v1beta2", "v1beta1")
 
 
 class Conflict(Exception):
@@ -53,6 +55,7 @@ class NodeClient:
     def __init__(self, node: str, kubeconfig: str | None) -> None:
         self.node = node
         self._server = credentials.load(kubeconfig)
+        self._resource_version: str | None = None  # "" once asked: none served
 
     def get_node(self) -> Json:
         """The Node object. Raises NodeNotFound, ClusterApi* errors."""
@@ -90,11 +93,29 @@ class NodeClient:
                             what=f"list the PodDisruptionBudgets of namespace {namespace}")[1]
         return [pdb for pdb in answer.get("items") or [] if isinstance(pdb, dict)]
 
+    def resource_version(self) -> str | None:
+        """The resource.k8s.io version to read claims through (v1 from Kubernetes 1.34,
+        v1beta2 on 1.33, v1beta1 on 1.32: status.allocation.devices.results[].driver is the
+        same in each), or None where the group is not served. Asked once per client."""
+        if self._resource_version is None:
+            status, answer = self._call("GET", "/apis/resource.k8s.io",
+                                        what="discover the resource.k8s.io API versions",
+                                        passthrough=(404,))
+            served = {str(v.get("version")) for v in answer.get("versions") or []
+                      if isinstance(v, dict)} if status != 404 else set()
+            self._resource_version = next((v for v in RESOURCE_VERSIONS if v in served), "")
+        return self._resource_version or None
+
     def resource_claim(self, namespace: str, name: str) -> Json | None:
-        """A resource.k8s.io/v1 ResourceClaim, or None when it is gone (404)."""
+        """A ResourceClaim (through the version the cluster serves), or None when it is gone
+        (404) or the cluster serves no resource.k8s.io version the installer reads."""
+        version = self.resource_version()
+        if version is None:
+            return None
         status, answer = self._call(
-            "GET", f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/"
-            f"{quote(name)}", what=f"read ResourceClaim {namespace}/{name}", passthrough=(404,))
+            "GET", f"/apis/resource.k8s.io/{version}/namespaces/{quote(namespace)}/"
+            f"resourceclaims/{quote(name)}", what=f"read ResourceClaim {namespace}/{name}",
+            passthrough=(404,))
         return None if status == 404 else answer
 
     def delete_pod(self, namespace: str, name: str, uid: str,

@@ -105,7 +105,8 @@ def parse_entry(data: bytes, version: str, arch: str, where: str) -> Listed:
 
 
 def fetch(config: Config, layout: Layout, version: str, arch: str) -> Path:
-    """The archive the first (trusted-first) redistrib JSON lists, into the download cache,
+    """The archive the first redistrib JSON (trusted-first) that lists imex of `version` names
+    (a JSON without it, or of another version, is passed over like a 404), into the download cache,
     verified as Fabric Manager's is (digests file, or that JSON over TLS from a trusted
     origin; a mirror's JSON vouches for nothing)."""
     from installer import delivery
@@ -115,6 +116,7 @@ def fetch(config: Config, layout: Layout, version: str, arch: str) -> Path:
     settings = fm_archive.download_settings(config)
     found: Listed | None = None
     tried = []
+    mismatched = False
     for base in config.fabricmanager_redist:
         url = fm_archive.manifest_url(base, version)
         trusted = digests.is_trusted(url, config.trusted_origins)
@@ -125,13 +127,20 @@ def fetch(config: Config, layout: Layout, version: str, arch: str) -> Path:
         except (DownloadNotFound, DownloadForbidden) as exc:
             tried.append(f"{delivery.redact_url(url)} ({exc.message.rsplit(': ', 1)[-1]})")
             continue
-        found = parse_entry(data, version, arch, delivery.redact_url(url))._replace(
-            trusted=trusted)
+        try:
+            listed = parse_entry(data, version, arch, delivery.redact_url(url))
+        except (ImexUnavailable, ImexMismatch) as exc:
+            # A mirror may lag or list another release: the next base may still have it.
+            tried.append(exc.message)
+            mismatched = mismatched or isinstance(exc, ImexMismatch)
+            continue
+        found = listed._replace(trusted=trusted)
         if trusted:
             break
     if found is None:
-        raise ImexUnavailable(f"no redistrib_{version}.json in the redist tree: tried "
-                              f"{'; '.join(tried)}")
+        error = ImexMismatch if mismatched else ImexUnavailable
+        raise error(f"no base of the redist tree lists imex {version} for {arch}: tried "
+                    f"{'; '.join(tried)}")
     vouched = None
     if found.trusted or config.allow_unverified:
         vouched = Expected(found.sha256, "trusted-origin" if found.trusted else "none",

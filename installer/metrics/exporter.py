@@ -17,7 +17,6 @@ log = logging.getLogger(__name__)
 PREFIX = "nvidia_driver_installer"
 DEFAULT_LISTEN = ":9402"
 MODULE_SOURCES = ("compiled", "pulled", "cached")
-FABRIC_DONE = ("completed", "success")
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -113,13 +112,14 @@ def _gpus(snap: Snapshot, gauge: Callable[..., Any]) -> list[Any]:
     state = gauge("gpu_fabric_state", "1 for the GPU's NVLink fabric registration state as "
                   "NVML reports it", ("gpu", "uuid", "state", "status"))
     done = gauge("gpu_fabric_completed", "1 when the GPU's fabric registration completed "
-                 "successfully (0 while pending or failed)", ("gpu", "uuid"))
+                 "successfully and NVML does not call it unhealthy (0 while pending or failed)",
+                 ("gpu", "uuid"))
     persistence = gauge("gpu_persistence_mode_enabled", "1 when persistence mode is on",
                         ("gpu", "uuid"))
-    for address, uuid, fabric, status, mode in snap.gpus:
+    for address, uuid, fabric, status, mode, fabric_done in snap.gpus:
         if fabric not in (None, "unavailable", "not-supported"):
             state.add_metric([address, uuid, str(fabric), str(status or "")], 1.0)
-            done.add_metric([address, uuid], float((fabric, status) == FABRIC_DONE))
+            done.add_metric([address, uuid], float(fabric_done))
         if mode is not None:
             persistence.add_metric([address, uuid], float(mode == "enabled"))
     return [required, state, done, persistence]

@@ -21,8 +21,9 @@ from installer.layout import Layout
 
 log = logging.getLogger(__name__)
 
-# A GPU as the metrics need it: its PCI address, UUID, fabric state, fabric status, persistence.
-GpuState = tuple[str, str, Optional[str], Optional[str], Optional[str]]
+# A GPU as the metrics need it: its PCI address, UUID, fabric state, fabric status, persistence,
+# and whether its fabric is done (GpuInfo.fabric_done: completed, success, not unhealthy).
+GpuState = tuple[str, str, Optional[str], Optional[str], Optional[str], bool]
 GpuReader = Callable[[], Sequence[GpuState]]
 
 
@@ -70,8 +71,8 @@ def nvml_reader(layout: Layout, runner: Any) -> GpuReader:
         from installer import verify
 
         gpus, _problems = verify.nvml_gpus(layout.install_local, runner)
-        return [(g.pci_bus_id, g.uuid, g.fabric_state, g.fabric_status, g.persistence_mode)
-                for g in gpus]
+        return [(g.pci_bus_id, g.uuid, g.fabric_state, g.fabric_status, g.persistence_mode,
+                 g.fabric_done) for g in gpus]
 
     return ask
 

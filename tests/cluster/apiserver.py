@@ -22,8 +22,11 @@ Semantics follow the API reference (kubernetes.io/docs/reference/kubernetes-api)
   resourceVersion bumped when it changes. Selectors: matchLabels and matchExpressions (In, NotIn,
   Exists, DoesNotExist); policy/v1: a null selector selects no pod, an empty one every pod of the
   namespace.
-- GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims[/{name}] and
-  /apis/resource.k8s.io/v1/resourceclaims: ResourceClaims as the scheduler leaves them
+- GET /apis/resource.k8s.io: the group's discovery (APIGroup), listing only the versions of
+  Cluster.resource_versions (Kubernetes 1.32/1.33 serve v1beta1/v1beta2, 1.34 adds v1); none:
+  404, as a cluster without DRA answers. An unserved version's path is a plain-text 404.
+- GET /apis/resource.k8s.io/{version}/namespaces/{ns}/resourceclaims[/{name}] and
+  /apis/resource.k8s.io/{version}/resourceclaims: ResourceClaims as the scheduler leaves them
   (status.allocation.devices.results[].driver, status.reservedFor the pod), named by the pod
   in spec.resourceClaims or, from a template, in status.resourceClaimStatuses.
 - POST /api/v1/namespaces/{ns}/events: core/v1 Event; for a Node the namespace must be default.
@@ -121,6 +124,8 @@ class Cluster:
     pods: dict[tuple[str, str], Json] = field(default_factory=dict)
     pdbs: list[Json] = field(default_factory=list)
     claims: dict[tuple[str, str], Json] = field(default_factory=dict)
+    # resource.k8s.io versions served, preferred first (status.allocation is the same in each)
+    resource_versions: tuple[str, ...] = ("v1",)
     events: list[Json] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
     on_node_change: list[Callable[[Cluster, Json], None]] = field(default_factory=list)
@@ -609,11 +614,11 @@ _ROUTES = [
     ("GET", re.compile(r"^/apis/policy/v1/namespaces/([^/]+)/poddisruptionbudgets$"), "list",
      "policy", "poddisruptionbudgets"),
     ("POST", re.compile(r"^/api/v1/namespaces/([^/]+)/events$"), "create", "", "events"),
-    ("GET", re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/]+)$"),
-     "get", "resource.k8s.io", "resourceclaims"),
-    ("GET", re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims$"),
-     "list", "resource.k8s.io", "resourceclaims"),
-    ("GET", re.compile(r"^/apis/resource\.k8s\.io/v1/resourceclaims$"), "list",
+    ("GET", re.compile(r"^/apis/resource\.k8s\.io/(v1|v1beta[12])/namespaces/([^/]+)/"
+                       r"resourceclaims/([^/]+)$"), "get", "resource.k8s.io", "resourceclaims"),
+    ("GET", re.compile(r"^/apis/resource\.k8s\.io/(v1|v1beta[12])/namespaces/([^/]+)/"
+                       r"resourceclaims$"), "list", "resource.k8s.io", "resourceclaims"),
+    ("GET", re.compile(r"^/apis/resource\.k8s\.io/(v1|v1beta[12])/resourceclaims$"), "list",
      "resource.k8s.io", "resourceclaims"),
 ]
 
@@ -632,11 +637,15 @@ class _Handler(QuietHandler):
         try:
             if not self._authenticated(cluster):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
+            if self.command == "GET" and url.path == "/apis/resource.k8s.io":
+                # Discovery: a non-resource URL every authenticated user may read.
+                return self._discovery(cluster)
             for method, pattern, verb, group, resource in _ROUTES:
                 match = pattern.match(url.path)
                 if method != self.command or not match:
                     continue
-                path_ns = re.match(r"^/apis?/(?:[^/]+/)?v1/namespaces/([^/]+)/", url.path)
+                path_ns = re.match(r"^/apis?/(?:[^/]+/)?v1(?:beta[12])?/namespaces/([^/]+)/",
+                                   url.path)
                 if not cluster.allowed(verb, group, resource,
                                        path_ns.group(1) if path_ns else ""):
                     raise ApiError(403, "Forbidden", f'{resource} is forbidden: User '
@@ -644,6 +653,11 @@ class _Handler(QuietHandler):
                                    f'"{resource}" in API group "{group}"')
                 body = json.loads(raw) if raw else None
                 recorded = body
+                if group == "resource.k8s.io" and match.group(1) not in cluster.resource_versions:
+                    with cluster.lock:
+                        cluster.requests.append(Request(self.command, url.path, url.query, 404,
+                                                        None))
+                    return self._plain_404()
                 with cluster.lock:
                     status, answer = self._dispatch(cluster, url.path, match.groups(),
                                                     query, body)
@@ -665,6 +679,31 @@ class _Handler(QuietHandler):
         data = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _discovery(self, cluster: Cluster) -> None:
+        with cluster.lock:
+            cluster.requests.append(Request("GET", "/apis/resource.k8s.io", "", 200 if
+                                            cluster.resource_versions else 404, None))
+            versions = [{"groupVersion": f"resource.k8s.io/{v}", "version": v}
+                        for v in cluster.resource_versions]
+        if not versions:
+            return self._plain_404()
+        data = json.dumps({"kind": "APIGroup", "apiVersion": "v1", "name": "resource.k8s.io",
+                           "versions": versions, "preferredVersion": versions[0]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _plain_404(self) -> None:
+        """What kube-apiserver's mux answers for a path no served group version has."""
+        data = b"404 page not found\n"
+        self.send_response(404)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -693,8 +732,8 @@ class _Handler(QuietHandler):
                                            body, manager)
         if self.command == "GET" and "/resourceclaims" in path:
             if path.endswith("/resourceclaims"):
-                return 200, cluster.list_claims(groups[0] if groups else None)
-            return 200, cluster.get_claim(groups[0], groups[1])
+                return 200, cluster.list_claims(groups[1] if len(groups) > 1 else None)
+            return 200, cluster.get_claim(groups[1], groups[2])
         if self.command == "GET" and path.endswith("/poddisruptionbudgets"):
             return 200, cluster.list_pdbs(groups[0])
         if self.command == "GET":

@@ -8,6 +8,8 @@ devices, and restored with the other labels."""
 
 from __future__ import annotations
 
+import pytest
+
 from cluster.apiserver import Cluster, cluster_role_rules
 from cluster.nodes import NODE, PAUSED, PLUGIN, RBAC, Env, make_room
 from installer.cluster import dra, protocol
@@ -44,6 +46,54 @@ def test_pods_holding_nvidia_claims_are_drained_and_others_stay(env: Env) -> Non
     reads = {r.path for r in env.cluster.requests if "resourceclaims" in r.path}
     assert "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/templated-gpu" in reads
     assert all("/namespaces/" in path for path in reads)
+
+
+@pytest.mark.parametrize("served, used", [
+    (("v1beta1",), "v1beta1"),  # Kubernetes 1.32
+    (("v1beta2", "v1beta1"), "v1beta2"),  # 1.33
+    (("v1", "v1beta2", "v1beta1"), "v1"),  # 1.34
+])
+def test_claims_are_read_through_the_version_the_cluster_serves(
+        env: Env, served: tuple[str, ...], used: str) -> None:
+    env.cluster.resource_versions = served
+    dra_pod(env, "ml", "train", "gpu.nvidia.com")
+    dra_pod(env, "hpc", "imex", "compute-domain.nvidia.com", template=True)
+
+    make_room(env, env.config())
+
+    assert not {("ml", "train"), ("hpc", "imex")} & set(env.cluster.pods)
+    reads = [r for r in env.cluster.requests if "resourceclaims" in r.path]
+    assert reads and all(r.path.startswith(f"/apis/resource.k8s.io/{used}/") for r in reads)
+    assert [r.path for r in env.cluster.requests].count("/apis/resource.k8s.io") == 1
+
+
+def test_a_cluster_without_dra_has_no_claim_pods(env: Env) -> None:
+    env.cluster.resource_versions = ()
+    dra_pod(env, "ml", "named", None)  # a claim name the pod carries, served by no group
+    make_room(env, env.config())
+    assert ("ml", "named") in env.cluster.pods
+    assert not [r for r in env.cluster.requests if "resourceclaims" in r.path]
+
+
+def test_compute_domain_daemon_pods_are_waited_for_never_evicted(env: Env) -> None:
+    """The DRA driver runs a ComputeDomain's IMEX daemon as a DaemonSet of its own, each pod
+    holding a compute-domain.nvidia.com claim: deleting it would only bring it straight back,
+    so it is a GPU client that is waited for (it leaves once the workload's pods are gone and
+    the DaemonSet stops selecting the node), never deleted, not even by force."""
+    from installer.errors import EvictionTimeout
+
+    pod = env.cluster.add_pod("nvidia-dra-driver-gpu", "cd-daemon-x1", NODE,
+                              owner_kind="DaemonSet")
+    env.cluster.add_claim("nvidia-dra-driver-gpu", "cd-daemon-x1-daemon", pod,
+                          "compute-domain.nvidia.com", template="cd-daemon-template")
+    config = env.config(NVIDIA_INSTALLER_EVICTION_TIMEOUT="1",
+                        NVIDIA_INSTALLER_FORCE_EVICTION="true")
+    with pytest.raises(EvictionTimeout, match=r"nvidia-dra-driver-gpu/cd-daemon-x1 "
+                       r"\(DaemonSet pod"):
+        make_room(env, config)
+    assert ("nvidia-dra-driver-gpu", "cd-daemon-x1") in env.cluster.pods
+    assert not [r for r in env.cluster.requests if r.method == "DELETE"]
+    assert "GpuPodNotEvicted" in [reason for reason, _ in env.events()]
 
 
 def test_the_dra_plugin_is_paused_only_after_the_claim_pods_are_gone(env: Env) -> None:

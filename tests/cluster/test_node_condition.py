@@ -79,7 +79,10 @@ def seed_node(cluster: Cluster, name: str) -> None:
     node = cluster.add_node(name, {"kubernetes.io/hostname": name})
     node["status"] = {"conditions": [dict(KUBELET_READY)],
                       "capacity": {"nvidia.com/gpu": "8", "cpu": "96"},
-                      "nodeInfo": {"kernelVersion": KERNEL}}
+                      "nodeInfo": {"kernelVersion": KERNEL},
+                      # As the kubelet reports them (Kubernetes >= 1.30).
+                      "runtimeHandlers": [{"name": "", "features": {
+                          "recursiveReadOnlyMounts": True, "userNamespaces": False}}]}
 
 
 @pytest.fixture(autouse=True)
@@ -237,6 +240,8 @@ def test_the_condition_of_another_node_is_denied(env: Signals) -> None:
     ({"status": {"conditions": [{"type": "MemoryPressure", "status": "True"}]}},
      "only the NvidiaDriverReady condition"),
     ({"status": {"capacity": {"nvidia.com/gpu": "0"}}}, "no node status field"),
+    ({"status": {"runtimeHandlers": [{"name": "nvidia", "features": {
+        "recursiveReadOnlyMounts": True, "userNamespaces": True}}]}}, "no node status field"),
     ({"metadata": {"labels": {"team": "x"}}}, "labels or annotations"),
 ])
 def test_anything_else_through_nodes_status_is_denied(env: Signals, patch: dict,

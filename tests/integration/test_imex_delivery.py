@@ -31,6 +31,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     build_fabricmanager(V, www / "redist")
     build_imex(V, www / "redist")
     build_imex(V, www / "wrong", listed=W)  # a JSON whose imex entry is another version's
+    build_fabricmanager(V, www / "fmonly")  # a mirror whose JSON lists no imex
     with serve_directory(www) as (base, requests):
         yield base, www, requests
 
@@ -83,3 +84,25 @@ def test_an_imex_entry_of_another_version_is_refused(
     with pytest.raises(ImexMismatch, match=f"lists imex '{W}', not {V}"):
         imex.fetch(config, layout, V, "x86_64")
     assert not imex.installed(layout, V)
+
+
+def test_a_mirror_without_the_entry_or_of_another_version_is_passed_over(
+        tmp_path: Path, served: tuple[str, Path, list[str]]) -> None:
+    base, www, _ = served
+    top = tmp_path / "host"
+    root = make_host(top, gpus=[GB200])
+    digests = kit.write_digests(tmp_path / "digests", www / "redist")
+    env = {"ROOT_MOUNT_DIR": str(top), "NVIDIA_INSTALL_DIR_CONTAINER": str(top) + "-none",
+           "NVIDIA_DRIVER_DIGESTS_FILE": str(digests)}
+    config = from_env({**env, "NVIDIA_FABRICMANAGER_REDIST":
+                       f"{base}/fmonly,{base}/wrong,{base}/redist"})
+    layout = Layout.from_config(config, root)
+    archive = imex.fetch(config, layout, V, "x86_64")
+    assert archive.name == Path(relative_path(V)).name
+    # No base lists it: the error says what each one said.
+    config = from_env({**env, "NVIDIA_FABRICMANAGER_REDIST": f"{base}/fmonly,{base}/wrong"})
+    with pytest.raises(ImexMismatch) as raised:
+        imex.fetch(config, Layout.from_config(config, root), V, "x86_64")
+    assert "fmonly/redistrib_" in raised.value.message
+    assert "lists no imex archive" in raised.value.message
+    assert f"lists imex '{W}', not {V}" in raised.value.message

@@ -32,7 +32,8 @@ VERSION = "580.105.08"
 INSTALL = "/home/kubernetes/bin/nvidia"
 KERNEL, NEXT_KERNEL = "6.1.0-28-amd64", "6.1.0-29-amd64"
 H100 = [FakeGpu("0000:18:00.0", 0x2330, "NVIDIA H100 80GB HBM3", 0),
-        FakeGpu("0000:2a:00.0", 0x2330, "NVIDIA H100 80GB HBM3", 1)]
+        FakeGpu("0000:2a:00.0", 0x2330, "NVIDIA H100 80GB HBM3", 1),
+        FakeGpu("0000:3b:00.0", 0x2330, "NVIDIA H100 80GB HBM3", 2)]
 SWITCHES = [fabric.FakeSwitch("0000:05:00.0"), fabric.FakeSwitch("0000:06:00.0")]
 P = "nvidia_driver_installer"
 
@@ -76,13 +77,16 @@ def hgx_node(root: Path, extracted: Path) -> Path:
                            fabric_state=fabric.COMPLETED)
     fabric.write_gpu_state(root, H100[1].address, persistence=False,
                            fabric_state=fabric.IN_PROGRESS)
+    # Registered, yet NVML's health summary says unhealthy: not a usable fabric either.
+    fabric.write_gpu_state(root, H100[2].address, persistence=True,
+                           fabric_state=fabric.COMPLETED, health_summary=fabric.UNHEALTHY)
     install = root / INSTALL.lstrip("/")
     install_nvml(extracted, install, VERSION)
     run = root / "run/nvidia-driver-installer"
     run.mkdir(parents=True)
     (run / "driver-ready").write_text(state.ready_text(VERSION, "open", INSTALL, KERNEL))
     (run / "fabricmanager-ready").write_text(
-        f"DRIVER_VERSION={VERSION}\nSTATE=running\nPID=42\nFABRIC=completed,in-progress\n")
+        f"DRIVER_VERSION={VERSION}\nSTATE=running\nPID=42\nFABRIC=completed,in-progress,completed\n")
     (run / "fabricmanager-restarts").write_text("3\n")
     state.write_record(install / "state.json", state.InstallRecord(
         version=VERSION, flavour="open", kernel=KERNEL, source="runfile", install_dir=INSTALL,
@@ -206,12 +210,14 @@ def test_gpus_fabric_and_persistence_come_from_nvml(prom: Prometheus) -> None:
     assert prom.value(f"{P}_fabric_required") == 1
     done = prom.query(f"{P}_gpu_fabric_completed")
     assert {(r["metric"]["gpu"], r["metric"]["uuid"]): float(r["value"][1]) for r in done} == {
-        (H100[0].address, gpu_uuid(H100[0])): 1, (H100[1].address, gpu_uuid(H100[1])): 0}
+        (H100[0].address, gpu_uuid(H100[0])): 1, (H100[1].address, gpu_uuid(H100[1])): 0,
+        (H100[2].address, gpu_uuid(H100[2])): 0}
     assert labels_of(prom.query(f"{P}_gpu_fabric_state"), "gpu", "state") == [
-        (H100[0].address, "completed"), (H100[1].address, "in-progress")]
+        (H100[0].address, "completed"), (H100[1].address, "in-progress"),
+        (H100[2].address, "completed")]
     persistence = prom.query(f"{P}_gpu_persistence_mode_enabled")
     assert {r["metric"]["gpu"]: float(r["value"][1]) for r in persistence} == {
-        H100[0].address: 1, H100[1].address: 0}
+        H100[0].address: 1, H100[1].address: 0, H100[2].address: 1}
 
 
 def test_daemons_and_the_next_kernel(prom: Prometheus) -> None:
@@ -246,7 +252,7 @@ def test_every_dashboard_panel_answers(prom: Prometheus) -> None:
     assert empty == []
     by_title = {title: expr for title, expr in queries}
     fabric_left = prom.query(by_title["GPUs with the fabric not completed"])
-    assert [(r["metric"]["node"], r["value"][1]) for r in fabric_left] == [("gpu-node-1", "1")]
+    assert [(r["metric"]["node"], r["value"][1]) for r in fabric_left] == [("gpu-node-1", "2")]
 
 
 def test_a_broken_panel_query_is_caught(prom: Prometheus) -> None:

@@ -95,6 +95,29 @@ def test_a_broken_record_starts_again(tmp_path: Path) -> None:
         "lock-timeout": 1}
 
 
+@pytest.mark.parametrize("failures", [None, [], "3", {"lock-timeout": "many"},
+                                      {"lock-timeout": None, "no-nvidia-gpu": 2}])
+def test_a_hand_edited_record_never_makes_record_run_raise(tmp_path: Path,
+                                                          failures: object) -> None:
+    path = tmp_path / "last-run.json"
+    path.write_text(json.dumps({"format": outcome.OUTCOME_FORMAT, "failures": failures}))
+    outcome.record_run(progress(tmp_path, []), LockTimeout("held"))
+    counts = json.loads(path.read_text())["failures"]
+    assert counts["lock-timeout"] == 1  # what could not be read as a count starts again
+    assert counts.get("no-nvidia-gpu", 2) == 2  # the valid counts are kept
+
+
+def test_record_run_only_warns_when_the_record_cannot_be_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(*_: object) -> dict[str, object]:
+        raise TypeError("unsupported operand")
+
+    monkeypatch.setattr(outcome, "next_record", broken)
+    outcome.record_run(progress(tmp_path, []), LockTimeout("held"))
+    assert "could not record the run's outcome" in caplog.text
+    assert not (tmp_path / "last-run.json").exists()
+
+
 def test_a_refused_run_is_recorded_where_the_install_dir_exists(tmp_path: Path) -> None:
     root = tmp_path / "host"
     make_host(root, distro="ubuntu-22.04", gpus=[])
@@ -106,6 +129,7 @@ def test_a_refused_run_is_recorded_where_the_install_dir_exists(tmp_path: Path) 
             app.run(config, FakeRunner())
     record = json.loads((install / "last-run.json").read_text())
     assert (record["outcome"], record["error"]) == ("failure", "no-nvidia-gpu")
+    assert record["failed_step"] == ""  # refused by the plan: no step was reached
     assert record["failures"] == {"no-nvidia-gpu": 2}
     assert sorted(os.listdir(install)) == ["last-run.json"]  # no lock: refused before it
     assert app.status(config)["last_run"] == record  # what `installer status` shows
