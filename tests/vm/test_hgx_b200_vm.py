@@ -3,13 +3,16 @@ two B200 GPUs, the board's ConnectX-7 functions (a Limited PF with SW_MNG in its
 guest's PCI tree, and mlx5_core, mlx5_ib and ib_umad as real (empty) kbuild modules. What
 `installer fabricmanager` (the fabricmanager container's command) and `installer verify` do:
 without the IB modules verify names them; without NVLSM delivered the container ends in
-nvlsm-missing, writes no readiness file and verify says NVLSM is not running; once NVLSM is
-installed beside the driver it starts on the LPF's port GUID, Fabric Manager after its socket on
-the same GUID, the GPUs' fabric completes, the readiness file appears and verify passes with
-CUDA; SIGTERM stops both and takes the readiness file."""
+nvlsm-missing, writes no readiness file and verify says NVLSM is not running; an NVLSM that
+cannot open ib_umad's interface never gets a Fabric Manager and the container gives up with
+fabricmanager-failed quoting NVLSM's error; once NVLSM can run it starts on the LPF's port
+GUID, Fabric Manager after its socket on the same GUID, the GPUs' fabric completes, the
+readiness file appears and verify passes with CUDA; SIGTERM stops both and takes the readiness
+file."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -43,6 +46,13 @@ echo "@@ verify-without-nvlsm"
 installer verify --json > /tmp/no-nvlsm.json 2>/dev/null || echo "exit $?"
 show /tmp/no-nvlsm.json
 """ + DELIVER_NVLSM + f"""
+echo "@@ nvlsm-cannot-start"
+mv /sys/class/infiniband_mad /run/umad-aside  # as if ib_umad had gone
+NVIDIA_INSTALLER_DAEMON_RESTARTS=1 installer fabricmanager 2>/tmp/fm-fail.log || echo "exit $?"
+sed -n '/^error\\[/,$p' /tmp/fm-fail.log
+grep -c 'Fabric Manager version' /tmp/fm-fail.log || true
+ls -1 {STATE}
+mv /run/umad-aside /sys/class/infiniband_mad
 # The container's command itself in the background (a shell function would take the SIGTERM).
 {sys.executable} -m installer fabricmanager 2>/tmp/fm2.log &
 for _ in $(seq 90); do test -f {STATE}/fabricmanager-ready && break; sleep 1; done
@@ -90,6 +100,17 @@ def test_without_nvlsm_the_node_is_not_ready(node: VmResult) -> None:
     verify = node.section("verify-without-nvlsm")
     assert verify.splitlines()[:2] == ["exit 40", "False pending"], verify
     assert "NVLSM is not running (no nvlsm process)" in verify, verify
+
+
+def test_an_nvlsm_that_cannot_start_never_gets_a_fabric_manager(node: VmResult) -> None:
+    error, tail, *rest = node.section("nvlsm-cannot-start").splitlines()[1:]
+    assert node.section("nvlsm-cannot-start").splitlines()[0] == "exit 98"
+    assert error == ("error[fabricmanager-failed]: fabricmanager exited 2 times within 10 "
+                     "minutes (last exit status 1); not restarting it again; its last lines:")
+    assert re.fullmatch(r"nvlsm: .* \[nvlsm\] ERR: umad_init: cannot open the user MAD "
+                        r"interface \(is ib_umad loaded\?\)", tail), tail
+    # No Fabric Manager was started, and no readiness file written.
+    assert rest[-3:] == ["0", "driver-ready", "fabricmanager-restarts"], rest
 
 
 def test_with_nvlsm_first_on_the_lpf_guid_the_fabric_completes(node: VmResult) -> None:
