@@ -289,7 +289,8 @@ class FabricManagerDaemon:
         return start
 
     def _line(self, line: str) -> None:
-        log.info("%s: %s", DAEMON, line)
+        # On NVLink5 nodes NVLSM's lines come here too, already prefixed with its name.
+        log.info("%s", line if line.startswith("nvlsm: ") else f"{DAEMON}: {line}")
         self.tail.append(line)
         if CONFIGURED in line:
             self.configured = True
