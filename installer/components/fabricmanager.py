@@ -376,7 +376,8 @@ def fabric_reasons(root: HostRoot, gpus: Sequence[GpuInfo]) -> list[str]:
                 "node)"]
     switches = nvlink5.fabric(root, ids)
     if switches.needed and not fabric.process_running(root, DAEMON):
-        return [f"Fabric Manager ({DAEMON}) is not running on this NVSwitch node "
+        kind = "NVSwitch" if switches.switches else "NVLink5"
+        return [f"Fabric Manager ({DAEMON}) is not running on this {kind} node "
                 f"({switches.reason})"]
     return []
 

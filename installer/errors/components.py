@@ -42,9 +42,10 @@ class FabricManagerFailed(InstallerError):
     reference = "fabricmanager-failed"
     exit_code = 98
     default_hint = (
-        "nv-fabricmanager kept exiting (its last lines are above); CUDA fails with error 802 on "
-        "this node until it runs. Check the NVSwitch errors it names, NVFM_CONFIG_* overrides, "
-        "and that no other Fabric Manager (a host service) holds the switches."
+        "nv-fabricmanager (or, on NVLink5 nodes, NVLSM started before it) kept exiting (its "
+        "last lines are above); CUDA fails with error 802 on this node until it runs. Check the "
+        "NVSwitch or InfiniBand errors it names, NVFM_CONFIG_* overrides, and that no other "
+        "Fabric Manager or subnet manager (a host service) holds the switches or the port."
     )
 
 
