@@ -36,6 +36,12 @@ from installer.errors.components import (
     FabricManagerUnavailable,
     PersistencedFailed,
 )
+from installer.errors.cross import (
+    CrossBuildUnsupported,
+    CrossCompilerMissing,
+    HeadersWrongArch,
+    KbuildToolsWrongArch,
+)
 from installer.errors.delivery import (
     ArchiveUnsafe,
     ArtifactInvalid,
@@ -100,6 +106,8 @@ __all__ = [
     "CompilerInstallFailed",
     "CompilerMissing",
     "ConfigError",
+    "CrossBuildUnsupported",
+    "CrossCompilerMissing",
     "DeviceNodesFailed",
     "DigestsFileInvalid",
     "DkmsUnavailable",
@@ -115,6 +123,7 @@ __all__ = [
     "FabricManagerMissing",
     "FabricManagerUnavailable",
     "HeadersFetchFailed",
+    "HeadersWrongArch",
     "HostLayoutError",
     "HostRepoInsecure",
     "IncompatibleGpus",
@@ -122,6 +131,7 @@ __all__ = [
     "InstallerError",
     "InsufficientSpace",
     "InvalidVersion",
+    "KbuildToolsWrongArch",
     "KernelHeadersMissing",
     "KubeconfigInvalid",
     "LockTimeout",
