@@ -9,7 +9,8 @@
 #   REGISTRY    image repository prefix          (default: registry.example.com)
 #   IMAGE       image name under REGISTRY        (default: nvidia-driver-installer)
 #   TAG         version part of every tag        (default: the version in pyproject.toml)
-#   PLATFORMS   buildx platforms                 (default: linux/amd64; several need --push)
+#   PLATFORMS   platforms, comma-separated       (default: linux/amd64; several need --push;
+#               buildx, or buildah: one manifest list per tag, arm64 RUN steps under qemu-user)
 #   SOURCE_URL  org.opencontainers.image.source  (default: the git remote "origin", if any)
 #   BUILDER     buildx | docker | buildah        (default: buildx when `docker buildx` works)
 #   DOCKER      the docker client to call        (default: docker)
@@ -68,14 +69,15 @@ if [ -z "${BUILDER:-}" ]; then
     if "$DOCKER" buildx version >/dev/null 2>&1; then BUILDER=buildx; else BUILDER=docker; fi
 fi
 case "$BUILDER" in buildx|docker|buildah) ;; *) echo "build.sh: BUILDER must be buildx, docker or buildah" >&2; exit 2 ;; esac
-if [ "$BUILDER" != buildx ] && [ "$PLATFORMS" != linux/amd64 ]; then
-    echo "build.sh: PLATFORMS=$PLATFORMS needs docker buildx" >&2
+if [ "$BUILDER" = docker ] && [ "$PLATFORMS" != linux/amd64 ]; then
+    echo "build.sh: PLATFORMS=$PLATFORMS needs docker buildx or BUILDER=buildah" >&2
     exit 2
 fi
 if [ "$BUILDER" = buildx ] && [[ "$PLATFORMS" == *,* ]] && ! $push; then
     echo "build.sh: several PLATFORMS can only be pushed (buildx cannot --load them); add --push" >&2
     exit 2
 fi
+IFS=, read -r -a platforms <<<"$PLATFORMS"
 
 run() {
     # Print every command shell-quoted; run it unless --dry-run.
@@ -102,19 +104,32 @@ build_one() {
         --build-arg "VERSION=$TAG"
         --build-arg "REVISION=$revision"
         --build-arg "SOURCE=$SOURCE_URL"
-        --tag "$ref"
         ${build_opts[@]+"${build_opts[@]}"}
     )
-    if [ "$BUILDER" = buildah ]; then
-        run "${buildah[@]}" build --isolation chroot \
-            --ignorefile "$here/$dir/Dockerfile.dockerignore" "${args[@]}" "$repo"
+    if [ "$BUILDER" = buildah ] && [ "${#platforms[@]}" -gt 1 ]; then
+        # One image per platform, added to the manifest list $ref; a foreign platform's RUN
+        # steps run under qemu-user-static (binfmt_misc). --tag would name one image, not the list.
+        local platform
+        run "${buildah[@]}" manifest create "$ref"
+        for platform in "${platforms[@]}"; do
+            run "${buildah[@]}" build --isolation chroot --platform "$platform" \
+                --ignorefile "$here/$dir/Dockerfile.dockerignore" --manifest "$ref" \
+                "${args[@]}" "$repo"
+        done
+        if $push; then run "${buildah[@]}" manifest push --all "$ref" "docker://$ref"; fi
+    elif [ "$BUILDER" = buildah ]; then
+        local platform_args=()
+        [ "$PLATFORMS" = linux/amd64 ] || platform_args=(--platform "$PLATFORMS")
+        run "${buildah[@]}" build --isolation chroot ${platform_args[@]+"${platform_args[@]}"} \
+            --ignorefile "$here/$dir/Dockerfile.dockerignore" "${args[@]}" --tag "$ref" "$repo"
         if $push; then run "${buildah[@]}" push "$ref"; fi
     elif [ "$BUILDER" = buildx ]; then
+        args+=(--tag "$ref")
         if $push; then args+=(--push); else args+=(--load); fi
         run "$DOCKER" buildx build --platform "$PLATFORMS" "${args[@]}" "$repo"
     else
         # The Dockerfiles use RUN --mount and per-Dockerfile .dockerignore: BuildKit only.
-        run env DOCKER_BUILDKIT=1 "$DOCKER" build "${args[@]}" "$repo"
+        run env DOCKER_BUILDKIT=1 "$DOCKER" build "${args[@]}" --tag "$ref" "$repo"
         if $push; then run "$DOCKER" push "$ref"; fi
     fi
 }

@@ -27,12 +27,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def build_plan(config: Config, runner: Runner | None = None) -> Plan:
+def build_plan(config: Config, runner: Runner | None = None, arch: str | None = None) -> Plan:
     plan = planner.make_plan(
         config,
         runner or SubprocessRunner(),
         fetch_bytes=fetch_bytes_for(config),
         fetch_runfile=fetch_runfile_for(config),
+        machine=arch,
     )
     nextkernel.extend(plan, build_modules)  # the next kernel before the reboot
     return plan
@@ -309,11 +310,12 @@ _PREBUILD_STEPS = ("fetch-runfile", "extract-runfile", "kernel-headers", "build-
 
 
 def build_modules(config: Config, runner: Runner,
-                  steps: tuple[str, ...] = _PREBUILD_STEPS) -> Plan:
+                  steps: tuple[str, ...] = _PREBUILD_STEPS, arch: str | None = None) -> Plan:
     """Plan for `config.kernel_release` and run its steps named in `steps`, in plan order: the
     modules land in the install dir's cache; nothing is installed or loaded. The caller holds
-    the host lock. Raises the steps' errors (headers, compiler, download, build)."""
-    plan = build_plan(config, runner)
+    the host lock. Raises the steps' errors (headers, compiler, download, build). `arch`
+    (default: this machine's) other than this machine's is cross-compiled."""
+    plan = build_plan(config, runner, arch)
     for decision in plan.decisions:
         log.info("plan: %s = %s (%s)", decision.topic, decision.value, decision.reason)
     for step in plan.steps:
@@ -322,7 +324,7 @@ def build_modules(config: Config, runner: Runner,
     return plan
 
 
-def prebuild(config: Config, runner: Runner | None = None) -> str:
+def prebuild(config: Config, runner: Runner | None = None, arch: str | None = None) -> str:
     """Build the modules for `config.kernel_release` into the install dir's cache and, with
     `module_registry_push`, publish them; returns the module dir or the pushed reference.
     Loads nothing and installs nothing on the host. Raises the build's errors, and the
@@ -339,12 +341,18 @@ def prebuild(config: Config, runner: Runner | None = None) -> str:
     layout = Layout.from_config(config, root)
     layout.install_local.mkdir(parents=True, exist_ok=True)
     with state.HostLock(layout.lock_file, config.lock_timeout):
-        plan = build_modules(config, runner)
+        plan = build_modules(config, runner, arch=arch)
         t = plan.context.target
         built = layout.module_build(t.version, t.kernel, t.flavour)
         if not config.module_registry_push:
             return str(built)
         artifact = prebuilt.publish(plan.context)
+        if plan.context.facts.arch != host.normalise_arch():
+            # The user space is placed by the target's nvidia-installer, which cannot run here.
+            log.warning("the %s user space is not published by a cross build: the first %s "
+                        "node that installs the .run with NVIDIA_MODULE_REGISTRY_PUSH=true "
+                        "publishes it", plan.context.facts.arch, plan.context.facts.arch)
+            return f"{artifact.reference}"
         from installer.sources.prebuilt import userspace as prebuilt_userspace
         from installer.sources.runfile.steps import place_userspace
 

@@ -27,6 +27,7 @@ def make_plan(
     *,
     fetch_bytes: FetchBytes,
     fetch_runfile: FetchRunfile,
+    machine: str | None = None,
 ) -> Plan:
     """Decide everything `run` will do. Reads the host, changes nothing.
 
@@ -38,8 +39,9 @@ def make_plan(
     # Host symlinks may lead the install dir or cache somewhere make would misread.
     check_build_path("the install dir as reached here", layout.install_local)
     check_build_path("the cache dir as reached here", layout.cache_local)
+    # `machine` (prebuild --arch) plans for another architecture than this machine's.
     facts = host.gather(root, kernel_override=config.kernel_release,
-                        free_space_path=layout.install_local)
+                        free_space_path=layout.install_local, machine=machine)
     running = host.kernel_release(root)
     decisions: list[Decision] = []
     blockers: list[str] = []

@@ -73,7 +73,11 @@ def installer_logger_reset() -> Iterator[None]:
 # first, so that neither worker is left with a long one at the end.
 REAL_DRIVER_FILES = ("integration/test_real_driver.py", "integration/test_real_registry.py",
                      "vm/test_real_driver_vm.py")
-LONG_GROUPS = ("vm/test_pod_scenarios.py", "real-driver", "integration/test_real_driver_trixie.py",
+# The arm64 files (NVIDIA's real arm64 modules cross-built, the arm64 guest) share one worker:
+# lib/arm64kit.py packs the aarch64 .run once per worker.
+ARM64_FILES = ("integration/test_cross_build.py", "vm/test_arm64_vm.py")
+LONG_GROUPS = ("vm/test_pod_scenarios.py", "real-driver", "arm64",
+               "integration/test_real_driver_trixie.py",
                "vm/test_installer_scenarios.py",
                "vm/test_headers_fetched.py", "vm/test_upgrade_protocol.py",
                "vm/test_next_kernel_vm.py", "vm/test_dnf_scenario.py", "vm/test_prebuilt_vm.py")
@@ -81,6 +85,8 @@ LONG_GROUPS = ("vm/test_pod_scenarios.py", "real-driver", "integration/test_real
 
 def xdist_group_of(path: str) -> str:
     """The xdist group of a test file, given as a path relative to tests/."""
+    if path in ARM64_FILES:
+        return "arm64"
     return "real-driver" if path in REAL_DRIVER_FILES else path
 
 

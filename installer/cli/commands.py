@@ -162,8 +162,11 @@ def download(dest: Path, arch: str, **options: Any) -> None:
               help="Kernel release to build for (need not be running; its headers must be "
               "found as on a node).")
 @click.option("--push", is_flag=True, help="Publish the modules to NVIDIA_MODULE_REGISTRY.")
+@click.option("--arch", type=click.Choice(["x86_64", "aarch64"]), default=None,
+              help="The kernel's architecture (default: this machine's); another one is "
+              "cross-compiled (an x86 builder making arm64 modules).")
 @settings_options
-def prebuild(kernel_release_: str, push: bool, **options: Any) -> None:
+def prebuild(kernel_release_: str, push: bool, arch: str | None, **options: Any) -> None:
     """Compile the modules for a kernel ahead of time (CI, a Job before a node-pool upgrade)."""
     from installer import app
 
@@ -171,7 +174,7 @@ def prebuild(kernel_release_: str, push: bool, **options: Any) -> None:
     if push:
         options["module_registry_push"] = True
     config = make_config(options)
-    click.echo(app.prebuild(config))
+    click.echo(app.prebuild(config, arch=arch))
 
 
 @cli.command("prepare-next-kernel")

@@ -38,6 +38,12 @@ from installer.errors.components import (
     FabricNotReady,
     PersistencedFailed,
 )
+from installer.errors.cross import (
+    CrossBuildUnsupported,
+    CrossCompilerMissing,
+    HeadersWrongArch,
+    KbuildToolsWrongArch,
+)
 from installer.errors.delivery import (
     ArchiveUnsafe,
     ArtifactInvalid,
@@ -117,6 +123,8 @@ __all__ = [
     "CompilerInstallFailed",
     "CompilerMissing",
     "ConfigError",
+    "CrossBuildUnsupported",
+    "CrossCompilerMissing",
     "DeviceNodesFailed",
     "DigestsFileInvalid",
     "DkmsUnavailable",
@@ -133,6 +141,7 @@ __all__ = [
     "FabricManagerUnavailable",
     "FabricNotReady",
     "HeadersFetchFailed",
+    "HeadersWrongArch",
     "HostLayoutError",
     "HostRepoInsecure",
     "IbModuleLoadFailed",
@@ -144,6 +153,7 @@ __all__ = [
     "InstallerError",
     "InsufficientSpace",
     "InvalidVersion",
+    "KbuildToolsWrongArch",
     "KernelHeadersMissing",
     "KubeconfigInvalid",
     "LockTimeout",

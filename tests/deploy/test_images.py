@@ -278,6 +278,32 @@ def test_build_sh_with_buildah_needs_no_daemon() -> None:
     assert push == f"+ buildah --root /x push {ref}"
 
 
+def test_build_sh_with_buildah_makes_a_manifest_list_of_both_architectures() -> None:
+    result = _build_sh(
+        "--dry-run", "--push", "--only", "debian12", BUILDER="buildah",
+        BUILDAH="buildah --root /x", PLATFORMS="linux/amd64,linux/arm64",
+    )
+    assert result.returncode == 0, result.stderr
+    commands = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
+    ref = "registry.example.com/nvidia-driver-installer:0.1.0-debian12"
+    assert commands[0] == f"+ buildah --root /x manifest create {ref}"
+    builds = commands[1:3]
+    for build, platform in zip(builds, ("linux/amd64", "linux/arm64")):
+        assert build.startswith(f"+ buildah --root /x build --isolation chroot --platform "
+                                f"{platform} ")
+        assert f"--manifest {ref}" in build and "--tag" not in build
+    assert commands[3:] == [f"+ buildah --root /x manifest push --all {ref} docker://{ref}"]
+
+
+def test_build_sh_with_buildah_builds_one_foreign_platform_as_a_plain_image() -> None:
+    result = _build_sh("--dry-run", "--only", "debian12", BUILDER="buildah",
+                       BUILDAH="buildah --root /x", PLATFORMS="linux/arm64")
+    assert result.returncode == 0, result.stderr
+    (build,) = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
+    assert "build --isolation chroot --platform linux/arm64 " in build
+    assert "--tag registry.example.com/nvidia-driver-installer:0.1.0-debian12" in build
+
+
 def test_build_sh_refuses_loading_several_platforms() -> None:
     result = _build_sh("--dry-run", BUILDER="buildx", PLATFORMS="linux/amd64,linux/arm64")
     assert result.returncode == 2

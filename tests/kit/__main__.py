@@ -18,8 +18,9 @@ def main() -> None:
     build.add_argument("out_dir", type=Path)
     build.add_argument("--compile-error", action="store_true")
     build.add_argument("--kernel-source", type=Path)
-    commands.add_parser("fetch-real-parts", help="download NVIDIA's real 535.261.03 parts and "
-                        "Debian's 6.1.0-47 headers into the test cache (once)")
+    commands.add_parser("fetch-real-parts", help="download NVIDIA's real 535.261.03 parts, "
+                        "Debian's 6.1.0-47 headers and the arm64 module sources, headers and "
+                        "kernel into the test cache (once)")
     commands.add_parser("fetch-trixie-parts", help="download NVIDIA's real 550.163.01 parts, "
                         "trixie's 6.12 headers and a trixie image root with gcc-14 (once)")
     args = parser.parse_args()
@@ -29,10 +30,11 @@ def main() -> None:
         print("\n".join(str(found) for found in trixie_parts.fetch()))
         return
     if args.command == "fetch-real-parts":
-        from kit import real_parts
+        from kit import arm64_parts, real_parts
 
         parts, headers = real_parts.fetch()
-        print(f"{parts.directory}\n{headers.root}")
+        arm64 = arm64_parts.fetch()  # needs the amd64 kbuild fetched just above
+        print(f"{parts.directory}\n{headers.root}\n{arm64.directory}")
         return
     print(
         build_runfile(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional
 from . import cache, runfile_header, staging
 
 if TYPE_CHECKING:
+    from .arm64_parts import Arm64Parts
     from .real_parts import RealParts
 
 KIT_DIR = Path(__file__).parent
@@ -23,8 +24,8 @@ VERSION_PATTERN = re.compile(r"^[1-9][0-9]*\.[0-9]+(\.[0-9]+)?$")
 PACKAGING_DATE = "Thu Jan  1 00:00:00 UTC 2024"
 
 
-def runfile_name(version: str) -> str:
-    return f"NVIDIA-Linux-x86_64-{version}.run"
+def runfile_name(version: str, arch: str = "x86_64") -> str:
+    return f"NVIDIA-Linux-{arch}-{version}.run"
 
 
 def build_runfile(
@@ -88,16 +89,47 @@ def build_real_runfile(dest_dir: Path, parts: Optional[RealParts] = None,
     return dest_dir / name
 
 
+def build_real_arm64_runfile(dest_dir: Path, parts: Optional[RealParts] = None,
+                             arm64: Optional[Arm64Parts] = None) -> Path:
+    """NVIDIA-Linux-aarch64-535.261.03.run whose kernel/ and kernel-open/ trees are NVIDIA's
+    real arm64 ones (kit.arm64_parts) and whose GSP firmware is NVIDIA's; its libraries are the
+    kit's, compiled for aarch64, and its nvidia-installer runs only on an aarch64 machine.
+    Cached like build_runfile."""
+    from . import arm64_parts, real_parts
+
+    parts = parts or real_parts.require()
+    arm64 = arm64 or arm64_parts.require()
+    version = parts.version
+    inputs = [
+        KIT_DIR / "payload",
+        KIT_DIR / "runfile_preparse.sh",
+        runfile_header.STOCK_HEADER,
+        *sorted(KIT_DIR.glob("*.py")),
+    ]
+    digest = hashlib.sha256((parts.debs + arm64.debs).encode()).hexdigest()[:12]
+    key = f"real-aarch64-{version}-{digest}-{cache.tree_digest(inputs)[:16]}"
+    entry = cache.cached_dir(key, lambda work: _build(
+        version, work, DEFAULT_KERNEL_SOURCE, False, parts, arch="aarch64",
+        kernel_trees=arm64.directory / "parts"))
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    name = runfile_name(version, "aarch64")
+    for file in (name, f"{name}.sha256sum"):
+        shutil.copyfile(entry / file, dest_dir / file)
+    (dest_dir / name).chmod(0o755)
+    return dest_dir / name
+
+
 def _build(version: str, out_dir: Path, kernel_source: Path, compile_error: bool,
-           real: Optional[RealParts] = None, pad_to: int = 0) -> None:
-    name = runfile_name(version)
+           real: Optional[RealParts] = None, pad_to: int = 0, *, arch: str = "x86_64",
+           kernel_trees: Optional[Path] = None) -> None:
+    name = runfile_name(version, arch)
     with tempfile.TemporaryDirectory(prefix="kit-stage.") as scratch:
-        payload = Path(scratch) / f"NVIDIA-Linux-x86_64-{version}"
+        payload = Path(scratch) / f"NVIDIA-Linux-{arch}-{version}"
         payload.mkdir()
-        staging.stage(version, payload, kernel_source, compile_error, real)
+        staging.stage(version, payload, kernel_source, compile_error, real, arch, kernel_trees)
         if pad_to:
             _pad(payload, pad_to)
-        header = runfile_header.write_header(version, Path(scratch) / "header.sh")
+        header = runfile_header.write_header(version, Path(scratch) / "header.sh", arch)
         # Real parts: gzip -6 (makeself's default is -9: three times the CPU, 0.2 % smaller).
         level = ["--complevel", "6"] if real is not None else []
         subprocess.run(
@@ -115,7 +147,7 @@ def _build(version: str, out_dir: Path, kernel_source: Path, compile_error: bool
                 PACKAGING_DATE,
                 str(payload),
                 str(out_dir / name),
-                f"{staging.DESCRIPTION} {version}",
+                f"{staging.description(arch)} {version}",
                 "./nvidia-installer",
             ],
             check=True,

@@ -56,10 +56,11 @@ def cuda_version(version: str) -> int:
     return CUDA_VERSION_BY_BRANCH[known[-1]] if known else 11000
 
 
-def compile_library(library: Library, version: str, dest_dir: Path) -> Path:
+def compile_library(library: Library, version: str, dest_dir: Path, cc: str = "gcc") -> Path:
+    """Compile `library` with `cc` (aarch64-linux-gnu-gcc for an aarch64 .run)."""
     output = dest_dir / f"{library.stem}.so.{version}"
     argv = [
-        "gcc",
+        cc,
         "-shared",
         "-fPIC",
         "-O2",

@@ -20,16 +20,17 @@ def escape_for_heredoc(shell: str) -> str:
     return shell.replace("\\", "\\\\").replace("$", "\\$").replace("`", "\\`")
 
 
-def header_text(version: str) -> str:
+def header_text(version: str, arch: str = "x86_64") -> str:
     stock = STOCK_HEADER.read_text()
     for anchor in (OPTION_LOOP_START, STOCK_TMPROOT):
         if stock.count(anchor) != 1:
             raise RuntimeError(f"{STOCK_HEADER}: expected one {anchor!r}; makeself changed?")
-    preparse = escape_for_heredoc(PREPARSE.read_text().replace("@VERSION@", version))
+    preparse = escape_for_heredoc(PREPARSE.read_text().replace("@VERSION@", version)
+                                  .replace("@ARCH@", arch))
     spliced = stock.replace(OPTION_LOOP_START, preparse + OPTION_LOOP_START)
     return spliced.replace(STOCK_TMPROOT, NVIDIA_TMPROOT)
 
 
-def write_header(version: str, path: Path) -> Path:
-    path.write_text(header_text(version))
+def write_header(version: str, path: Path, arch: str = "x86_64") -> Path:
+    path.write_text(header_text(version, arch))
     return path

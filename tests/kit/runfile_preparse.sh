@@ -3,7 +3,7 @@
 # turns NVIDIA's spelling into makeself's before makeself's own option loop runs.
 version="@VERSION@"
 nv_target_os="Linux"
-nv_target_arch="x86_64"
+nv_target_arch="@ARCH@"
 
 case "$1" in
 --version-string)
@@ -72,7 +72,9 @@ if test x"$nv_info_action" != xy; then
         esac
     done
 
-    if test "`uname -s`" != "$nv_target_os" || test "`uname -m`" != "$nv_target_arch"; then
+    # NVIDIA's makeself (1.6.0-nv2) checks the platform only when it would run the installer:
+    # -x extracts another architecture's .run (a cross builder does).
+    if test "$nv_extract" = n && { test "`uname -s`" != "$nv_target_os" || test "`uname -m`" != "$nv_target_arch"; }; then
         echo "ERROR: this .run file is intended for the $nv_target_os-$nv_target_arch platform, but you appear to be running on `uname -s`-`uname -m`.  Aborting installation." >&2
         exit 1
     fi

@@ -13,6 +13,21 @@ if TYPE_CHECKING:
 
 PAYLOAD = Path(__file__).with_name("payload")
 DESCRIPTION = "NVIDIA Accelerated Graphics Driver for Linux-x86_64"
+# The C compiler of the libraries an .run of each architecture carries.
+LIBRARY_CC = {"x86_64": "gcc", "aarch64": "aarch64-linux-gnu-gcc"}
+FOREIGN_INSTALLER = """#!/bin/sh
+# The kit's {arch} nvidia-installer: NVIDIA's is an {arch} program, which no other machine can
+# execute (the shell says so and exits 126), so neither does this one.
+if [ "$(uname -m)" != {arch} ]; then
+    echo "$0: cannot execute binary file: Exec format error" >&2
+    exit 126
+fi
+exec python3 "$(dirname "$0")/nvidia-installer.py" "$@"
+"""
+
+
+def description(arch: str) -> str:
+    return DESCRIPTION.replace("x86_64", arch)
 SCRIPTED_TOOLS = ("nvidia-smi", "nvidia-modprobe")
 # Scripts that carry their version (@VERSION@ in the payload file): nvidia-persistenced shows it
 # to the kit's nvidia.ko, which refuses a daemon of another driver version, as NVIDIA's does.
@@ -47,17 +62,27 @@ def stage(
     kernel_source: Path,
     compile_error: bool,
     real: Optional[RealParts] = None,
+    arch: str = "x86_64",
+    kernel_trees: Optional[Path] = None,
 ) -> None:
     """Fill dest with the payload; dest's name becomes the default extraction directory.
     With `real`, kernel/, kernel-open/, nvidia-smi, nvidia-modprobe, libnvidia-ml, libcuda and
     the GSP firmware are NVIDIA's own (the other files stay the kit's)."""
-    shutil.copy2(PAYLOAD / "nvidia-installer", dest / "nvidia-installer")
+    if arch == "x86_64":
+        shutil.copy2(PAYLOAD / "nvidia-installer", dest / "nvidia-installer")
+    else:
+        shutil.copy2(PAYLOAD / "nvidia-installer", dest / "nvidia-installer.py")
+        (dest / "nvidia-installer").write_text(FOREIGN_INSTALLER.replace("{arch}", arch))
+        (dest / "nvidia-installer").chmod(0o755)
     shutil.copytree(
         PAYLOAD / "nvidia_installer",
         dest / "nvidia_installer",
         ignore=shutil.ignore_patterns("__pycache__"),
     )
     for directory, flavour in (("kernel", "proprietary"), ("kernel-open", "open")):
+        if kernel_trees is not None:
+            shutil.copytree(kernel_trees / directory, dest / directory, symlinks=True)
+            continue
         if real is not None:
             shutil.copytree(real.directory / directory, dest / directory, symlinks=True)
             continue
@@ -65,10 +90,12 @@ def stage(
         # The version and flavour live in the tree, as NVIDIA's Kbuild carries its version.
         (dest / directory / "nv-kit.mk").write_text(
             f"NV_VERSION := {version}\nNV_FLAVOUR := {flavour}\n")
-    modules = REAL_KERNEL_MODULES if real is not None else KERNEL_MODULES
-    manifest = [DESCRIPTION, version, " ".join(modules)]
+    modules = REAL_KERNEL_MODULES if real or kernel_trees else KERNEL_MODULES
+    manifest = [description(arch), version, " ".join(modules)]
+    # NVIDIA's own programs are x86_64 ones: an aarch64 .run carries the kit's scripts.
+    native_real = real if arch == "x86_64" else None
     for tool in SCRIPTED_TOOLS:
-        source = real.file(tool) if real is not None else PAYLOAD / tool
+        source = native_real.file(tool) if native_real is not None else PAYLOAD / tool
         shutil.copy2(source, dest / tool)
         (dest / tool).chmod(0o755)
     for tool in STUB_TOOLS:
@@ -81,11 +108,11 @@ def stage(
         mode = "4755" if tool == "nvidia-modprobe" else "0755"
         manifest.append(f"{tool} {mode} UTILITY_BINARY")
     for library in native.LIBRARIES:
-        if real is not None and library.stem in REAL_LIBRARIES:
+        if native_real is not None and library.stem in REAL_LIBRARIES:
             built = dest / f"{library.stem}.so.{version}"
-            shutil.copy2(real.file(built.name), built)
+            shutil.copy2(native_real.file(built.name), built)
         else:
-            built = native.compile_library(library, version, dest)
+            built = native.compile_library(library, version, dest, LIBRARY_CC[arch])
         manifest.append(f"{built.name} 0755 {library.file_type}")
     (dest / "firmware").mkdir()
     for name in FIRMWARE:

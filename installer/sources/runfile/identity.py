@@ -60,3 +60,14 @@ def tree_problems(directory: Path, installer_says: str, version: str) -> list[st
     if not (directory / f"libnvidia-ml.so.{version}").is_file():
         problems.append(f"it has no libnvidia-ml.so.{version}")
     return problems
+
+
+def manifest_problems(directory: Path, version: str) -> list[str]:
+    """How an extracted tree's `.manifest` (its second line is the version) differs from
+    `version`, for a tree whose nvidia-installer cannot run here (another architecture's)."""
+    try:
+        lines = (directory / ".manifest").read_text(errors="replace").splitlines()
+    except OSError:
+        return ["it has no .manifest"]
+    said = lines[1].strip() if len(lines) > 1 else "no version"
+    return [] if said == version else [f"its .manifest names version {said}"]

@@ -26,6 +26,7 @@ from installer.sources.installed import (
 )
 from installer.sources.installed import modules_built as _built
 from installer.sources.installed import userspace_installed as _userspace_done
+from installer.sources.runfile import cross
 from installer.sources.runfile.argv import (
     BuildRequest,
     build_modules_argv,
@@ -35,6 +36,7 @@ from installer.sources.runfile.argv import (
 from installer.sources.runfile.identity import (
     archive_problems,
     header_identity,
+    manifest_problems,
     tree_problems,
 )
 
@@ -110,9 +112,13 @@ def extract_step(ctx: Context) -> Step:
                         f"extracting {runfile.name} failed: {exc.output_tail}",
                         hint="The file was damaged and is removed from the cache: run again to "
                         "download it anew.") from exc
-            installer = ctx.runner.run([str(staging / "nvidia-installer"), "--version"],
-                                       check=False, timeout=120)
-            problems = tree_problems(staging, installer.output, t.version)
+            if cross.is_cross(ctx):
+                # The target's nvidia-installer cannot run on this builder: its manifest says.
+                problems = manifest_problems(staging, t.version)
+            else:
+                installer = ctx.runner.run([str(staging / "nvidia-installer"), "--version"],
+                                           check=False, timeout=120)
+                problems = tree_problems(staging, installer.output, t.version)
             if problems:
                 raise refuse(runfile, problems)
             # The marker names the .run's digest: a later run reuses only trees this installer
@@ -143,6 +149,13 @@ def build_step(ctx: Context) -> Step:
 
     def apply() -> None:
         assert t.headers is not None
+        if cross.is_cross(ctx):
+            with staged_dir(final) as staging, scratch(layout.tmp) as tmp:
+                cross.build(ctx, staging, tmp)
+                _check_built(staging, t.version)
+                mark_complete(staging, f"{t.version} {t.kernel} {t.flavour}\n")
+            log.info("built %s", ", ".join(p.name for p in sorted(final.glob("*.ko"))))
+            return
         log_file = layout.install_local / "nvidia-installer-build.log"
         chosen = header_steps.build_compiler(ctx)
         env, note = chosen.env, chosen.note
@@ -173,15 +186,19 @@ def build_step(ctx: Context) -> Step:
                     + _compiler_errors(log_file)
                     + f"; last lines of {log_file.name}:\n" + _tail(log_file, exc.output_tail),
                 ) from exc
-            if not (staging / "nvidia.ko").is_file():
-                raise ModuleBuildFailed(f"the build left no nvidia.ko in {staging}")
-            if not module_version_matches(staging / "nvidia.ko", t.version):
-                raise ModuleBuildFailed(f"the built nvidia.ko is not version {t.version}")
+            _check_built(staging, t.version)
             mark_complete(staging, f"{t.version} {t.kernel} {t.flavour}\n")
         log.info("built %s", ", ".join(p.name for p in sorted(final.glob("*.ko"))))
 
     return Step("build-modules", f"compile {t.flavour} modules for {t.kernel} (cached per "
                 "version, kernel and flavour)", satisfied, apply)
+
+
+def _check_built(staging: Path, version: str) -> None:
+    if not (staging / "nvidia.ko").is_file():
+        raise ModuleBuildFailed(f"the build left no nvidia.ko in {staging}")
+    if not module_version_matches(staging / "nvidia.ko", version):
+        raise ModuleBuildFailed(f"the built nvidia.ko is not version {version}")
 
 
 # gcc's diagnostics: `nvidia/nv-pci.c:223:9: error: too few arguments to function ...`.

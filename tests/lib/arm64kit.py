@@ -1,0 +1,70 @@
+"""arm64 in tests: NVIDIA's real arm64 parts, the aarch64 .run the kit packs from them, an x86
+builder's host root with Debian's arm64 headers, and `installer prebuild --arch aarch64` on it
+(once per session and flavour, shared by the integration and vm tiers of one process)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from kit import arm64_parts, real_parts
+from kit.builder import build_real_arm64_runfile
+
+from lib.realdriver import (
+    VERSION,
+    env_for,
+    install_dir,
+    make_debian_host_with,
+    parts,
+    run_installer_niced,
+)
+
+KERNEL = arm64_parts.KERNEL
+_SESSION: dict[str, object] = {}
+
+
+def arm64() -> arm64_parts.Arm64Parts:
+    try:
+        return arm64_parts.require()
+    except real_parts.PartsMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def arm64_run(factory: pytest.TempPathFactory) -> Path:
+    """NVIDIA-Linux-aarch64-535.261.03.run with NVIDIA's real arm64 module trees (kit-cached)."""
+    found = _SESSION.get("run")
+    if not isinstance(found, Path):
+        found = build_real_arm64_runfile(factory.mktemp("arm64-run"), parts(), arm64())
+        _SESSION["run"] = found
+    return found
+
+
+def arm64_builder(root: Path) -> str:
+    """An x86 builder's root holding Debian's arm64 headers with the amd64 kbuild."""
+    return make_debian_host_with(root, arm64().headers, gpus=())
+
+
+def prebuild_env(root: Path, run: Path, flavour: str, **settings: str) -> dict[str, str]:
+    env = env_for(root, KERNEL, run, flavour, **settings)
+    env.pop("NVIDIA_KERNEL_RELEASE")
+    return env
+
+
+def build_dir(root: Path, flavour: str) -> Path:
+    return install_dir(root) / "cache/modules" / VERSION / KERNEL / flavour
+
+
+def cross_build(factory: pytest.TempPathFactory, flavour: str
+                ) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """`installer prebuild --arch aarch64` of `flavour` on a fresh builder, once per session."""
+    key = f"build-{flavour}"
+    found = _SESSION.get(key)
+    if isinstance(found, tuple):
+        return found
+    root = factory.mktemp(f"cross-{flavour}") / "host"
+    assert arm64_builder(root) == KERNEL
+    env = prebuild_env(root, arm64_run(factory), flavour)
+    result = run_installer_niced(env, "prebuild", "--arch", "aarch64", "--kernel", KERNEL)
+    _SESSION[key] = (build_dir(root, flavour), result)
+    return build_dir(root, flavour), result
