@@ -11,7 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from lib.arm64kit import KERNEL, arm64, arm64_builder, arm64_run, build_dir, prebuild_env
+from lib.arm64kit import (
+    KERNEL,
+    arm64,
+    arm64_builder,
+    arm64_run,
+    build_dir,
+    prebuild_env,
+    remember,
+)
 from lib.hostkit import make_debian_host
 from lib.realdriver import VERSION, env_for, install_dir, modinfo, run_installer_niced
 from lib.registrykit import PASSWORD, USER, Registry, make_key_pair
@@ -52,6 +60,7 @@ def published(arm64_run_file: Path, reg: Registry, tmp_path_factory: pytest.Temp
             result = run_installer_niced(env, "prebuild", "--arch", "aarch64", "--kernel",
                                          KERNEL, "--push")
             done[flavour] = (build_dir(root, flavour), result)
+            remember(flavour, *done[flavour])
         return done[flavour]
 
     return get

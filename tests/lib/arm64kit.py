@@ -55,6 +55,14 @@ def build_dir(root: Path, flavour: str) -> Path:
     return install_dir(root) / "cache/modules" / VERSION / KERNEL / flavour
 
 
+def remember(flavour: str, build: Path, result: subprocess.CompletedProcess[str]) -> None:
+    """A cross build of `flavour` made elsewhere (test_cross_build's, which also pushes): the
+    arm64 guest's fixture loads its modules instead of compiling them again (the two files run
+    in one worker, the arm64 xdist group)."""
+    if result.returncode == 0:
+        _SESSION.setdefault(f"build-{flavour}", (build, result))
+
+
 def cross_build(factory: pytest.TempPathFactory, flavour: str
                 ) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """`installer prebuild --arch aarch64` of `flavour` on a fresh builder, once per session."""
