@@ -222,6 +222,10 @@ def test_parameters_given_to_insmod_show_in_sysfs(two_gpus: VmResult) -> None:
         "nvidia/parameters/NVreg_ModifyDeviceFiles:1",
         "nvidia/parameters/NVreg_OpenRmEnableUnsupportedGpus:0",
         "nvidia/parameters/NVreg_RestrictProfilingToAdminUsers:1",
+        # The kit's stand-in for an NVL72 rack's switch trays (tests set them; kit/fabric.py).
+        "nvidia/parameters/nvfake_rack_clique_id:0",
+        "nvidia/parameters/nvfake_rack_fabric_state:1",
+        "nvidia/parameters/nvfake_rack_fabric_status:0",
         "nvidia_drm/parameters/fbdev:0",
         "nvidia_drm/parameters/modeset:1",
         "nvidia_modeset/parameters/hdmi_deepcolor:Y",

@@ -40,6 +40,11 @@ def test_builds_all_four_modules_with_versions_and_dependencies(
         "NVreg_RestrictProfilingToAdminUsers",
         "NVreg_EnableGpuFirmware",
         "NVreg_OpenRmEnableUnsupportedGpus",
+        # The kit's stand-in for an NVL72 rack's switch trays (tests set them; kit/fabric.py).
+        "nvfake_rack_fabric_state",
+        "nvfake_rack_fabric_status",
+        "nvfake_rack_cluster_uuid",
+        "nvfake_rack_clique_id",
     }
 
 

@@ -184,8 +184,11 @@ def test_node_ends_uncordoned_with_labels_restored_and_every_phase_visible(
     assert node["metadata"]["labels"]["nvidia-driver-installer/upgrade-state"] == "upgrade-done"
     assert "nvidia-driver-installer/upgrade" not in node["metadata"]["annotations"]
     reasons = [e["reason"] for e in state["events"]]
-    assert reasons == ["DriverUpgradeStarted", "GpuPodEvicted", "WaitingForDriverHolders",
-                       "DriverUnloading", "DriverUpgradeDone"], state["events"]
+    # DraPluginPaused: the DRA kubelet plugin's label (absent here, so set like the device
+    # plugin's) is paused once no GPU pod is left.
+    assert reasons == ["DriverUpgradeStarted", "GpuPodEvicted", "DraPluginPaused",
+                       "WaitingForDriverHolders", "DriverUnloading", "DriverUpgradeDone"], \
+        state["events"]
     waiting = next(e for e in state["events"] if e["reason"] == "WaitingForDriverHolders")
     assert re.search(r"PIDs \d+ hold the driver", waiting["message"])
     # The device plugin's pod (no GPU request) is left to its DaemonSet; only GPU pods go, by
