@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from kit import fabric
 from kit.fake_host import TEST_ROOT_ENV, FakeGpu, write_loaded_driver
+from lib import kituserspace
 
 from installer.errors import VerificationFailed
 from installer.runner import SubprocessRunner
@@ -25,23 +26,13 @@ H100 = [FakeGpu("0000:18:00.0", 0x2330, "NVIDIA H100 80GB HBM3", 0),
 SWITCHES = [fabric.FakeSwitch("0000:05:00.0")]
 
 
-def _missing_tools() -> str | None:
-    for tool in ("gcc", "makeself", "ldconfig"):
-        if shutil.which(tool) is None and shutil.which(tool, path="/sbin:/usr/sbin") is None:
-            return f"{tool} is not installed"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_missing_tools() is not None, reason=str(_missing_tools()))
+pytestmark = kituserspace.skip_without_tools()
 
 
 @pytest.fixture(scope="module")
 def install_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """nvidia-smi, the kit's NVML and libcuda of VERSION in <install>/bin and lib64."""
-    from kit import extract_runfile, install_nvml
-
-    work = tmp_path_factory.mktemp("runfile")
-    return install_nvml(extract_runfile(VERSION, work), work / "install", VERSION)
+    return kituserspace.installed(tmp_path_factory, VERSION)
 
 
 def node(root: Path, *, state: int | None = None, switches: bool = False) -> Path:

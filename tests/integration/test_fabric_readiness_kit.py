@@ -8,7 +8,6 @@ absent until the fabric completes, and its bounded wait ends in fabric-not-ready
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 from kit import fabric
 from kit.fake_host import TEST_ROOT_ENV, FakeGpu, write_loaded_driver
+from lib import kituserspace
 
 from installer import app
 from installer.components.fabricmanager import FabricManagerDaemon
@@ -35,23 +35,13 @@ CLUSTER = "3f1c9a52-7be4-4d6e-8a10-2c5f9e7b6d41"
 OTHER_CLUSTER = "0a9b8c7d-6e5f-4a3b-9c2d-1e0f2a3b4c5d"
 
 
-def _missing_tools() -> str | None:
-    for tool in ("gcc", "makeself", "ldconfig"):
-        if shutil.which(tool) is None and shutil.which(tool, path="/sbin:/usr/sbin") is None:
-            return f"{tool} is not installed"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_missing_tools() is not None, reason=str(_missing_tools()))
+pytestmark = kituserspace.skip_without_tools()
 
 
 @pytest.fixture(scope="module")
 def install_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """nvidia-smi and the kit's NVML of VERSION in <install>/bin and lib64 (soname linked)."""
-    from kit import extract_runfile, install_nvml
-
-    work = tmp_path_factory.mktemp("runfile")
-    return install_nvml(extract_runfile(VERSION, work), work / "install", VERSION)
+    return kituserspace.installed(tmp_path_factory, VERSION)
 
 
 def board(root: Path, gpus: list[FakeGpu], state: int, *, status: int = 0,

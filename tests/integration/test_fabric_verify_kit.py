@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 from kit import fabric
 from kit.fake_host import TEST_ROOT_ENV, FakeGpu, write_loaded_driver
+from lib import kituserspace
 
 from installer.runner import SubprocessRunner
 from installer.verify import verify
@@ -29,23 +29,13 @@ CUDA_802 = "CUDA cuInit failed: CUDA_ERROR_SYSTEM_NOT_READY (802): system not ye
 SWITCHES = [fabric.FakeSwitch("0000:05:00.0"), fabric.FakeSwitch("0000:06:00.0")]
 
 
-def _missing_tools() -> str | None:
-    for tool in ("gcc", "makeself", "ldconfig"):
-        if shutil.which(tool) is None and shutil.which(tool, path="/sbin:/usr/sbin") is None:
-            return f"{tool} is not installed"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_missing_tools() is not None, reason=str(_missing_tools()))
+pytestmark = kituserspace.skip_without_tools()
 
 
 @pytest.fixture(scope="module")
 def install_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """nvidia-smi and the kit's NVML of VERSION in <install>/bin and lib64 (soname linked)."""
-    from kit import extract_runfile, install_nvml
-
-    work = tmp_path_factory.mktemp("runfile")
-    return install_nvml(extract_runfile(VERSION, work), work / "install", VERSION)
+    return kituserspace.installed(tmp_path_factory, VERSION)
 
 
 def node(root: Path, gpus: list[FakeGpu], *, state: int | None, persistence: bool = False,
