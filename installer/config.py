@@ -122,8 +122,8 @@ class Config:
     )
     dnf_repo_url: str | None = setting(
         "NVIDIA_DNF_REPO_URL", "", parse.url,
-        "dnf repo file URL (https:// or file://) for the RHEL family (default: NVIDIA's "
-        "cuda-rhel<N>.repo).",
+        "dnf repo file URL (https:// or file://) for the RHEL family and Amazon Linux 2023 "
+        "(default: NVIDIA's cuda-rhel<N>.repo or cuda-amzn2023.repo).",
     )
     fetch_headers: str = setting(
         "NVIDIA_INSTALLER_FETCH_HEADERS", "auto", parse.choice("auto", "true", "false"),

@@ -61,7 +61,10 @@ def decision(ctx: Context) -> Decision:
     if not fabric.needed:
         return Decision("fabric-manager", "not applicable", fabric.reason)
     t = ctx.target
-    if t.packages_own_user_space and ctx.facts.distro.major < 10:
+    from installer import distros
+
+    if t.packages_own_user_space and distros.of(ctx.facts.distro).module_platform(
+            ctx.facts.distro) is not None:
         return Decision("fabric-manager", "the stream's fm profile", f"{fabric.reason}: CUDA "
                         "needs Fabric Manager of exactly the driver's version; the driver's dnf "
                         "transaction installs profile nvidia-driver:<stream>/fm with NVIDIA's "

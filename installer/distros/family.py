@@ -84,6 +84,11 @@ class Family(ABC):
         host's); a tag outside `image_tags` is one no image is built for yet."""
         return f"{distro.id}{distro.version_id}"
 
+    def module_platform(self, distro: Release) -> str | None:
+        """The dnf module platform NVIDIA's driver streams resolve against on `distro`, or None
+        where its packages come without module streams (and profiles)."""
+        return None
+
     def kernel_flavour(self, kernel: str) -> str:
         """The flavour part of a kernel release, as the headers package keeps it."""
         return kernel.split("-", 2)[2] if kernel.count("-") >= 2 else "default"

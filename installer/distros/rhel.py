@@ -12,6 +12,7 @@ from installer.distros.family import Family
 if TYPE_CHECKING:
     from installer.config import Config
     from installer.distros.family import Facts, Release
+    from installer.errors import InstallerError
     from installer.hostroot import HostRoot
     from installer.runner import Runner
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 _TOOLSET = r"^gcc-toolset-\d+(-gcc)?$"
 _SUFFIX_64K = "+64k"
 _UEK = r"\.el\d+uek\."
+# NVIDIA's CUDA repos: one folder per distribution release and architecture, each with its .repo.
+NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos/"
 
 
 class Rhel(Family):
@@ -55,6 +58,42 @@ class Rhel(Family):
         if devel.startswith("kernel-uek-"):
             return [devel]
         return [devel, f"kernel-headers-{kernel.removesuffix(_SUFFIX_64K)}"]
+
+    # --- what the dnf source asks of the family ------------------------------------------
+
+    def nvidia_repo_file(self, distro: Release, arch: str) -> str:
+        """The URL of NVIDIA's .repo file for this release and architecture."""
+        return f"{NVIDIA_REPOS}rhel{distro.major}/{arch}/cuda-rhel{distro.major}.repo"
+
+    def module_platform(self, distro: Release) -> str | None:
+        """The module_platform_id dnf resolves NVIDIA's streams against (os-release's
+        PLATFORM_ID), or None where NVIDIA's repo has no module streams (EL10: plain packages
+        and a version lock)."""
+        return f"platform:el{distro.major}" if distro.major < 10 else None
+
+    def dnf_releasever(self, root: HostRoot, distro: Release) -> str:
+        """What the dnf source passes as --releasever when it runs dnf on a mounted root."""
+        return distro.version_id
+
+    def kernel_devel_missing(self, message: str, kernel: str) -> InstallerError:
+        from installer.errors import KernelHeadersMissing
+
+        return KernelHeadersMissing(
+            message,
+            hint=f"DKMS needs kernel-devel for exactly the kernel {kernel}: enable the repo that "
+            "has it (for an older minor release, the vault or the matching --releasever), boot "
+            "a kernel whose kernel-devel is available, or use a precompiled stream; the host's "
+            "packages were left as they were.")
+
+    def dkms_missing(self, message: str) -> InstallerError:
+        from installer.errors import DkmsUnavailable
+
+        return DkmsUnavailable(f"{message}; dkms comes from EPEL")
+
+    def driver_missing(self, message: str) -> InstallerError:
+        from installer.errors import ModuleMetadataMissing
+
+        return ModuleMetadataMissing(message)
 
     def image_tag(self, distro: Release) -> str:
         # One image per EL major serves every rebuild of it (Rocky, RHEL, Alma, Oracle).

@@ -88,6 +88,9 @@ from installer.errors.nvlink5 import (
     NvlsmUnavailable,
 )
 from installer.errors.packages import (
+    AmazonDkmsMissing,
+    AmazonDriverMissing,
+    AmazonKernelDevelMissing,
     DkmsUnavailable,
     HostRepoInsecure,
     ModuleMetadataMissing,
@@ -111,6 +114,9 @@ from installer.errors.refusals import (
 )
 
 __all__ = [
+    "AmazonDkmsMissing",
+    "AmazonDriverMissing",
+    "AmazonKernelDevelMissing",
     "ArchiveUnsafe",
     "ArtifactInvalid",
     "ArtifactUntrusted",

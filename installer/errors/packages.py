@@ -70,3 +70,36 @@ class RepoUrlInsecure(InstallerError):
         "https:// (set REQUESTS_CA_BUNDLE for a private CA) or copy it onto the node and give "
         "a file:// URL in NVIDIA_DNF_REPO_URL."
     )
+
+
+class AmazonKernelDevelMissing(InstallerError):
+    reference = "amazon-kernel-devel-missing"
+    exit_code = 90
+    default_hint = (
+        "DKMS needs the kernel line's -devel, -headers and -modules-extra of exactly the running "
+        "kernel. Amazon Linux 2023 locks dnf to one release (/etc/dnf/vars/releasever): a kernel "
+        "from another release has no -devel in the locked one. Boot the kernel the locked "
+        "release carries (`dnf update kernel*` and reboot), or lock the host to the release "
+        "the running kernel came from; the host's packages were left as they were."
+    )
+
+
+class AmazonDkmsMissing(InstallerError):
+    reference = "amazon-dkms-missing"
+    exit_code = 91
+    default_hint = (
+        "Amazon Linux 2023 has no EPEL: dkms comes from NVIDIA's amzn2023 repo, whose x86_64 "
+        "folder carries it (noarch) and whose aarch64 folder does not. Install dkms on the host "
+        "first (on arm64 from the x86_64 folder of NVIDIA's repo, as amazon-eks-ami does); the "
+        "host's packages were left as they were."
+    )
+
+
+class AmazonDriverMissing(InstallerError):
+    reference = "amazon-driver-missing"
+    exit_code = 92
+    default_hint = (
+        "NVIDIA's amzn2023 repo does not offer that driver: list what it has with `dnf module "
+        "list nvidia-driver` on the host, and set NVIDIA_DRIVER_VERSION to one of its versions "
+        "or branches (or use NVIDIA_DRIVER_SOURCE=runfile)."
+    )

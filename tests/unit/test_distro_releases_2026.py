@@ -12,7 +12,7 @@ from lib.fakes import FakeRunner
 from lib.hosttrees import make_host, write_os_release
 
 from installer import distros, host
-from installer.errors import ConfigError, UnsupportedDistro
+from installer.errors import UnsupportedDistro
 from installer.headers import compiler
 from installer.host.pagesize import from_config, kernel_page_size
 from installer.hostroot import HostRoot
@@ -59,9 +59,10 @@ def test_each_host_names_its_headers_package_flavour_and_image(
     assert tag in compiler.IMAGE_COMPILERS
 
 
-def test_amazon_linux_offers_no_dnf_source_and_oracle_does() -> None:
-    """NVIDIA's rhel repos serve Oracle Linux as they serve RHEL; AL2023's repo is another."""
-    assert distros.named("amazon").package_sources == ()
+def test_amazon_linux_and_oracle_offer_the_dnf_source() -> None:
+    """NVIDIA's rhel repos serve Oracle Linux as they serve RHEL; AL2023 has its amzn2023 repo
+    (tests/unit/test_dnf_amazon.py)."""
+    assert distros.named("amazon").package_sources == ("dnf",)
     assert distros.for_os_release("ol") is distros.named("rhel")
     assert "dnf" in distros.named("rhel").package_sources
 
@@ -155,13 +156,19 @@ def test_oracle_with_nvidias_rhel_repo_gets_the_dnf_source_and_uek_devel(
     assert decision(plan, "image-tag")[0] == "rocky9"
 
 
-def test_amazon_linux_keeps_the_runfile_even_with_a_cuda_repo(tmp_path: Path) -> None:
-    add_repo_file(tmp_path, "cuda-amzn2023.repo")
+def test_amazon_linux_takes_nvidias_amzn2023_repo_as_the_dnf_source(tmp_path: Path) -> None:
     kernel = "6.1.147-172.266.amzn2023.x86_64"
+    bare = plan_for(tmp_path / "bare", FakeRunner(), distro="amzn-2023", kernel=kernel,
+                    NVIDIA_DRIVER_VERSION="580.105.08")
+    assert decision(bare, "source")[0] == "runfile"
+    assert decision(bare, "headers-package")[0] == f"kernel-devel-{kernel}"
+    add_repo_file(tmp_path, "cuda-amzn2023.repo")
     plan = plan_for(tmp_path, FakeRunner(), distro="amzn-2023", kernel=kernel,
                     NVIDIA_DRIVER_VERSION="580.105.08")
-    assert decision(plan, "source")[0] == "runfile"
-    assert decision(plan, "headers-package")[0] == f"kernel-devel-{kernel}"
-    with pytest.raises(ConfigError, match="this host is Amazon Linux 2023"):
-        plan_for(tmp_path / "forced", FakeRunner(), distro="amzn-2023", kernel=kernel,
-                 NVIDIA_DRIVER_SOURCE="dnf")
+    assert decision(plan, "source")[0] == "dnf"
+    assert "module streams" in decision(plan, "source")[1]
+    assert decision(plan, "kernel-headers")[0] == f"kernel-devel-{kernel}"
+    assert decision(plan, "dnf-stream")[0] == "nvidia-driver:580-open"  # an H100: open
+    forced = plan_for(tmp_path / "forced", FakeRunner(), distro="amzn-2023", kernel=kernel,
+                      NVIDIA_DRIVER_SOURCE="dnf", NVIDIA_DRIVER_VERSION="580")
+    assert decision(forced, "source")[0] == "dnf"

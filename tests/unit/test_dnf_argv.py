@@ -173,8 +173,9 @@ def test_nvidia_repo_is_recognised_by_file_or_url(tmp_path: Path) -> None:
 
 def test_repo_file_name_and_check() -> None:
     url = "https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64/cuda-rhel9.repo"
-    assert dnf_repos.repo_file_name(url, 9) == "cuda-rhel9.repo"
-    assert dnf_repos.repo_file_name("http://127.0.0.1:8080/get?repo=x", 8) == "cuda-rhel8.repo"
+    assert dnf_repos.repo_file_name(url, "cuda-rhel8.repo") == "cuda-rhel9.repo"
+    assert dnf_repos.repo_file_name("http://127.0.0.1:8080/get?repo=x", "cuda-rhel8.repo") == (
+        "cuda-rhel8.repo")
     signed = "[a]\nbaseurl=file:///r\ngpgcheck=1\ngpgkey=file:///r/k.pub\n"
     assert dnf_repos.check_repo_file(signed, url, local=True) == "a"
     with pytest.raises(RepoFileRefused, match="defines 2 repos"):  # test_dnf_repo_policy
@@ -187,7 +188,7 @@ def test_repo_file_name_and_check() -> None:
 
 
 def test_nvidia_repo_url_is_per_major() -> None:
-    assert dnf_repos.NVIDIA_REPO_URL.format(major=8, arch="x86_64") == (
+    assert cmd.family(EL8).nvidia_repo_file(EL8, "x86_64") == (
         "https://developer.download.nvidia.com/compute/cuda/repos/rhel8/x86_64/cuda-rhel8.repo"
     )
 

@@ -10,6 +10,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from installer import distros
 from installer.distros.rhel import Rhel
 from installer.host import Distro
 from installer.hostroot import HostRoot
@@ -112,14 +113,21 @@ def stream_name(request_kind: str, request_value: str, branch: int, flavour: str
     return f"{branch}-open" if flavour == "open" else f"{branch}-dkms"
 
 
+def family(distro: Distro) -> Rhel:
+    """The RHEL-family class answering for `distro` (the dnf source is offered only there)."""
+    found = distros.of(distro)
+    assert isinstance(found, Rhel), f"the dnf source is not offered on {distro}"
+    return found
+
+
 def dnf_target(
     distro: Distro, request_kind: str, request_value: str, version: str, branch: int, flavour: str,
     *, fabric: bool = False,
 ) -> DnfTarget:
-    """`fabric`: an NVSwitch node whose Fabric Manager the installer runs (EL8/9 only: EL10
-    has no module profiles)."""
+    """`fabric`: an NVSwitch node whose Fabric Manager the installer runs (only where NVIDIA's
+    repo has module profiles: not EL10)."""
     names: tuple[str, ...] = (*USERSPACE, KMOD[flavour])
-    if distro.major >= 10:
+    if family(distro).module_platform(distro) is None:
         if flavour == "open":
             names = ("nvidia-open", *names)
         latest = request_kind == "alias" and request_value == "latest"
@@ -180,24 +188,27 @@ def dnf_base(root: HostRoot, distro: Distro, cache_dir: Path) -> list[str]:
     ]
     if root.is_bare:
         return ["dnf", *common]
+    rhel = family(distro)
     argv = root.tool_argv(
         "dnf",
-        f"--releasever={distro.version_id}",
+        f"--releasever={rhel.dnf_releasever(root, distro)}",
         f"--setopt=reposdir={root.local(REPOS_DIR)}",
         f"--setopt=cachedir={cache_dir}",
     )
-    if distro.major < 10:
-        argv.append(f"--setopt=module_platform_id=platform:el{distro.major}")
+    platform = rhel.module_platform(distro)
+    if platform is not None:
+        argv.append(f"--setopt=module_platform_id={platform}")
     return argv + common
 
 
-def kernel_packages(kernel: str) -> list[str]:
-    # The dnf source is offered on the RHEL family only; its kernel package names (UEK, 64k).
-    return Rhel().host_kernel_packages(kernel)
+def kernel_packages(kernel: str, distro: Distro | None = None) -> list[str]:
+    """What DKMS needs installed for `kernel`, named as `distro`'s family names them (UEK, 64k,
+    Amazon's kernel lines); RHEL's names when no distro is given."""
+    return (Rhel() if distro is None else family(distro)).host_kernel_packages(kernel)
 
 
-def kernel_argv(base: list[str], kernel: str) -> list[str]:
-    return [*base, "install", *kernel_packages(kernel)]
+def kernel_argv(base: list[str], kernel: str, distro: Distro | None = None) -> list[str]:
+    return [*base, "install", *kernel_packages(kernel, distro)]
 
 
 def transaction_argv(
@@ -229,13 +240,13 @@ def transaction_argv(
 
 
 def install_argv(
-    base: list[str], target: DnfTarget, choice: Choice, kernel: str
+    base: list[str], target: DnfTarget, choice: Choice, kernel: str, distro: Distro | None = None
 ) -> list[str]:
     """One transaction: the stream's profile (`fm` on NVSwitch nodes, with Fabric Manager of
     the chosen version pinned too) with the chosen version pinned, the kmod, and for DKMS
     kernel-devel/kernel-headers of the target kernel, so either all of it lands or none.
     `module_stream_switch` and `--allowerasing` let it replace another stream's packages."""
-    extra = [] if choice.precompiled else kernel_packages(kernel)
+    extra = [] if choice.precompiled else kernel_packages(kernel, distro)
     return [
         *base,
         "install",

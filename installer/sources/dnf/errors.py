@@ -7,9 +7,7 @@ import re
 
 from installer.errors import (
     CommandFailed,
-    DkmsUnavailable,
     InstallerError,
-    KernelHeadersMissing,
     PackageManagerFailed,
     RepoUnavailable,
 )
@@ -32,18 +30,13 @@ def kernel_error(ctx: Context, kernel: str, exc: CommandFailed) -> Exception:
     output = exc.output_tail
     if any(marker in output for marker in REPO_DOWN):
         return repo_down(ctx, output)
+    packages = cmd.kernel_packages(kernel, ctx.facts.distro)
     if NO_MATCH in output:
-        missing = [p for p in cmd.kernel_packages(kernel) if p in output] or cmd.kernel_packages(
-            kernel
-        )
-        return KernelHeadersMissing(
+        missing = [p for p in packages if p in output] or packages
+        return cmd.family(ctx.facts.distro).kernel_devel_missing(
             f"{' and '.join(missing)} for kernel {kernel} is in none of the host's repos "
-            f"(tried: {repos.repos_tried(ctx.root)})",
-            hint=f"DKMS needs kernel-devel for exactly the running kernel {kernel}: enable the "
-            "repo that has it (for an older minor release, the vault or the matching "
-            "--releasever), or boot a kernel whose kernel-devel is available.",
-        )
-    return transaction_failed(f"installing {', '.join(cmd.kernel_packages(kernel))}", output)
+            f"(tried: {repos.repos_tried(ctx.root)})", kernel)
+    return transaction_failed(f"installing {', '.join(packages)}", output)
 
 
 def repo_down(ctx: Context, output: str) -> RepoUnavailable:
@@ -61,22 +54,19 @@ def transaction_failed(what: str, output: str) -> PackageManagerFailed:
 def install_error(ctx: Context, choice: Choice, output: str) -> InstallerError:
     if any(marker in output for marker in REPO_DOWN):
         return repo_down(ctx, output)
+    rhel = cmd.family(ctx.facts.distro)
     if _NO_DKMS.search(output):
-        return DkmsUnavailable(
+        return rhel.dkms_missing(
             f"{choice.kmod} requires dkms, which none of the host's repos provides "
-            f"({repos.repos_tried(ctx.root)}); dkms comes from EPEL"
+            f"({repos.repos_tried(ctx.root)})"
         )
     kernel = ctx.target.kernel
-    missing = [p for p in cmd.kernel_packages(kernel) if f"{NO_MATCH}: {p}" in output]
+    missing = [p for p in cmd.kernel_packages(kernel, ctx.facts.distro)
+               if f"{NO_MATCH}: {p}" in output]
     if missing:
-        return KernelHeadersMissing(
+        return rhel.kernel_devel_missing(
             f"{' and '.join(missing)} for kernel {kernel} is in none of the host's repos "
-            f"(tried: {repos.repos_tried(ctx.root)})",
-            hint=f"DKMS needs kernel-devel for exactly the kernel {kernel}: enable the repo that "
-            "has it (for an older minor release, the vault or the matching --releasever), boot "
-            "a kernel whose kernel-devel is available, or use a precompiled stream; the host's "
-            "packages were left as they were.",
-        )
+            f"(tried: {repos.repos_tried(ctx.root)})", kernel)
     return transaction_failed(
         f"the dnf transaction for {choice.version} of stream {cmd.MODULE}:{choice.stream}", output
     )

@@ -30,7 +30,7 @@ def repo_evidence(root: HostRoot, config: Config) -> str | None:
 
 
 def repo_url(config: Config, distro: Distro, arch: str) -> str:
-    return config.dnf_repo_url or repos.NVIDIA_REPO_URL.format(major=distro.major, arch=arch)
+    return config.dnf_repo_url or cmd.family(distro).nvidia_repo_file(distro, arch)
 
 
 def target_of(ctx: Context) -> DnfTarget:

@@ -24,10 +24,6 @@ from installer.hostroot import HostRoot
 
 REPOS_DIR = PurePosixPath("/etc/yum.repos.d")
 DNF_CONF = PurePosixPath("/etc/dnf/dnf.conf")
-NVIDIA_REPO_URL = (
-    "https://developer.download.nvidia.com/compute/cuda/repos/rhel{major}/{arch}/"
-    "cuda-rhel{major}.repo"
-)
 _NVIDIA_BASEURL = "/compute/cuda/repos/"
 
 
@@ -102,7 +98,7 @@ def nvidia_repo(root: HostRoot) -> RepoEntry | None:
 
 
 def _looks_nvidia(entry: RepoEntry) -> bool:
-    return entry.file.startswith("cuda-rhel") or _NVIDIA_BASEURL in entry.url
+    return entry.file.startswith(("cuda-rhel", "cuda-amzn")) or _NVIDIA_BASEURL in entry.url
 
 
 def unsigned_host_repo(root: HostRoot, file: str | None = None) -> RepoEntry | None:
@@ -133,11 +129,12 @@ def _redact(url: str) -> str:
     return re.sub(r"//[^/@]*@", "//***@", url)
 
 
-def repo_file_name(url: str, major: int) -> str:
+def repo_file_name(url: str, fallback: str) -> str:
+    """The .repo file's name from its URL, else `fallback` (the name of NVIDIA's own)."""
     name = url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
     if re.fullmatch(r"[A-Za-z0-9._-]+\.repo", name):
         return name
-    return f"cuda-rhel{major}.repo"
+    return fallback
 
 
 def check_repo_file(text: str, shown: str, *, local: bool,

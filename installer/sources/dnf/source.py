@@ -39,7 +39,7 @@ class DnfSource(Source):
         if not self.offered(distro):
             raise ConfigError(
                 f"NVIDIA_DRIVER_SOURCE=dnf needs a RHEL-family host (Rocky, RHEL, AlmaLinux, "
-                f"Oracle Linux); "
+                f"Oracle Linux) or Amazon Linux 2023; "
                 f"this host is {distro}",
                 hint="Use NVIDIA_DRIVER_SOURCE=auto or runfile on this host.",
             )
@@ -53,11 +53,13 @@ class DnfSource(Source):
         return "no NVIDIA dnf repo in /etc/yum.repos.d and NVIDIA_DNF_REPO_URL unset"
 
     def reason(self, config: Config, facts: HostFacts, passed_over: Sequence[str]) -> str:
+        from installer.sources.dnf import commands as cmd
+
         why = ("NVIDIA_DRIVER_SOURCE=dnf" if config.source == self.name else
                f"auto on {facts.distro}: {self.evidence(HostRoot(config.root), config)}")
         how = ("module streams nvidia-driver:<branch>|latest (precompiled, when NVIDIA ships a "
                "kmod for the exact kernel) or <branch>-dkms|-open|latest-dkms|open-dkms (DKMS)"
-               if facts.distro.major < 10 else
+               if cmd.family(facts.distro).module_platform(facts.distro) else
                "packages with a version lock (EL10 has no module streams)")
         return f"{why}; the distro's packages through dnf: {how}"
 

@@ -51,7 +51,8 @@ def dnf_steps(ctx: Context) -> list[Step]:
 def repo_step(ctx: Context) -> Step:
     distro = ctx.facts.distro
     url = repo_url(ctx.config, distro, ctx.facts.arch)
-    dest = repos.REPOS_DIR / repos.repo_file_name(url, distro.major)
+    own = cmd.family(distro).nvidia_repo_file(distro, ctx.facts.arch).rsplit("/", 1)[-1]
+    dest = repos.REPOS_DIR / repos.repo_file_name(url, own)
 
     def host_file() -> str | None:
         """The host's repo file this step would rely on instead of writing one."""
@@ -109,14 +110,15 @@ def repo_step(ctx: Context) -> Step:
 
 def kernel_devel_step(ctx: Context) -> Step:
     kernel = ctx.target.kernel
-    packages = cmd.kernel_packages(kernel)
+    packages = cmd.kernel_packages(kernel, ctx.facts.distro)
 
     def satisfied() -> bool:
         return cmd.all_installed(ctx.root, ctx.runner, packages)
 
     def apply() -> None:
         try:
-            ctx.runner.run(cmd.kernel_argv(base_argv(ctx), kernel), stream=True, timeout=1800)
+            ctx.runner.run(cmd.kernel_argv(base_argv(ctx), kernel, ctx.facts.distro), stream=True,
+                           timeout=1800)
         except CommandFailed as exc:
             raise kernel_error(ctx, kernel, exc) from exc
 

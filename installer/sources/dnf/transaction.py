@@ -154,13 +154,17 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
             raise ModuleMetadataMissing(
                 f"no module metadata (modules.yaml) in the host's repos ({repos.repos_tried(root)})"
             )
-        choice = choose(dt, kernel, streams)
+        try:
+            choice = choose(dt, kernel, streams)
+        except ModuleMetadataMissing as exc:
+            raise cmd.family(ctx.facts.distro).driver_missing(exc.message) from None
         ctx.target.version = choice.version
         log.info("dnf: %s %s from stream %s:%s (%s)", "installing", choice.version, cmd.MODULE,
                  choice.stream, choice.reason)
         first = cmd.last_transaction(root)
         try:
-            runner.run(cmd.install_argv(base, dt, choice, kernel), stream=True, timeout=3600)
+            runner.run(cmd.install_argv(base, dt, choice, kernel, ctx.facts.distro), stream=True,
+                       timeout=3600)
         except CommandFailed as exc:
             raise install_error(ctx, choice, exc.output_tail) from exc
         done = cmd.last_transaction(root)
@@ -218,8 +222,9 @@ def _ensure_dkms(ctx: Context, name: str, version: str) -> None:
         raise ModuleBuildFailed(
             f"DKMS could not build {name} {version} for kernel {kernel}: "
             f"{exc.output_tail.strip()}\n--- {make_log} (last lines) ---\n{tail}",
-            hint=f"Check that {cmd.kernel_packages(kernel)[0]}, gcc and make on the host match "
-            "the kernel; the driver transaction was undone, the host's packages are as they were.",
+            hint=f"Check that {cmd.kernel_packages(kernel, ctx.facts.distro)[0]}, gcc and make on "
+            "the host match the kernel; the driver transaction was undone, the host's packages "
+            "are as they were.",
         ) from exc
 
 
