@@ -153,6 +153,7 @@ def ubuntu_shape_debs(work: Path, kernel: str, base_package: str, gcc_version: i
     for name in ("scripts", "tools"):
         shutil.copytree(Path(kbuild_tree) / name, flavour_dir / name, symlinks=True)
     _link_into(base_dir, flavour_dir, base_dir, flavour_dir)
+    _set_release(flavour_dir, kernel)
     for config in (flavour_dir / ".config", flavour_dir / "include/config/auto.conf"):
         text = config.read_text()
         lines = [f"CONFIG_GCC_VERSION={gcc_version}" if line.startswith("CONFIG_GCC_VERSION=")
@@ -215,10 +216,18 @@ def apt_sources(root: Path, base: str, suite: str, key: Key, *, deb822: bool) ->
 # --- dnf --------------------------------------------------------------------------------
 
 
-def kernel_devel_rpm(work: Path, kernel: str, key: Key) -> Path:
-    """kernel-devel-<kernel> as EL ships it: one flat tree in /usr/src/kernels/<kernel>
-    (the real Debian trees merged: top Makefile, generated files, built kbuild scripts),
-    signed with `key`."""
+def _set_release(tree: Path, kernel: str) -> None:
+    """The tree's UTS_RELEASE made the posed kernel's, as the distribution's own tree has it
+    (kbuild writes it into each module's vermagic)."""
+    uts = tree / "include/generated/utsrelease.h"
+    uts.unlink()
+    uts.write_text(f'#define UTS_RELEASE "{kernel}"\n')
+
+
+def kernel_devel_rpm(work: Path, kernel: str, key: Key, package: str = "kernel-devel") -> Path:
+    """`package`-<kernel> (kernel-devel; Oracle's kernel-uek-devel, ...) as EL ships it: one flat
+    tree in /usr/src/kernels/<kernel> (the real Debian trees merged: top Makefile, generated
+    files, built kbuild scripts), signed with `key`."""
     found = debian_headers()
     assert found is not None
     _, (arch_tree, common_tree, kbuild_tree) = found
@@ -238,8 +247,9 @@ def kernel_devel_rpm(work: Path, kernel: str, key: Key) -> Path:
         if (dest / name).is_symlink():
             (dest / name).unlink()
         shutil.copytree(Path(kbuild_tree) / name, dest / name, symlinks=True, dirs_exist_ok=True)
-    spec = work / "kernel-devel.spec"
-    spec.write_text(f"""Name: kernel-devel
+    _set_release(dest, kernel)
+    spec = work / f"{package}.spec"
+    spec.write_text(f"""Name: {package}
 Version: {version}
 Release: {release}
 Summary: Development package for building kernel modules to match the kernel
