@@ -63,7 +63,7 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Archive]:
     amazon_key = make_key(work / "amazon-key")
     core = [*kernel_packages(work, KERNEL, amazon_key),
             *kernel_packages(work, KERNEL612, amazon_key)]
-    publish_dnf(www / f"al2023/core/{LOCKED}/x86_64", core)
+    publish_dnf(www / f"us-east-1.amazonaws.com/al2023/core/{LOCKED}/x86_64", core)
     nvidia, _ = nvidia_repo(work, SPEC)
     bare, _ = nvidia_repo(work / "bare", SPEC, with_dkms=False)
     files = work / "repo-files"
@@ -91,6 +91,13 @@ def make_root(path: Path, archive: Archive) -> Path:
     install_base(root, build_extras())
     amazon_repos(root, archive.base, archive.amazon_key)
     (root / "etc/dnf/vars/releasever").write_text(f"{LOCKED}\n")
+    # The real amazonlinux.repo reaches its region's copy through the host's own dnf vars
+    # ($awsregion, $awsdomain in /etc/dnf/vars, written at boot): so does this one.
+    repo = root / "etc/yum.repos.d/amazonlinux.repo"
+    repo.write_text(repo.read_text().replace(f"{archive.base}/al2023/",
+                                             f"{archive.base}/$awsregion.$awsdomain/al2023/"))
+    (root / "etc/dnf/vars/awsregion").write_text("us-east-1\n")
+    (root / "etc/dnf/vars/awsdomain").write_text("amazonaws.com\n")
     # Every AL2023 host has Amazon's key in its rpm database (its own packages were checked
     # with it). dnf reads a repo's file:// gpgkey outside --installroot, so a key only in the
     # root's /etc/pki would not be found: the database is where a mounted host's trust lives.
@@ -157,7 +164,8 @@ def test_al2023_installs_from_nvidias_amzn2023_streams_with_dkms_for_the_locked_
     # NVIDIA's key (driver, dkms) was imported beside Amazon's (kernel packages).
     assert keys(root) == 2
     # dnf read the host's lock: the kernel packages came from the locked release's path.
-    assert f"/al2023/core/{LOCKED}/x86_64/repodata/repomd.xml" in archive.requests
+    assert (f"/us-east-1.amazonaws.com/al2023/core/{LOCKED}/x86_64/repodata/repomd.xml"
+            in archive.requests)
     assert not [r for r in archive.requests if "/al2023/core/2023/" in r
                 or "/al2023/core/latest/" in r]
     assert (root / "etc/yum.repos.d/cuda-amzn2023.repo").is_file()
