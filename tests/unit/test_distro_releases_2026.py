@@ -61,7 +61,7 @@ def test_each_host_names_its_headers_package_flavour_and_image(
 
 def test_amazon_linux_and_oracle_offer_the_dnf_source() -> None:
     """NVIDIA's rhel repos serve Oracle Linux as they serve RHEL; AL2023 has its amzn2023 repo
-    (tests/unit/test_dnf_amazon.py)."""
+    (tests/unit/test_dnf_argv_amazon.py)."""
     assert distros.named("amazon").package_sources == ("dnf",)
     assert distros.for_os_release("ol") is distros.named("rhel")
     assert "dnf" in distros.named("rhel").package_sources
