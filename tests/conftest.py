@@ -80,7 +80,8 @@ LONG_GROUPS = ("vm/test_pod_scenarios.py", "real-driver", "arm64",
                "integration/test_real_driver_trixie.py",
                "vm/test_installer_scenarios.py",
                "vm/test_headers_fetched.py", "vm/test_upgrade_protocol.py",
-               "vm/test_next_kernel_vm.py", "vm/test_dnf_scenario.py", "vm/test_prebuilt_vm.py")
+               "vm/test_next_kernel_vm.py", "vm/test_dnf_scenario.py", "vm/test_prebuilt_vm.py",
+               "integration/test_hosts_2026_run.py")
 
 
 def xdist_group_of(path: str) -> str:
