@@ -188,7 +188,7 @@ def test_al2023_installs_from_nvidias_amzn2023_streams_with_dkms_for_the_locked_
     assert stream(root) == "580-open"
     assert f"kmod-nvidia-open-dkms-{V580B}" in rpms(root)
     assert "kmod-nvidia-latest-dkms" not in " ".join(rpms(root))
-    assert (root / f"var/lib/dkms/nvidia-open/{V580B}/{KERNEL}/x86_64/module/nvidia.ko").is_file()
+    assert (root / f"var/lib/dkms/nvidia/{V580B}/{KERNEL}/x86_64/module/nvidia.ko").is_file()
     assert os.readlink(inst(root) / "current") == f"versions/{V580B}"
 
 

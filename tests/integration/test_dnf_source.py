@@ -332,20 +332,19 @@ def test_exact_pins_and_upgrades_across_branches_and_flavours(
     assert f"{kmod}-{V580B}" in rpms(root) and "kmod-nvidia-latest-dkms" not in str(rpms(root))
     assert not (root / f"var/lib/dkms/nvidia/{V580A}").exists()  # %preun: dkms remove --all
     assert not list((root / "lib/modules" / KERNEL / "extra").glob("*.ko.xz"))
-    # Then the open flavour: DKMS stream 580-open, one transaction. NVIDIA's open kmod
-    # registers with DKMS as nvidia-open (its dkms.conf still says PACKAGE_NAME="nvidia").
+    # Then the open flavour: DKMS stream 580-open, one transaction. From 570.148.08 NVIDIA's
+    # open kmod registers with DKMS as nvidia, like the proprietary one (before: nvidia-open).
     result = ok(run_installer(env_for(root, repo_files["file"], "580", "open"), "run"))
     assert stream(root) == "580-open"
     assert rpms(root) == driver_rpms(V580B, "kmod-nvidia-open-dkms")
-    conf = root / f"usr/src/nvidia-open-{V580B}/dkms.conf"
+    conf = root / f"usr/src/nvidia-{V580B}/dkms.conf"
     assert 'PACKAGE_NAME="nvidia"' in conf.read_text()
-    assert not (root / f"usr/src/nvidia-{V580B}").exists()
-    assert f"DKMS has not installed nvidia-open {V580B} for {KERNEL}: dkms install" in (
-        result.stderr)
-    assert (root / f"var/lib/dkms/nvidia-open/{V580B}/{KERNEL}/x86_64/module/nvidia.ko").is_file()
-    status = subprocess.run(["chroot", str(root), "dkms", "status", "-m", "nvidia-open", "-k",
+    assert not (root / f"usr/src/nvidia-open-{V580B}").exists()
+    assert f"DKMS has not installed nvidia {V580B} for {KERNEL}: dkms install" in result.stderr
+    assert (root / f"var/lib/dkms/nvidia/{V580B}/{KERNEL}/x86_64/module/nvidia.ko").is_file()
+    status = subprocess.run(["chroot", str(root), "dkms", "status", "-m", "nvidia", "-k",
                              KERNEL], capture_output=True, text=True, check=True).stdout
-    assert status == f"nvidia-open/{V580B}, {KERNEL}, x86_64: installed\n"
+    assert status == f"nvidia/{V580B}, {KERNEL}, x86_64: installed\n"
     i = inst(root)
     assert os.readlink(i / "drivers") == f"cache/modules/{V580B}/{KERNEL}/open"
     assert record(root)["flavour"] == "open"
@@ -367,8 +366,9 @@ def test_dkms_build_failure_undoes_the_transaction(
 def test_open_dkms_build_failure_names_nvidia_open_and_its_make_log(
     root: Path, repo_files: dict[str, str]
 ) -> None:
-    """The open flavour's DKMS module is nvidia-open: its failure quotes that module's make.log
-    (asking DKMS for `nvidia` would fail with "Could not find module source directory")."""
+    """The open flavour's DKMS module is nvidia-open before 570.148.08 (nvidia from then on): a
+    565 failure quotes that module's make.log (asking DKMS for `nvidia` would fail with "Could
+    not find module source directory")."""
     ok(run_installer(env_for(root, repo_files["file"], V580A, "open"), "run"))
     before = rpms(root)
     result = run_installer(env_for(root, repo_files["file"], V565, "open"), "run")
@@ -380,7 +380,7 @@ def test_open_dkms_build_failure_names_nvidia_open_and_its_make_log(
     assert "Could not find module source directory" not in result.stderr
     assert rpms(root) == before
     assert stream(root) == "580-open"
-    assert (root / f"var/lib/dkms/nvidia-open/{V580A}/{KERNEL}/x86_64/module/nvidia.ko").is_file()
+    assert (root / f"var/lib/dkms/nvidia/{V580A}/{KERNEL}/x86_64/module/nvidia.ko").is_file()
     assert os.readlink(inst(root) / "current") == f"versions/{V580A}"
 
 

@@ -16,6 +16,7 @@ from installer import pipeline
 from installer.errors import ModuleBuildFailed, ModuleMetadataMissing, RepoUnavailable
 from installer.host import Distro
 from installer.runner import Result
+from installer.sources.dnf import commands
 from installer.sources.dnf import metadata as dnf_metadata
 from installer.sources.dnf import plan as dnf_plan
 from installer.sources.dnf.commands import dnf_target
@@ -78,8 +79,8 @@ def test_plan_shows_the_version_dnf_installs_not_the_catalogs(tmp_path: Path) ->
 def test_dkms_failure_is_module_build_failed_and_undoes_the_transaction(
     tmp_path: Path, flavour: str, dkms_name: str
 ) -> None:
-    """NVIDIA's open -dkms kmod registers as nvidia-open (/usr/src/nvidia-open-<v>): DKMS is
-    asked about, and builds, that name, and its make.log is the one quoted."""
+    """NVIDIA's open -dkms kmod of 565 registers as nvidia-open (/usr/src/nvidia-open-<v>): DKMS
+    is asked about, and builds, that name, and its make.log is the one quoted."""
     add_repo_file(tmp_path)
     make_log = tmp_path / f"var/lib/dkms/{dkms_name}/{V565}/build/make.log"
 
@@ -118,6 +119,15 @@ def test_dkms_failure_is_module_build_failed_and_undoes_the_transaction(
     assert [str(tmp_path), "dkms", "install", "-m", dkms_name, "-v", V565, "-k"] == (
         argvs[-2][1:9])
     assert argvs[-1][-3:] == ["history", "undo", "7"]
+
+
+@pytest.mark.parametrize(("flavour", "version", "name"), [
+    ("open", "565.57.01", "nvidia-open"), ("open", "570.133.20", "nvidia-open"),
+    ("open", "570.148.08", "nvidia"), ("open", "580.105.08", "nvidia"),
+    ("proprietary", "565.57.01", "nvidia"), ("proprietary", "580.105.08", "nvidia")])
+def test_the_open_kmod_registers_with_dkms_as_nvidia_from_570_148_08(
+        flavour: str, version: str, name: str) -> None:
+    assert commands.dkms_name(flavour, version) == name
 
 
 def test_epel_is_added_only_when_the_setting_asks_and_none_is_enabled(tmp_path: Path) -> None:

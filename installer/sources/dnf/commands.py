@@ -15,6 +15,7 @@ from installer.distros.rhel import Rhel
 from installer.host import Distro
 from installer.hostroot import HostRoot
 from installer.runner import Runner
+from installer.sources.dnf.metadata import version_key
 from installer.sources.dnf.repos import REPOS_DIR
 
 MODULE = "nvidia-driver"
@@ -29,7 +30,10 @@ FM_RENAMED_BRANCH = 580
 KMOD = {"proprietary": "kmod-nvidia-latest-dkms", "open": "kmod-nvidia-open-dkms"}
 # The module name each -dkms kmod registers with DKMS (NVIDIA's dkms-nvidia.spec and
 # dkms-open-nvidia.spec): /usr/src/<name>-<v>/, `dkms ... -m <name>`, /var/lib/dkms/<name>/.
+# The open kmod registered as nvidia-open until 570.148.08 and as nvidia from then on
+# (amazon-eks-ami's al2023 install-nvidia-driver.sh renames it back for its archive).
 DKMS_NAME = {"proprietary": "nvidia", "open": "nvidia-open"}
+OPEN_DKMS_RENAMED = (570, 148, 8)
 USERSPACE = ("nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe")
 # Packages whose files may fill versions/<ver>/{bin,lib64} (those not installed are skipped).
 USERSPACE_ALL = (
@@ -81,9 +85,9 @@ class DnfTarget:
     def kmod(self) -> str:
         return KMOD[self.flavour]
 
-    @property
-    def dkms_name(self) -> str:
-        return DKMS_NAME[self.flavour]
+    def dkms_name(self, version: str) -> str:
+        """The name DKMS files the kmod of `version` under."""
+        return dkms_name(self.flavour, version)
 
     @property
     def other_kmod(self) -> str:
@@ -102,6 +106,13 @@ class DnfTarget:
 def fabricmanager_package(version: str) -> str:
     branch = int(version.split(".", 1)[0])
     return FM_PACKAGES[1] if branch >= FM_RENAMED_BRANCH else FM_PACKAGES[0]
+
+
+def dkms_name(flavour: str, version: str) -> str:
+    """The DKMS module name of NVIDIA's `flavour` -dkms kmod at `version`."""
+    if flavour == "open" and version_key(version) >= OPEN_DKMS_RENAMED:
+        return DKMS_NAME["proprietary"]
+    return DKMS_NAME[flavour]
 
 
 def stream_name(request_kind: str, request_value: str, branch: int, flavour: str) -> str:

@@ -85,7 +85,7 @@ def transaction_step(ctx: Context, dt: DnfTarget) -> Step:
                 f"dnf finished but the host is not on {what} of {where} ({', '.join(names)})"
             )
         ctx.target.version = version
-        _ensure_dkms(ctx, dt.dkms_name, version)
+        _ensure_dkms(ctx, dt.dkms_name(version), version)
         log.info("dnf: the host has %s %s", ", ".join(names), version)
 
     return Step(
@@ -125,7 +125,7 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
             if dt.kmod in found or not cmd.all_installed(root, runner, [kmod]):
                 return None
             return Choice(state.stream, version, kmod, True, "installed")
-        built = root.local(cmd.dkms_built(dt.dkms_name, version, kernel))
+        built = root.local(cmd.dkms_built(dt.dkms_name(version), version, kernel))
         if found.get(dt.kmod) != version or not built.is_dir():
             return None
         if "nvidia" not in cmd.module_files(root, kernel):
@@ -170,7 +170,7 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
         done = cmd.last_transaction(root)
         try:
             if not choice.precompiled:
-                _ensure_dkms(ctx, dt.dkms_name, choice.version)
+                _ensure_dkms(ctx, dt.dkms_name(choice.version), choice.version)
             if "nvidia" not in cmd.module_files(root, kernel):
                 raise InstallFailed(
                     f"after the transaction there is no nvidia module for kernel {kernel} under "
@@ -183,7 +183,7 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
                 )
         except InstallerError:
             if done > first:
-                _undo(ctx, dt.dkms_name, done, before.get(dt.kmod), old_stream)
+                _undo(ctx, dt, done, before.get(dt.kmod), old_stream)
             raise
         log.info("dnf: the host has %s %s (%s)", ", ".join(
             [*dt.userspace, *dt.fabricmanager(choice.version)]), choice.version,
@@ -203,7 +203,8 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
 def _ensure_dkms(ctx: Context, name: str, version: str) -> None:
     """The -dkms kmod's %post builds for the running kernel only and swallows every error:
     check DKMS's own status for the target kernel and install there when it did not. `name`
-    is the kmod's DKMS module name (nvidia, or nvidia-open for the open flavour)."""
+    is the kmod's DKMS module name (nvidia, or nvidia-open for the open flavour before
+    570.148.08)."""
     root, runner, kernel = ctx.root, ctx.runner, ctx.target.kernel
     args = ["-m", name, "-v", version, "-k", kernel]
     status = runner.run(cmd.dkms_argv(root, "status", *args), check=False, timeout=120)
@@ -229,11 +230,12 @@ def _ensure_dkms(ctx: Context, name: str, version: str) -> None:
 
 
 def _undo(
-    ctx: Context, name: str, transaction: int, old_kmod_version: str | None,
+    ctx: Context, dt: DnfTarget, transaction: int, old_kmod_version: str | None,
     old_stream: str | None,
 ) -> None:
     """Undo this run's transaction; the old -dkms build is rebuilt for the target kernel
-    (the new package's %preun removed it from DKMS). The old stream is enabled first: while
+    (the new package's %preun removed it from DKMS), under the name the old version's kmod
+    registers with DKMS. The old stream is enabled first: while
     the new one is, modular filtering hides the old packages from the undo."""
     log.warning("undoing dnf transaction %d", transaction)
     if old_stream and old_stream != cmd.module_state(ctx.root).stream:
@@ -244,5 +246,6 @@ def _undo(
         log.error("could not undo dnf transaction %d: %s", transaction, exc.output_tail.strip())
         return
     if old_kmod_version:
+        name = dt.dkms_name(old_kmod_version)
         args = ["-m", name, "-v", old_kmod_version, "-k", ctx.target.kernel]
         ctx.runner.run(cmd.dkms_argv(ctx.root, "install", *args), check=False, timeout=3600)

@@ -57,8 +57,18 @@ USERSPACE = ("nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe")
 KMOD = {"proprietary": "kmod-nvidia-latest-dkms", "open": "kmod-nvidia-open-dkms"}
 # The name each -dkms kmod registers with DKMS (NVIDIA's dkms-nvidia.spec / dkms-open-nvidia.spec):
 # its source dir is /usr/src/<name>-<v>/, its scriptlets run `dkms ... -m <name>`. The open
-# package's dkms.conf still says PACKAGE_NAME="nvidia".
+# package's dkms.conf still says PACKAGE_NAME="nvidia". From 570.148.08 the open kmod registers
+# as nvidia too (amazon-eks-ami's al2023 install-nvidia-driver.sh: "The open kernel module name
+# changed from nvidia-open to nvidia in 570.148.08").
 DKMS_NAME = {"proprietary": "nvidia", "open": "nvidia-open"}
+OPEN_RENAMED = (570, 148, 8)
+
+
+def dkms_name(flavour: str, version: str) -> str:
+    """What NVIDIA's `flavour` -dkms kmod of `version` registers with DKMS."""
+    if flavour == "open" and tuple(int(p) for p in version.split(".")) >= OPEN_RENAMED:
+        return "nvidia"
+    return DKMS_NAME[flavour]
 HEADERS_TREES = sorted(Path("/usr/src").glob("linux-headers-*-amd64"))
 MODULES = ("nvidia", "nvidia-modeset", "nvidia-uvm")
 PRECOMPILED_DIR = "/usr/lib64/nvidia/kmod"
@@ -295,7 +305,7 @@ def _stage_release(release: Release, stage: Path, kos: dict[str, Path]) -> None:
     docs.mkdir(parents=True)
     shutil.copy2(extracted / "LICENSE", docs / "LICENSE")
     for flavour, build in kos.items():
-        sources = stage / KMOD[flavour] / "usr/src" / f"{DKMS_NAME[flavour]}-{version}"
+        sources = stage / KMOD[flavour] / "usr/src" / f"{dkms_name(flavour, version)}-{version}"
         shutil.copytree(KIT_DIR / "kernel", sources)
         (sources / "nv-kit.mk").write_text(f"NV_VERSION := {version}\nNV_FLAVOUR := {flavour}\n")
         (sources / "dkms.conf").write_text(dkms_conf(version))
@@ -453,7 +463,7 @@ def _scriptlets(release: Release) -> str:
     v = release.version
     text = ""
     for flavour in release.flavours:
-        name = DKMS_NAME[flavour]
+        name = dkms_name(flavour, v)
         text += (
             f"\n%post -n {KMOD[flavour]}\n"
             f"dkms add -m {name} -v {v} -q || :\n"
@@ -481,7 +491,8 @@ def _files_sections(release: Release, stage: Path) -> str:
         files = _files(stage / name, modes)
         for flavour, kmod in KMOD.items():
             if name == kmod:
-                files = f"%dir /usr/src/{DKMS_NAME[flavour]}-{release.version}\n" + files
+                files = (f"%dir /usr/src/{dkms_name(flavour, release.version)}-{release.version}\n"
+                         + files)
         text += f"\n%files -n {name}\n" + files
     for kernel in release.precompiled:
         name = precompiled_kmod(release.version, kernel)
