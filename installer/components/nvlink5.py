@@ -246,7 +246,16 @@ def decision(ctx: Context) -> Decision:
         modules_said = f"{', '.join(wanted)} will be loaded (modprobe)"
     else:
         modules_said = f"{', '.join(IB_MODULES)} loaded"
-    if ctx.target.packages_own_user_space:
+    from installer import distros
+
+    streams = distros.of(ctx.facts.distro).module_platform(ctx.facts.distro) is not None
+    if ctx.target.packages_own_user_space and streams:
+        # Fabric Manager comes with the stream's fm profile there (fabricmanager.decision).
+        package = (f"nvlsm-{ctx.config.nvlsm_version} (NVIDIA_NVLSM_VERSION)"
+                   if ctx.config.nvlsm_version else "nvlsm (the host's, else the repo's newest)")
+        nvlsm_said = (f"NVLSM: NVIDIA's package {package} from the host's NVIDIA repo (signed, "
+                      "as the driver's), its files into versions/<ver>/")
+    elif ctx.target.packages_own_user_space:
         nvlsm_said = ("NVLSM is not installed by the installer on this source, so the "
                       "fabricmanager container fails with nvlsm-missing: set "
                       "NVIDIA_FABRICMANAGER=false and run NVIDIA's nvlsm package and Fabric "

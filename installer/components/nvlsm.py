@@ -134,8 +134,8 @@ def pair_start(layout: Layout, driver: str, found: nvlink5.Nvlink5, fabricmanage
 
 
 def steps(ctx: Context) -> list[Step]:
-    """NVLSM into versions/<ver>/ beside Fabric Manager (the runfile source's; a dnf host's
-    NVLSM is NVIDIA's nvlsm package, which the driver's transaction does not install)."""
+    """NVLSM into versions/<ver>/ beside Fabric Manager (the runfile source's; on a dnf host
+    sources/dnf/nvlsm.py installs NVIDIA's nvlsm package instead)."""
     if not nvlink5.applies(ctx) or ctx.target.packages_own_user_space:
         return []
     layout, driver, arch = ctx.layout, ctx.target.version, ctx.facts.arch

@@ -179,21 +179,33 @@ def fetch(config: Config, layout: Layout, driver: str, arch: str) -> tuple[Liste
 
 def unpack_and_install(archive: Path, work: Path, layout: Layout, driver: str,
                        version: str) -> list[str]:
-    """Extract `archive` confined to its top directory and move its nvlsm (bin/ or sbin/), its
-    libraries and nvlsm.conf into versions/<driver>/; the marker (version, archive SHA-256)
-    last. Raises ArchiveUnsafe or NvlsmMismatch (no daemon or no config)."""
+    """Extract `archive` confined to its top directory and place its files (`place`); the
+    marker names the archive's SHA-256. Raises ArchiveUnsafe or NvlsmMismatch (no daemon or no
+    config)."""
     from installer.delivery.checksums import file_sha256
     from installer.delivery.unpack import extract
 
     tree = extract(archive, work, archive.name[: -len(".tar.xz")])
+    return place(tree, layout, driver, version, file_sha256(archive), archive.name)
+
+
+def place(tree: Path, layout: Layout, driver: str, version: str, digest: str, what: str
+          ) -> list[str]:
+    """Move the nvlsm of `tree` (bin/ or sbin/), its libraries (lib/) and its config files
+    (nvlsm.conf and the .conf files beside it, which it names) into versions/<driver>/; the
+    marker (version, `digest` of what it came from) last. Raises NvlsmMismatch when `tree`
+    (`what`, for the message) has no daemon or no nvlsm.conf."""
     daemon = next((p for p in (tree / "bin" / "nvlsm", tree / "sbin" / "nvlsm") if p.is_file()),
                   None)
     conf = next((p for p in (tree / "share" / "nvidia" / "nvlsm" / "nvlsm.conf",
                              tree / "etc" / "nvlsm.conf") if p.is_file()), None)
     if daemon is None or conf is None:
-        raise NvlsmMismatch(f"{archive.name} has no bin/nvlsm (or sbin/) and nvlsm.conf")
+        raise NvlsmMismatch(f"{what} has no bin/nvlsm (or sbin/) and nvlsm.conf")
     final = layout.version_dir(driver)
     moves = [(daemon, binary(layout, driver)), (conf, config_file(layout, driver))]
+    for other in sorted(conf.parent.glob("*.conf")):
+        if other != conf and other.is_file():
+            moves.append((other, share_dir(layout, driver) / other.name))
     for library in sorted((tree / "lib").glob("*.so*")) if (tree / "lib").is_dir() else []:
         moves.append((library, final / "lib64" / library.name))
     placed = []
@@ -203,6 +215,5 @@ def unpack_and_install(archive: Path, work: Path, layout: Layout, driver: str,
         shutil.copy2(source, temporary, follow_symlinks=False)
         temporary.replace(dest)
         placed.append(str(dest.relative_to(final)))
-    mark_complete(share_dir(layout, driver), f"{version}\n{file_sha256(archive)}\n",
-                  INSTALLED_MARKER)
+    mark_complete(share_dir(layout, driver), f"{version}\n{digest}\n", INSTALLED_MARKER)
     return placed

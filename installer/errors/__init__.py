@@ -85,6 +85,8 @@ from installer.errors.nvlink5 import (
     ImexUnavailable,
     NvlsmMismatch,
     NvlsmMissing,
+    NvlsmPackageMismatch,
+    NvlsmPackageUnavailable,
     NvlsmUnavailable,
 )
 from installer.errors.packages import (
@@ -175,6 +177,8 @@ __all__ = [
     "NouveauActive",
     "NvlsmMismatch",
     "NvlsmMissing",
+    "NvlsmPackageMismatch",
+    "NvlsmPackageUnavailable",
     "NvlsmUnavailable",
     "PackageManagerFailed",
     "PageSizeRisk",

@@ -56,6 +56,27 @@ class NvlsmMissing(InstallerError):
     )
 
 
+
+class NvlsmPackageUnavailable(InstallerError):
+    reference = "nvlsm-package-unavailable"
+    exit_code = 47
+    default_hint = (
+        "On dnf hosts NVLSM comes from NVIDIA's `nvlsm` package in the host's NVIDIA repo: "
+        "check that the repo offers it (`dnf list --showduplicates nvlsm`) and, when "
+        "NVIDIA_NVLSM_VERSION pins one, that version; NVIDIA_FABRICMANAGER=false leaves NVLSM "
+        "and Fabric Manager to the host."
+    )
+
+
+class NvlsmPackageMismatch(InstallerError):
+    reference = "nvlsm-package-mismatch"
+    exit_code = 48
+    default_hint = (
+        "The host's nvlsm package is not the one asked for, or lacks the files NVIDIA's has "
+        "(/opt/nvidia/nvlsm/sbin/nvlsm, /usr/share/nvidia/nvlsm/nvlsm.conf): check what the "
+        "repo serves (`rpm -qil nvlsm`). No NVLSM file was put into the install dir."
+    )
+
 class ImexUnavailable(InstallerError):
     reference = "imex-unavailable"
     exit_code = 59

@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import socket
-import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -34,12 +33,12 @@ from kit.rpm import (
     V580B,
     build_extras,
     build_repo,
-    install_base,
     precompiled_kmod,
     write_repo_file,
 )
-from lib.hostkit import GCC_LINE, INSTALL_DIR_HOST, RUNNING_KERNEL, installer_env, run_installer
-from lib.hosttrees import CLASS_BRIDGE, add_pci_device, make_host
+from lib.dnfroots import make_root
+from lib.hostkit import GCC_LINE, INSTALL_DIR_HOST, installer_env, run_installer
+from lib.hosttrees import CLASS_BRIDGE, add_pci_device
 from lib.tlskit import serve_directory_tls
 
 from installer.components.fabricmanager import FabricManagerDaemon
@@ -100,32 +99,6 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def make_root(path: Path, extras: Path, major: int = 9, epel: bool = True) -> Path:
-    """Rocky 9.4 (or 8.9) with an H100, an rpm database holding only kit-base (a shell for
-    scriptlets), /etc/yum.repos.d with EPEL enabled (or not)."""
-    root = path / "host"
-    make_host(root, distro=f"rocky-{major}", kernel=RUNNING_KERNEL, gpus=(0x2330,))
-    with (root / "etc/os-release").open("a") as handle:
-        handle.write(f'PLATFORM_ID="platform:el{major}"\n')
-    subprocess.run(["rpm", "--root", str(root), "--initdb"], check=True)
-    for directory in (
-        "etc/yum.repos.d",
-        "etc/ld.so.conf.d",
-        "etc/modprobe.d",
-        f"lib/modules/{KERNEL if major == 9 else KERNEL8}",
-    ):
-        (root / directory).mkdir(parents=True, exist_ok=True)
-    (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
-    (root / "proc/version").write_text(GCC_LINE.format(k=RUNNING_KERNEL))
-    (root / "dev").mkdir(exist_ok=True)
-    os.mknod(root / "dev/null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # what devtmpfs gives
-    install_base(root, extras)
-    if epel:
-        write_repo_file(root / "etc/yum.repos.d/epel.repo", f"file://{extras / 'epel'}", "epel",
-                        signed=False)
-    return root
 
 
 @pytest.fixture

@@ -37,8 +37,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runtime", default="runc")
     parser.add_argument("--timeout", type=float, default=1200)
     parser.add_argument("--pci-tree", type=Path, help="the simulated GPUs' PCI tree (pod/run.py)")
+    parser.add_argument("--sys-class", type=Path,
+                        help="the simulated IB ports' /sys/class (pod/run.py)")
     args = parser.parse_args(argv)
-    pod = Pod(pod_spec(args.manifest), dict(args.image), args.state, args.runtime, args.pci_tree)
+    pod = Pod(pod_spec(args.manifest), dict(args.image), args.state, args.runtime, args.pci_tree,
+              args.sys_class)
     if args.action == "run":
         report: Any = pod.run(args.timeout)
     elif args.action == "probe":

@@ -41,6 +41,10 @@ class Pod:
     # /sys/bus/pci/devices. A container's fresh sysfs would not show it, where real hardware
     # shows in every sysfs; the fake nvidia.ko scans it through the loading process's VFS.
     pci_tree: Path | None = None
+    # The simulated ConnectX-7 ports' classes (/sys/class/infiniband, infiniband_mad), bound
+    # over the container's /sys/class for the same reason: on a real NVLink5 node mlx5_ib's and
+    # ib_umad's class entries show in every sysfs, so the DaemonSet mounts nothing for them.
+    sys_class: Path | None = None
 
     @property
     def name(self) -> str:
@@ -92,6 +96,9 @@ class Pod:
         if self.pci_tree is not None:
             config["mounts"].append({"destination": "/sys/bus/pci/devices", "type": "bind",
                                      "source": str(self.pci_tree), "options": ["rbind", "ro"]})
+        if self.sys_class is not None:
+            config["mounts"].append({"destination": "/sys/class", "type": "bind",
+                                     "source": str(self.sys_class), "options": ["rbind", "ro"]})
         (directory / "config.json").write_text(json.dumps(config, indent=2))
         return directory
 

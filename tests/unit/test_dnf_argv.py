@@ -238,3 +238,26 @@ def test_an_nvswitch_node_installs_the_streams_fm_profile_with_fabric_manager_pi
     # Elsewhere, the default profile as before.
     plain = cmd.dnf_target(EL9, "branch", "580", "580.126.20", 580, "open")
     assert (plain.profile, plain.fabricmanager("580.126.20")) == ("default", [])
+
+
+def test_an_nvlink5_node_installs_nvlsm_in_the_drivers_transaction() -> None:
+    """NVIDIA's nvlsm package (its Version a date) joins the fm profile's transaction: unpinned
+    the host's or the repo's newest, else the pin; never without Fabric Manager."""
+    assert (cmd.nvlsm_spec(None), cmd.nvlsm_spec("2025.06.6")) == ("nvlsm", "nvlsm-2025.06.6")
+    target = cmd.dnf_target(EL9, "branch", "580", "580.105.08", 580, "open", fabric=True,
+                            nvlsm="nvlsm-2025.06.6")
+    choice = cmd.Choice("580-open", "580.105.08", "kmod-nvidia-open-dkms", False, "")
+    assert cmd.install_argv(BASE, target, choice, "5.14.0-427.el9.x86_64") == [
+        "dnf", "-y", "install", "--allowerasing", "--setopt=module_stream_switch=True",
+        "@nvidia-driver:580-open/fm",
+        "nvidia-driver-580.105.08", "nvidia-driver-cuda-580.105.08",
+        "nvidia-modprobe-580.105.08", "kmod-nvidia-open-dkms-580.105.08",
+        "nvidia-fabricmanager-580.105.08", "nvlsm-2025.06.6",
+        "kernel-devel-5.14.0-427.el9.x86_64", "kernel-headers-5.14.0-427.el9.x86_64",
+    ]
+    # No Fabric Manager of ours (EL10, no profiles): no NVLSM either.
+    el10 = cmd.dnf_target(EL10, "branch", "580", "580.126.20", 580, "open", fabric=True,
+                          nvlsm="nvlsm")
+    assert el10.nvlsm is None
+    assert cmd.dnf_target(EL9, "branch", "580", "580.126.20", 580, "open",
+                          nvlsm="nvlsm").nvlsm is None

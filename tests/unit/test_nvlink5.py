@@ -365,17 +365,28 @@ def test_on_nvlink5_nvml_alone_says_when_fabric_manager_is_ready(
         other.close()
 
 
-def test_on_dnf_hosts_the_plan_says_nvlsm_is_the_hosts(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("distro", "kernel", "pin", "said"), [
+    ("rocky-9", "5.14.0-427.13.1.el9_4.x86_64", "",
+     "NVLSM: NVIDIA's package nvlsm (the host's, else the repo's newest) from the host's NVIDIA "
+     "repo (signed, as the driver's), its files into versions/<ver>/"),
+    ("rocky-9", "5.14.0-427.13.1.el9_4.x86_64", "2025.06.6",
+     "NVLSM: NVIDIA's package nvlsm-2025.06.6 (NVIDIA_NVLSM_VERSION) from the host's NVIDIA "
+     "repo (signed, as the driver's), its files into versions/<ver>/"),
+    # EL10 has no module profiles: no Fabric Manager of ours there, so no NVLSM either.
+    ("rocky-10", "6.12.0-55.9.1.el10_0.x86_64", "",
+     "NVLSM is not installed by the installer on this source, so the fabricmanager "
+     "container fails with nvlsm-missing: set NVIDIA_FABRICMANAGER=false and run NVIDIA's "
+     "nvlsm package and Fabric Manager of the driver's version on the host"),
+])
+def test_on_dnf_hosts_the_plan_says_where_nvlsm_comes_from(
+    tmp_path: Path, distro: str, kernel: str, pin: str, said: str
+) -> None:
     import dataclasses
 
     from installer.components import nvlink5 as module
 
-    b200(tmp_path, distro="rocky-9", kernel="5.14.0-427.13.1.el9_4.x86_64")
-    plan = plan_for(tmp_path, NVIDIA_DRIVER_SOURCE="runfile")
+    b200(tmp_path, distro=distro, kernel=kernel)
+    plan = plan_for(tmp_path, NVIDIA_DRIVER_SOURCE="runfile", NVIDIA_NVLSM_VERSION=pin)
     ctx = dataclasses.replace(plan.context, target=dataclasses.replace(
         plan.context.target, packages_own_user_space=True))
-    said = module.decision(ctx)
-    assert said.reason.endswith(
-        "NVLSM is not installed by the installer on this source, so the fabricmanager "
-        "container fails with nvlsm-missing: set NVIDIA_FABRICMANAGER=false and run NVIDIA's "
-        "nvlsm package and Fabric Manager of the driver's version on the host")
+    assert module.decision(ctx).reason.endswith(said)

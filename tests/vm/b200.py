@@ -83,7 +83,7 @@ for f in /run/vm-pci/*/infiniband/*; do ln -s "$f" /sys/class/infiniband/"${{f##
 DELIVER_NVLSM = f"deliver nvlsm $VM_FILES/www/nvlsm/*.tar.xz {SM}\n"
 
 
-def _ib_modules(kernel_build_dir: Path, dest: Path) -> Path:
+def ib_modules(kernel_build_dir: Path, dest: Path) -> Path:
     """mlx5_core, mlx5_ib and ib_umad built by the guest kernel's kbuild: loading them is what
     /proc/modules shows the installer (nothing here drives a ConnectX-7; the scenario writes
     its sysfs)."""
@@ -101,7 +101,7 @@ def _ib_modules(kernel_build_dir: Path, dest: Path) -> Path:
 def prepare(work: Path, kernel_build_dir: Path) -> dict[str, Path]:
     """The guest's files (boot_and_run's `files`) under `work`."""
     build = build_fake_modules(kernel_build_dir, work / "kit", version=VERSION, flavour="open")
-    ib = _ib_modules(kernel_build_dir, work / "ib")
+    ib = ib_modules(kernel_build_dir, work / "ib")
     install = kit.install_nvml(kit.extract_runfile(VERSION, work), work / "install", VERSION)
     www = work / "www"
     # Each archive under its own name: the installer unpacks it confined to that top dir.
@@ -109,12 +109,17 @@ def prepare(work: Path, kernel_build_dir: Path) -> dict[str, Path]:
                           ("nvlsm", build_nvlsm(SM, work / "redist", driver=VERSION))):
         (www / name).mkdir(parents=True)
         shutil.copy(archive, www / name / archive.name)
-    board = work / "board"
-    board.mkdir()
+    board = write_board(work / "board", work / "sysfs")
     (board / "deliver.py").write_text(DELIVER)
+    return {"kit": build, "install": install, "www": www, "board": board, "ib": ib}
+
+
+def write_board(board: Path, work: Path) -> Path:
+    """The board's ConnectX-7 functions for the guest's crafted PCI tree (one directory each):
+    board/pci as before mlx5_ib binds them, board/ib with the IB device it makes for each."""
+    board.mkdir(parents=True)
     for name, loaded in (("pci", False), ("ib", True)):
         for port in hgx_b200_ports():
             write_cx7_port(work / name, port, ib_loaded=loaded)
-        # The functions alone, as the guest's crafted tree holds them (one directory each).
         (work / name / "sys/devices/pci0000:c0").rename(board / name)
-    return {"kit": build, "install": install, "www": www, "board": board, "ib": ib}
+    return board

@@ -22,6 +22,12 @@ and GKE's Ubuntu shape, each with only the installer's `image:` changed. Two boo
    ours runs nv-fabricmanager in its `fabricmanager` container and verify passes; a killed
    nv-fabricmanager is restarted; one of another version cannot be kept up and the container
    exits with error[fabricmanager-failed]; an uninstall stops nvidia-persistenced first.
+   Last the board turns into an HGX B200 (tests/vm/pod_b200.py): B200 GPU, ConnectX-7 Limited
+   PFs, the IB modules in the kernel's tree. The pod, NVLSM pinned: its initContainer loads the
+   IB modules and installs NVLSM, but with no IB device on the Limited PF the fabricmanager
+   container stops with error[nvlsm-missing], no readiness file, verify names NVLSM; once
+   mlx5_ib made the devices the pod again runs NVLSM on the LPF's GUID, then Fabric Manager,
+   the fabric completes and every probe passes.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ from pod.spec import Image
 
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
+from vm.pod_b200 import LPF_GUID, SM, b200_manifest, prepare_b200
+from vm.pod_b200 import scenario as b200_scenario
 from vm.prebuild import prebuild_modules
 
 pytestmark = pytest.mark.vm
@@ -126,7 +134,8 @@ installer() {{ PYTHONPATH={REPO} {sys.executable} -m installer "$@"; }}
 pod() {{
   local action=$1 name=$2
   PYTHONPATH={REPO}/tests {sys.executable} -m pod "$action" --manifest "{GUEST_FILES}/$name.yaml" \\
-    --state "/run/pod/$name" --pci-tree /run/vm-pci $(cat {GUEST_FILES}/images)
+    --state "/run/pod/$name" --pci-tree /run/vm-pci ${{POD_ARGS:-}} \\
+    $(cat {GUEST_FILES}/images)
 }}
 step() {{ echo "@@ $1"; rc=0; shift; "$@" 2>&1 || rc=$?; echo "exit=$rc"; }}
 state() {{
@@ -230,7 +239,7 @@ grep -E '^nvidia' /proc/modules || echo "no nvidia module"
 ls -1A /run/nvidia-persistenced; ls -1 /run/nvidia-driver-installer
 step fabric-probes-after pod probe ours-fabric
 pod stop ours-fabric >/dev/null
-"""
+""" + b200_scenario(GUEST_FILES, B)
 
 
 @dataclass
@@ -240,9 +249,11 @@ class Boots:
     second: VmResult
 
 
-def prepare_files(built: Built, pause: Image, files: Path, kernel: str) -> Path:
+def prepare_files(built: Built, pause: Image, files: Path, kernel: str,
+                  kernel_build_dir: Path) -> Path:
     """What the guest gets: the manifests, the images' configs and arguments, the runfiles,
-    Fabric Manager's redist tree and A's and B's modules prebuilt for the guest's `kernel`."""
+    Fabric Manager's and NVLSM's redist tree, A's and B's modules prebuilt for the guest's
+    `kernel`, and the HGX B200 board (pod_b200.py)."""
     files.mkdir()
     images = {built.ref: built.image, SEED_PAUSE: pause, GKE_PAUSE: pause}
     lines = []
@@ -262,6 +273,9 @@ def prepare_files(built: Built, pause: Image, files: Path, kernel: str) -> Path:
     for version in (A, B):
         kit.build_runfile(version, files / "www" / version)
         build_fabricmanager(version, files / "www" / "redist")
+    sha256 = prepare_b200(files, kernel_build_dir, B)
+    (files / "ours-b200.yaml").write_text(yaml.safe_dump_all(b200_manifest(_fabric(ours),
+                                                                          sha256, GUEST_FILES)))
     kit.write_digests(files / "www" / "digests", files / "www")
     modules = prebuild_modules([A, B], files / "www", kernel, files.parent / "prebuilt")
     shutil.copytree(modules, files / "modules", symlinks=True)
@@ -269,7 +283,8 @@ def prepare_files(built: Built, pause: Image, files: Path, kernel: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Boots]:
+def boots(vm_kernel: GuestKernel, kernel_build_dir: Path,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Boots]:
     for tool in TOOLS:
         if shutil.which(tool) is None:
             _missing(f"{tool} is not installed (apt-get install {tool})")
@@ -279,13 +294,15 @@ def boots(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> I
     buildah = Buildah(work / "storage")
     try:
         built = build_debian_image(buildah, work)
-        files = prepare_files(built, pause_image(work), work / "files", vm_kernel.release)
+        files = prepare_files(built, pause_image(work), work / "files", vm_kernel.release,
+                              kernel_build_dir)
         state = work / "vmstate"
         first = boot_and_run(FIRST_BOOT, state_dir=state, gpus=GPUS, files={"f": files},
                              timeout=1800)
-        # The HGX part at its end reinstalls B by hand and runs three containers.
+        # The HGX part at its end reinstalls B by hand and runs three containers; the B200
+        # part runs the pod twice more.
         second = boot_and_run(SECOND_BOOT, state_dir=state, gpus=GPUS, files={"f": files},
-                              timeout=2100)
+                              timeout=2700)
         yield Boots(built, first, second)
     finally:
         buildah.remove()
@@ -490,3 +507,72 @@ def test_an_uninstall_stops_nvidia_persistenced_in_its_container_first(boots: Bo
     probes = _report(second.section("fabric-probes-after"))
     assert probes["persistenced"]["exit_code"] == 1
     assert probes["driver-ready"]["exit_code"] == 1
+
+
+def test_a_b200_whose_limited_pf_has_no_ib_device_is_never_ready(boots: Boots) -> None:
+    second = boots.second
+    report = _report(second.section("b200-pod"))
+    (init,) = report["init"]
+    assert init["exit_code"] == 0, init["log"]
+    # The initContainer loads the IB modules with the node's modprobe and installs NVLSM.
+    assert "step load-ib-modules: " in init["log"] and "step install-nvlsm: " in init["log"]
+    assert set(second.section("b200-modules").split()) == {"mlx5_core", "mlx5_ib", "ib_umad"}
+    installed = second.section("b200-nvlsm-installed").split()
+    assert "nvlsm" in installed and "nv-fabricmanager" in installed, installed
+    assert installed[-2] == SM, installed  # the marker: the pinned version, then its SHA-256
+    # The fabricmanager container cannot start NVLSM: no IB device, no port GUID. It stops
+    # with nvlsm-missing in its termination file; no readiness file, its probe fails.
+    stopped = second.section("b200-stopped")
+    assert '"status": "stopped"' in stopped, stopped
+    message = stopped.split("\n", 1)[1]
+    assert message.startswith("error[nvlsm-missing]: NVLink5 node: 2 ConnectX-7 Limited PF "
+                              "port(s) whose VPD says SW_MNG, first 0000:c1:00.1 (15b3:1021)"), \
+        message
+    assert "the port has no GUID in sysfs (is mlx5_ib loaded?" in message, message
+    assert "\nhint: " in message, message
+    markers = second.section("b200-markers-before").split()
+    assert "driver-ready" in markers and "fabricmanager-ready" not in markers, markers
+    probes = _report(second.section("b200-probes-before"))
+    assert probes["fabricmanager"]["exit_code"] != 0 and probes["driver-ready"]["exit_code"] == 0
+    # verify on the node: not ready, the fabric not started, NVLSM named.
+    verify = _json_of(second.section("b200-verify-before"), 40)
+    assert not verify["ok"]
+    assert verify["fabric"]["required"] and verify["fabric"]["state"] == "pending", verify
+    assert [_state_and_status(g) for g in verify["gpus"]] == [("not-started", "success")]
+    reasons = " ".join(verify["fabric"]["reasons"])
+    assert "NVLSM is not running (no nvlsm process)" in reasons, reasons
+    assert verify["gpus"][0]["cuda"]["error"] == 802
+
+
+def test_a_b200_runs_nvlsm_on_the_lpf_guid_before_fabric_manager_then_is_ready(
+    boots: Boots,
+) -> None:
+    second = boots.second
+    report = _report(second.section("b200-pod-again"))
+    assert report["init"][0]["exit_code"] == 0, report["init"][0]["log"]
+    assert "step install-nvlsm: already satisfied" in report["init"][0]["log"]
+    probes = _report(second.section("b200-probes"))
+    assert {name: p["exit_code"] for name, p in probes.items()} == {
+        "driver-ready": 0, "fabricmanager": 0, "persistenced": 0}
+    nvlsm, fabricmanager = second.section("b200-daemons").splitlines()
+    # The kit's daemons are scripts: their interpreter comes first in /proc/<pid>/cmdline.
+    version_dir = f"/usr/local/nvidia/versions/{B}"
+    assert nvlsm.split()[-7:] == [
+        f"{version_dir}/bin/nvlsm", "--config", f"{version_dir}/share/nvidia/nvlsm/nvlsm.conf",
+        "--guid", LPF_GUID, "--pid_file", "/var/run/nvidia-fabricmanager/nvlsm.pid"], nvlsm
+    assert f"{version_dir}/bin/nv-fabricmanager" in fabricmanager.split(), fabricmanager
+    assert fabricmanager.split()[-2:] == ["--fm-sm-mgmt-port-guid", LPF_GUID], fabricmanager
+    log = second.section("b200-fm-log")
+    assert log.index("[nvlsm] SUBNET UP") < log.index(
+        "nvlsm opened /var/run/nvidia-fabricmanager/fm_sm_ipc.socket; starting "
+        "nv-fabricmanager") < log.index("Connected to NVLink Subnet Manager on port GUID "
+                                        f"{LPF_GUID}"), log[-3000:]
+    verify = _json_of(second.section("b200-verify"), 0)
+    assert verify["ok"] and verify["fabric"]["state"] == "completed", verify
+    assert verify["fabric"]["reasons"] == []
+    # An on-node fabric (as HGX H100's) reports no cluster UUID in the kit: no clique.
+    assert verify["fabric"]["clique"] is None
+    assert [_state_and_status(g) for g in verify["gpus"]] == [("completed", "success")]
+    assert [g["cuda"]["ok"] for g in verify["gpus"]] == [True]
+    markers = second.section("b200-markers").splitlines()
+    assert f"DRIVER_VERSION={B}" in markers and "FABRIC=completed" in markers, markers

@@ -27,6 +27,9 @@ FM_PROFILE = "fm"
 # nvidia-fabric-manager up to the 575 branch and nvidia-fabricmanager from 580 on.
 FM_PACKAGES = ("nvidia-fabric-manager", "nvidia-fabricmanager")
 FM_RENAMED_BRANCH = 580
+# NVIDIA's NVLink Subnet Manager package (NVLink5 nodes): outside the module streams, its
+# Version a date (YYYY.MM.N), apart from the driver's.
+NVLSM_PACKAGE = "nvlsm"
 KMOD = {"proprietary": "kmod-nvidia-latest-dkms", "open": "kmod-nvidia-open-dkms"}
 # The module name each -dkms kmod registers with DKMS (NVIDIA's dkms-nvidia.spec and
 # dkms-open-nvidia.spec): /usr/src/<name>-<v>/, `dkms ... -m <name>`, /var/lib/dkms/<name>/.
@@ -68,6 +71,8 @@ class DnfTarget:
     precompiled_stream: str | None = None
     # An NVSwitch node: the stream's `fm` profile, Fabric Manager of the driver's version too.
     fabric: bool = False
+    # An NVLink5 node: NVLSM's package spec (`nvlsm`, or `nvlsm-<pin>`) in the same transaction.
+    nvlsm: str | None = None
 
     @property
     def profile(self) -> str:
@@ -103,6 +108,12 @@ class DnfTarget:
         return list(self.packages)
 
 
+def nvlsm_spec(pin: str | None) -> str:
+    """`nvlsm-<YYYY.MM.N>` for NVIDIA_NVLSM_VERSION (the rpm's Version is the date version),
+    else `nvlsm`: the host's, or the repo's newest when none is installed."""
+    return f"{NVLSM_PACKAGE}-{pin}" if pin else NVLSM_PACKAGE
+
+
 def fabricmanager_package(version: str) -> str:
     branch = int(version.split(".", 1)[0])
     return FM_PACKAGES[1] if branch >= FM_RENAMED_BRANCH else FM_PACKAGES[0]
@@ -133,10 +144,11 @@ def family(distro: Distro) -> Rhel:
 
 def dnf_target(
     distro: Distro, request_kind: str, request_value: str, version: str, branch: int, flavour: str,
-    *, fabric: bool = False,
+    *, fabric: bool = False, nvlsm: str | None = None,
 ) -> DnfTarget:
     """`fabric`: an NVSwitch node whose Fabric Manager the installer runs (only where NVIDIA's
-    repo has module profiles: not EL10)."""
+    repo has module profiles: not EL10); `nvlsm`: on an NVLink5 one, NVLSM's package spec
+    beside it."""
     names: tuple[str, ...] = (*USERSPACE, KMOD[flavour])
     if family(distro).module_platform(distro) is None:
         if flavour == "open":
@@ -155,7 +167,8 @@ def dnf_target(
         latest = request_kind == "alias" and request_value == "latest"
         precompiled = "latest" if latest else str(branch)
     pinned = version if request_kind == "exact" else None
-    return DnfTarget(stream, flavour, branch, pinned, names, precompiled, fabric)
+    return DnfTarget(stream, flavour, branch, pinned, names, precompiled, fabric,
+                     nvlsm if fabric else None)
 
 
 def precompiled_kmod(version: str, kernel: str) -> str:
@@ -254,7 +267,8 @@ def install_argv(
     base: list[str], target: DnfTarget, choice: Choice, kernel: str, distro: Distro | None = None
 ) -> list[str]:
     """One transaction: the stream's profile (`fm` on NVSwitch nodes, with Fabric Manager of
-    the chosen version pinned too) with the chosen version pinned, the kmod, and for DKMS
+    the chosen version pinned too, and NVLSM's package on NVLink5 ones) with the chosen version
+    pinned, the kmod, and for DKMS
     kernel-devel/kernel-headers of the target kernel, so either all of it lands or none.
     `module_stream_switch` and `--allowerasing` let it replace another stream's packages."""
     extra = [] if choice.precompiled else kernel_packages(kernel, distro)
@@ -266,6 +280,7 @@ def install_argv(
         f"@{MODULE}:{choice.stream}/{target.profile}",
         *choice.specs(target.userspace),
         *(f"{name}-{choice.version}" for name in target.fabricmanager(choice.version)),
+        *([target.nvlsm] if target.nvlsm else []),
         *extra,
     ]
 

@@ -8,6 +8,7 @@ import re
 from installer.errors import (
     CommandFailed,
     InstallerError,
+    NvlsmPackageUnavailable,
     PackageManagerFailed,
     RepoUnavailable,
 )
@@ -39,6 +40,15 @@ def kernel_error(ctx: Context, kernel: str, exc: CommandFailed) -> Exception:
     return transaction_failed(f"installing {', '.join(packages)}", output)
 
 
+def nvlsm_unavailable(ctx: Context, output: str) -> NvlsmPackageUnavailable:
+    line = next((ln for ln in output.splitlines() if f"{NO_MATCH}: {cmd.NVLSM_PACKAGE}" in ln),
+                cmd.NVLSM_PACKAGE)
+    return NvlsmPackageUnavailable(
+        f"this NVLink5 node needs NVLSM, but dnf found no such package in the host's repos "
+        f"({repos.repos_tried(ctx.root)}): {line.strip()}; the host's packages were left as "
+        "they were")
+
+
 def repo_down(ctx: Context, output: str) -> RepoUnavailable:
     line = next((ln for ln in output.splitlines() if any(m in ln for m in REPO_DOWN)), "")
     return RepoUnavailable(
@@ -60,6 +70,8 @@ def install_error(ctx: Context, choice: Choice, output: str) -> InstallerError:
             f"{choice.kmod} requires dkms, which none of the host's repos provides "
             f"({repos.repos_tried(ctx.root)})"
         )
+    if f"{NO_MATCH}: {cmd.NVLSM_PACKAGE}" in output:
+        return nvlsm_unavailable(ctx, output)
     kernel = ctx.target.kernel
     missing = [p for p in cmd.kernel_packages(kernel, ctx.facts.distro)
                if f"{NO_MATCH}: {p}" in output]

@@ -34,13 +34,16 @@ def repo_url(config: Config, distro: Distro, arch: str) -> str:
 
 
 def target_of(ctx: Context) -> DnfTarget:
-    from installer.components import fabricmanager  # NVSwitch nodes only
+    from installer.components import fabricmanager, nvlink5  # NVSwitch/NVLink5 nodes only
 
     request = versions.parse_request(ctx.config.version)
     t = ctx.target
+    fabric = fabricmanager.applies(ctx)
     return cmd.dnf_target(
         ctx.facts.distro, request.kind, request.value, t.version, t.branch, t.flavour,
-        fabric=fabricmanager.applies(ctx),
+        fabric=fabric,
+        nvlsm=cmd.nvlsm_spec(ctx.config.nvlsm_version) if fabric and nvlink5.applies(ctx)
+        else None,
     )
 
 

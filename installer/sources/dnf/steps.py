@@ -45,6 +45,12 @@ def dnf_steps(ctx: Context) -> list[Step]:
         from installer.sources.dnf import fabricmanager as dnf_fabricmanager
 
         plan.append(dnf_fabricmanager.install_step(ctx))
+        from installer.components import nvlink5
+
+        if nvlink5.applies(ctx):  # an NVLink5 node: NVLSM runs before that Fabric Manager
+            from installer.sources.dnf import nvlsm as dnf_nvlsm
+
+            plan.append(dnf_nvlsm.install_step(ctx))
     return plan
 
 

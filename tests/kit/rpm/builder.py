@@ -21,6 +21,7 @@ machine's Debian headers. The packages have the shapes of `shared/reference/dnf-
   nvswitch-audit, /usr/lib/systemd/system/nvidia-fabricmanager.service,
   /usr/share/nvidia/nvswitch/fabricmanager.cfg and the topology files; no scriptlets. Every
   stream's `fm` profile lists it beside the `default` profile's packages.
+- NVIDIA's `nvlsm` package, outside the module streams, in two date versions (nvlsm.py).
 
 Every package is signed, as NVIDIA signs its own: with a key made for the entry (gpg), whose
 public half lies at the repo's root as `SIGNING_KEY` (NVIDIA's repo has D42D0685.pub there);
@@ -45,6 +46,7 @@ from .. import cache
 from ..builder import KIT_DIR, build_runfile
 from ..fabricmanager import PAYLOAD as FM_PAYLOAD
 from ..fabricmanager import TOPOLOGIES
+from . import nvlsm
 
 RPM_DIR = Path(__file__).parent
 # A RHEL-shaped kernel release (kernel-devel-<k> must be a valid NEVRA); never loaded here.
@@ -197,6 +199,12 @@ def _build(spec: RepoSpec, out: Path) -> None:
                 _rpmbuild("nvidia-modprobe", _conflict_spec(release), stage, work, out)
             fm = fabricmanager_package(release.version)
             _rpmbuild(fm, _fabricmanager_spec(release.version, stage), stage, work, out)
+        for version in nvlsm.VERSIONS:
+            stage = work / f"stage-nvlsm-{version}"
+            nvlsm.stage(version, stage / "nvlsm")
+            _rpmbuild("nvlsm", nvlsm.spec(version, spec_head(
+                "nvlsm", version, "NVIDIA NVLink Subnet Manager (fake)", release=nvlsm.RELEASE)),
+                stage, work, out)
         for kernel in spec.kernels:
             stage = work / f"stage-kernel-{kernel}"
             _stage_kernel(kernel, stage)
