@@ -189,10 +189,24 @@ def unpack_and_install(archive: Path, work: Path, layout: Layout, driver: str,
     return place(tree, layout, driver, version, file_sha256(archive), archive.name)
 
 
+# Where NVIDIA's package puts the config files, which name each other by that absolute path
+# (nvlsm.conf: `plugin_options -grpc_mgr --config_file /usr/share/nvidia/nvlsm/grpc_mgr.conf`).
+PACKAGE_SHARE_DIR = "/usr/share/nvidia/nvlsm/"
+
+
+def _relocate(conf: Path, share: Path) -> None:
+    """Point a config file's references to the package's share directory at `share`, where
+    this install keeps them: a container has no /usr/share/nvidia/nvlsm."""
+    text = conf.read_text(errors="replace")
+    if PACKAGE_SHARE_DIR in text:
+        conf.write_text(text.replace(PACKAGE_SHARE_DIR, f"{share}/"))
+
+
 def place(tree: Path, layout: Layout, driver: str, version: str, digest: str, what: str
           ) -> list[str]:
     """Move the nvlsm of `tree` (bin/ or sbin/), its libraries (lib/) and its config files
-    (nvlsm.conf and the .conf files beside it, which it names) into versions/<driver>/; the
+    (nvlsm.conf and the .conf files beside it, which it names by their packaged path: those
+    names are pointed at versions/<driver>/ too) into versions/<driver>/; the
     marker (version, `digest` of what it came from) last. Raises NvlsmMismatch when `tree`
     (`what`, for the message) has no daemon or no nvlsm.conf."""
     daemon = next((p for p in (tree / "bin" / "nvlsm", tree / "sbin" / "nvlsm") if p.is_file()),
@@ -213,6 +227,8 @@ def place(tree: Path, layout: Layout, driver: str, version: str, digest: str, wh
         dest.parent.mkdir(parents=True, exist_ok=True)
         temporary = dest.with_name(f".{dest.name}.new")
         shutil.copy2(source, temporary, follow_symlinks=False)
+        if dest.suffix == ".conf":
+            _relocate(temporary, share_dir(layout, driver))
         temporary.replace(dest)
         placed.append(str(dest.relative_to(final)))
     mark_complete(share_dir(layout, driver), f"{version}\n{digest}\n", INSTALLED_MARKER)

@@ -102,6 +102,8 @@ def test_a_b200_on_rocky_gets_nvlsm_in_the_drivers_transaction(
     share = version_dir / "share/nvidia/nvlsm"
     assert sorted(p.name for p in share.iterdir()) == [
         ".nvlsm-version", "device_configuration.conf", "grpc_mgr.conf", "nvlsm.conf"]
+    # nvlsm.conf names the plugin's config by the package's path: pointed at this copy.
+    assert f"--config_file {share}/grpc_mgr.conf\n" in (share / "nvlsm.conf").read_text()
     digest = hashlib.sha256(daemon.read_bytes()).hexdigest()  # what the package vouched for
     assert (share / ".nvlsm-version").read_text() == f"{NEWEST}\n{digest}\n"
     assert "step install-nvlsm: " in result.stderr

@@ -75,8 +75,15 @@ def test_nvlsm_comes_from_the_drivers_redistrib_json_vouched_by_the_digests_file
     listed, archive = nvlsm_archive.fetch(config, layout, V, "x86_64")
     assert (listed.version, archive.name) == (SM, archive_name(SM))
     placed = nvlsm_archive.unpack_and_install(archive, tmp_path / "work", layout, V, SM)
-    assert placed == ["bin/nvlsm", "share/nvidia/nvlsm/nvlsm.conf"]
+    assert placed == ["bin/nvlsm", "share/nvidia/nvlsm/nvlsm.conf",
+                      "share/nvidia/nvlsm/grpc_mgr.conf"]
     assert nvlsm_archive.installed(layout, V) == SM
+    # nvlsm.conf names its plugin's config by the package's path, which a container lacks:
+    # pointed at this install's copy.
+    share = nvlsm_archive.share_dir(layout, V)
+    conf = (share / "nvlsm.conf").read_text()
+    assert f"plugin_options -grpc_mgr --config_file {share}/grpc_mgr.conf\n" in conf
+    assert "/usr/share/nvidia/nvlsm/" not in conf
     assert os.access(nvlsm_archive.binary(layout, V), os.X_OK)
     marker = (nvlsm_archive.share_dir(layout, V) / ".nvlsm-version").read_text()
     assert marker.startswith(f"{SM}\n") and len(marker.split("\n")[1]) == 64

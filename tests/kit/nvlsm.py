@@ -33,6 +33,7 @@ def build_nvlsm(version: str, tree: Path, *, driver: str | None = None,
         f"{bin_dir}/nvlsm": ((PAYLOAD / "nvlsm").read_text().replace("@VERSION@", version)
                              .encode(), 0o755),
         "share/nvidia/nvlsm/nvlsm.conf": ((PAYLOAD / "nvlsm.conf").read_bytes(), 0o644),
+        "share/nvidia/nvlsm/grpc_mgr.conf": (b"# grpc_mgr.conf (test kit stand-in)\n", 0o644),
         "LICENSE": (b"Test kit stand-in: no NVIDIA code.\n", 0o644),
     }
     raw = io.BytesIO()
