@@ -136,7 +136,7 @@ def module_paths(index: Path, names: tuple[str, ...]) -> list[Path]:
 def build_root(parts: Arm64Parts, scenario: str, files: Mapping[str, Path], work: Path
                ) -> tuple[Path, str]:
     """The node's root disk image and the PYTHONPATH of its installer."""
-    tarball, _ = arm64_root.base_tarball()
+    tarball = arm64_root.require()
     root = arm64_root.unpack(tarball, work / "root")
     python_path = arm64_root.add_installer(root)
     index = module_index(parts, work)

@@ -1,15 +1,16 @@
 """An arm64 Debian 12 root for the arm64 guest: Debian's own arm64 packages (python3 and the
 installer's dependencies, kmod, libc-bin's real ldconfig, busybox) unpacked by
-`mmdebstrap --variant=extract` (no emulation needed), cached as a tarball under
-/var/cache/installer-test keyed by its inputs, then made into an ext4 disk image (`mke2fs -d`)
-with this checkout's installer, a small module tree of the guest kernel and the scenario.
+`mmdebstrap --variant=extract` (no emulation needed) into a tarball under
+/var/cache/installer-test keyed by its inputs (`scripts/install-deps` runs
+`python3 -m vm.arm64_root` from tests/: tests never reach the network), then, per boot, made
+into an ext4 disk image (`mke2fs -d`) with this checkout's installer, a small module tree of
+the guest kernel and the scenario.
 
 Nothing in the root runs on this machine: the guest's own kernel and qemu-system-aarch64 run it.
 """
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 import os
@@ -44,16 +45,28 @@ def archive() -> str:
 
 
 def tarball_key() -> str:
-    """The tarball's inputs: the mmdebstrap call, the archive and the week (security updates)."""
-    year, week, _ = datetime.date.today().isocalendar()
-    inputs = json.dumps([MMDEBSTRAP_ARGS, archive(), year, week])
+    """The tarball's inputs: the mmdebstrap call and the archive."""
+    inputs = json.dumps([MMDEBSTRAP_ARGS, archive()])
     return hashlib.sha256(inputs.encode()).hexdigest()[:16]
 
 
-def base_tarball(cache: Path | None = None) -> tuple[Path, float]:
+def tarball_path(cache: Path | None = None) -> Path:
+    return (cache or real_parts.cache_root()) / f"arm64-root-{tarball_key()}.tar"
+
+
+def require(cache: Path | None = None) -> Path:
+    """The cached tarball; raises PartsMissing (pointing at install-deps) when it is not there."""
+    found = tarball_path(cache)
+    if not found.is_file():
+        raise real_parts.PartsMissing(
+            f"the arm64 root tarball {found} is missing: run scripts/install-deps (it runs "
+            "`python3 -m vm.arm64_root` from tests/)")
+    return found
+
+
+def fetch(cache: Path | None = None) -> tuple[Path, float]:
     """The arm64 root tarball (made once per key on this machine) and the seconds it took."""
-    cache = cache or real_parts.cache_root()
-    target = cache / f"arm64-root-{tarball_key()}.tar"
+    target = tarball_path(cache)
     if target.is_file():
         return target, 0.0
     if shutil.which("mmdebstrap") is None:
@@ -142,3 +155,8 @@ def make_disk(root: Path, image: Path) -> Path:
     subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", "-L", "arm64root", "-d", str(root),
                     str(image)], check=True, capture_output=True)
     return image
+
+
+if __name__ == "__main__":
+    made, seconds = fetch()
+    print(f"{made} ({seconds:.0f} s)")
