@@ -34,11 +34,14 @@ def build_runfile(
     *,
     compile_error: bool = False,
     kernel_source: Optional[Path] = None,
+    arch: str = "x86_64",
 ) -> Path:
-    """Put NVIDIA-Linux-x86_64-<version>.run and its .sha256sum into dest_dir; return the .run.
+    """Put NVIDIA-Linux-<arch>-<version>.run and its .sha256sum into dest_dir; return the .run.
 
     kernel_source is the Kbuild tree shipped as kernel/ and kernel-open/ (default: the kit's
-    fake modules); compile_error=True appends a C syntax error to every .c file in it.
+    fake modules); compile_error=True appends a C syntax error to every .c file in it. An
+    aarch64 .run carries the kit's libraries cross-compiled for aarch64 and an nvidia-installer
+    that runs only on an aarch64 machine (staging.FOREIGN_INSTALLER).
     Built archives are cached (see cache.CACHE_ENV); raises CalledProcessError if a build fails.
     """
     if not VERSION_PATTERN.match(version):
@@ -51,10 +54,13 @@ def build_runfile(
         *sorted(KIT_DIR.glob("*.py")),
         source,
     ]
-    key = f"{version}-{'compile-error' if compile_error else 'ok'}-{cache.tree_digest(inputs)[:16]}"
-    entry = cache.cached_dir(key, lambda work: _build(version, work, source, compile_error))
+    outcome = "compile-error" if compile_error else "ok"
+    prefix = "" if arch == "x86_64" else f"{arch}-"
+    key = f"{prefix}{version}-{outcome}-{cache.tree_digest(inputs)[:16]}"
+    entry = cache.cached_dir(
+        key, lambda work: _build(version, work, source, compile_error, arch=arch))
     dest_dir.mkdir(parents=True, exist_ok=True)
-    name = runfile_name(version)
+    name = runfile_name(version, arch)
     shutil.copy2(entry / name, dest_dir / name)
     shutil.copy2(entry / f"{name}.sha256sum", dest_dir / f"{name}.sha256sum")
     return dest_dir / name

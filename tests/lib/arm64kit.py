@@ -11,6 +11,7 @@ import pytest
 from kit import arm64_parts, real_parts
 from kit.builder import build_real_arm64_runfile
 
+from lib.hostkit import installer_env
 from lib.realdriver import (
     VERSION,
     env_for,
@@ -76,3 +77,34 @@ def cross_build(factory: pytest.TempPathFactory, flavour: str
     result = run_installer_niced(env, "prebuild", "--arch", "aarch64", "--kernel", KERNEL)
     _SESSION[key] = (build_dir(root, flavour), result)
     return build_dir(root, flavour), result
+
+
+def publish(factory: pytest.TempPathFactory, flavour: str, **settings: str
+            ) -> subprocess.CompletedProcess[str]:
+    """`installer prebuild --arch aarch64 --push` of NVIDIA's real `flavour` with `settings`
+    (the registry, the publisher key): on the builder of this session's cross build of that
+    flavour, whose cached modules it pushes without compiling them again."""
+    build, result = cross_build(factory, flavour)
+    assert result.returncode == 0, result.stderr[-4000:]
+    root = builder_root(build)
+    env = prebuild_env(root, arm64_run(factory), flavour, **settings)
+    return run_installer_niced(env, "prebuild", "--arch", "aarch64", "--kernel", KERNEL, "--push")
+
+
+def builder_root(build: Path) -> Path:
+    """The builder's host root of a build directory (build_dir's inverse)."""
+    install = build.parents[4]
+    return Path(str(install).removesuffix(str(install_dir(Path("/")))))
+
+
+def publish_kit(factory: pytest.TempPathFactory, version: str, flavour: str, run: Path,
+                **settings: str) -> subprocess.CompletedProcess[str]:
+    """`installer prebuild --arch aarch64 --push` of the kit's aarch64 .run `run` (its own
+    modules, the ones that bind the stand-in GPU) against Debian's real arm64 headers."""
+    root = factory.mktemp(f"kit-cross-{flavour}") / "host"
+    assert arm64_builder(root) == KERNEL
+    env = installer_env(root, KERNEL, NVIDIA_DRIVER_VERSION=version,
+                        NVIDIA_KERNEL_MODULE_TYPE=flavour,
+                        NVIDIA_DRIVER_DOWNLOAD_URL=f"file://{run}", **settings)
+    env.pop("NVIDIA_KERNEL_RELEASE")
+    return run_installer_niced(env, "prebuild", "--arch", "aarch64", "--kernel", KERNEL, "--push")

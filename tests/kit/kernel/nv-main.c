@@ -129,8 +129,8 @@ static int __init nv_init(void)
 		nv_chrdev_exit();
 		return ret;
 	}
-	pr_info("NVRM: loading NVIDIA UNIX x86_64 Kernel Module  %s  (%d GPUs)\n",
-		NV_VERSION_STRING, nv_gpu_count);
+	pr_info("NVRM: loading NVIDIA UNIX %s Kernel Module  %s  (%d GPUs)\n",
+		NV_ARCH_STRING, NV_VERSION_STRING, nv_gpu_count);
 	return 0;
 }
 

@@ -9,11 +9,11 @@
 static int nv_version_show(struct seq_file *m, void *v)
 {
 #if NV_FLAVOUR_OPEN
-	seq_printf(m, "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  (%s)  %s\n",
-		   NV_VERSION_STRING, NV_BUILD_HOST, NV_BUILD_DATE);
+	seq_printf(m, "NVRM version: NVIDIA UNIX Open Kernel Module for %s  %s  Release Build  (%s)  %s\n",
+		   NV_ARCH_STRING, NV_VERSION_STRING, NV_BUILD_HOST, NV_BUILD_DATE);
 #else
-	seq_printf(m, "NVRM version: NVIDIA UNIX x86_64 Kernel Module  %s  %s\n",
-		   NV_VERSION_STRING, NV_BUILD_DATE);
+	seq_printf(m, "NVRM version: NVIDIA UNIX %s Kernel Module  %s  %s\n",
+		   NV_ARCH_STRING, NV_VERSION_STRING, NV_BUILD_DATE);
 #endif
 	seq_printf(m, "GCC version:  %s\n", NV_CC_VERSION);
 	return 0;
