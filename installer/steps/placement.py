@@ -35,6 +35,7 @@ def module_files_step(ctx: Context) -> Step:
         ) and _same_modules(local, build)
 
     def apply() -> None:
+        load_rollback.note_modules_dir(ctx, ctx.root.local_resolved(host_dir))
         replace_module_files(ctx, build, stamp)
         log.info("installed modules into %s and ran depmod", host_dir)
 
@@ -92,10 +93,14 @@ def restore_module_files(ctx: Context, driver: host.LoadedDriver | None) -> None
             (local / ".installer-stamp").read_text() == stamp):
         return
     build = ctx.layout.module_build(version, kernel, flavour) if version and flavour else None
+    if version is None:
+        log.info("no driver was installed before: the new modules are taken out of %s",
+                 host_dir)
+        replace_module_files(ctx, None, "")
+        return
     if build is None or not modules.ko_files(build):
         log.warning("the loaded driver %s stays; its modules are not in the cache, so the new "
-                    "ones are taken out of %s (the next run puts them back)",
-                    version or "unknown", host_dir)
+                    "ones are taken out of %s (the next run puts them back)", version, host_dir)
         replace_module_files(ctx, None, "")
         return
     replace_module_files(ctx, build, stamp)

@@ -23,7 +23,8 @@ from installer.steps import ldcache
 log = logging.getLogger(__name__)
 
 LINKS = "rollback-links"  # name -> the link's target before activate-install (None: absent)
-FIRMWARE = "rollback-firmware"  # the host firmware dir activate created in this run
+FIRMWARE = "rollback-firmware"  # the highest firmware dir install-firmware created in this run
+MODULES_DIR = "rollback-modules-dir"  # the highest module dir install-module-files created
 DROP_IN = "rollback-drop-in"  # True when configure-ld-cache wrote the drop-in in this run
 
 
@@ -35,9 +36,25 @@ def note_links(ctx: Context, names: tuple[str, ...]) -> None:
                        else None for name in names}
 
 
+def _first_missing(path: Path) -> Path | None:
+    """The highest directory of `path` that does not exist yet (what a mkdir -p creates)."""
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
 def note_firmware(ctx: Context, host_dir: Path) -> None:
-    if FIRMWARE not in ctx.memo and not host_dir.exists():
-        ctx.memo[FIRMWARE] = host_dir
+    if FIRMWARE not in ctx.memo:
+        ctx.memo[FIRMWARE] = _first_missing(host_dir)
+
+
+def note_modules_dir(ctx: Context, local_dir: Path) -> None:
+    """Before the new modules go into `local_dir` (/lib/modules/<k>/updates/...): a first
+    install creates updates/ too, which a refused load must not leave behind."""
+    if MODULES_DIR not in ctx.memo:
+        ctx.memo[MODULES_DIR] = _first_missing(local_dir)
 
 
 def note_drop_in(ctx: Context) -> None:
@@ -74,6 +91,9 @@ def undo(ctx: Context, restore_module_files: RestoreModules) -> list[str]:
         before = (host.LoadedDriver(record.version, record.flavour, "")  # type: ignore[arg-type]
                   if record else None)
         restore_module_files(ctx, before)
+        created = ctx.memo.get(MODULES_DIR)
+        if isinstance(created, Path) and created.exists():
+            remove_tree(created)  # absent before this run: nothing in it was the host's
         done.append(f"{ctx.layout.host_modules_dir(ctx.target.kernel)} as it was")
         firmware = ctx.memo.get(FIRMWARE)
         if isinstance(firmware, Path) and firmware.exists():

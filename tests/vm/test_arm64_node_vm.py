@@ -53,8 +53,8 @@ snapshot() {{
     # What an install changes on the host, beside the install dir (listed on its own).
     echo "@@ $1"
     ls -A /etc/ld.so.conf.d /run 2>&1
-    find /lib/firmware -path '*/nvidia/*' 2>/dev/null || true
-    find /lib/modules/$K -path '*/updates/*'
+    find /lib/firmware -path '*/nvidia*' 2>/dev/null || true
+    find /lib/modules/$K -path '*/updates*'
     echo "modules.dep entries under updates/: $(grep -c updates/ /lib/modules/$K/modules.dep)"
     echo "loaded:" $(grep -o '^nvidia[a-z_]*' /proc/modules | sort)
     echo "@@ $1-install-dir"
