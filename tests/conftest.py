@@ -77,7 +77,7 @@ REAL_DRIVER_FILES = ("integration/test_real_driver.py", "integration/test_real_r
 # lib/arm64kit.py packs the aarch64 .run once per worker.
 ARM64_FILES = ("integration/test_cross_build.py", "vm/test_arm64_vm.py",
                "vm/test_arm64_node_vm.py")
-LONG_GROUPS = ("vm/test_pod_scenarios.py", "real-driver", "arm64",
+LONG_GROUPS = ("vm/test_pod_scenarios.py", "real-driver", "arm64", "pod/test_multiarch_image.py",
                "integration/test_real_driver_trixie.py",
                "vm/test_installer_scenarios.py",
                "vm/test_headers_fetched.py", "vm/test_upgrade_protocol.py",

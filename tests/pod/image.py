@@ -36,28 +36,37 @@ def cache_dir() -> Path:
     return Path(os.environ.get("INSTALLER_CI_CACHE", "/var/cache/installer-ci"))
 
 
-def base_key() -> str:
+def mmdebstrap_args(arch: str = "amd64") -> list[str]:
+    """The base's mmdebstrap call; a foreign arch's maintainer scripts run under qemu-user."""
+    return MMDEBSTRAP_ARGS if arch == "amd64" else [f"--architectures={arch}", *MMDEBSTRAP_ARGS]
+
+
+def base_key(arch: str = "amd64") -> str:
     """The base tarball's inputs: the mmdebstrap call and the week (security updates)."""
     week = datetime.date.today().isocalendar()
-    inputs = json.dumps([MMDEBSTRAP_ARGS, DEBIAN_MIRROR, week[0], week[1]])
+    inputs = json.dumps([mmdebstrap_args(arch), DEBIAN_MIRROR, week[0], week[1]])
     return hashlib.sha256(inputs.encode()).hexdigest()[:16]
 
 
-def debian_base() -> tuple[Path, float]:
+def base_name(arch: str = "amd64") -> str:
+    return "debian12-base" if arch == "amd64" else f"debian12-{arch}-base"
+
+
+def debian_base(arch: str = "amd64") -> tuple[Path, float]:
     """The mmdebstrap tarball (made once per key on this machine) and the seconds it took."""
-    target = cache_dir() / f"debian12-base-{base_key()}.tar"
+    target = cache_dir() / f"{base_name(arch)}-{base_key(arch)}.tar"
     if target.is_file():
         return target, 0.0
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(f".{os.getpid()}.partial")
     started = time.monotonic()
     try:
-        subprocess.run(["mmdebstrap", "--quiet", *MMDEBSTRAP_ARGS, str(partial), DEBIAN_MIRROR],
-                       check=True, capture_output=True, timeout=900)
+        subprocess.run(["mmdebstrap", "--quiet", *mmdebstrap_args(arch), str(partial),
+                        DEBIAN_MIRROR], check=True, capture_output=True, timeout=1800)
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
-    for stale in target.parent.glob("debian12-base-*.tar"):
+    for stale in target.parent.glob(f"{base_name(arch)}-*.tar"):
         if stale != target:
             stale.unlink(missing_ok=True)
     return target, time.monotonic() - started
