@@ -92,8 +92,10 @@ def undo(ctx: Context, restore_module_files: RestoreModules) -> list[str]:
                   if record else None)
         restore_module_files(ctx, before)
         created = ctx.memo.get(MODULES_DIR)
-        if isinstance(created, Path) and created.exists():
-            remove_tree(created)  # absent before this run: nothing in it was the host's
+        if before is None and isinstance(created, Path) and created.exists():
+            # A first install made it: nothing in it was the host's. (After an earlier
+            # install it holds that driver's modules again, for the next boot's modprobe.)
+            remove_tree(created)
         done.append(f"{ctx.layout.host_modules_dir(ctx.target.kernel)} as it was")
         firmware = ctx.memo.get(FIRMWARE)
         if isinstance(firmware, Path) and firmware.exists():

@@ -97,6 +97,10 @@ def test_a_cold_node_is_left_as_it_was(tmp_path: Path) -> None:
         assert not (install / name).exists() and not (install / name).is_symlink(), name
     assert not root.local(ctx.layout.host_modules_dir(K)).exists()
     assert not root.local(ctx.layout.host_firmware_dir(V)).exists()
+    # Nor the directories a first install made on the way (mkdir -p).
+    assert not root.local(f"/lib/modules/{K}/updates").exists()
+    assert root.local(f"/lib/modules/{K}").is_dir()
+    assert not root.local("/lib/firmware/nvidia").exists()
     assert not root.local(LD_DROP_IN).exists()
     assert not root.local(READY_FILE).exists()
     assert (install / "versions" / V).is_dir()  # staged in the install dir, kept for a retry
