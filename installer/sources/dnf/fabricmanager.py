@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from installer.components import fm_archive
@@ -24,27 +25,37 @@ HINT = ("The driver's dnf transaction installs Fabric Manager from the stream's 
         "set NVIDIA_FABRICMANAGER=false when the host runs its own Fabric Manager.")
 
 
-def package_tree(files: list[PurePosixPath], local: dict[PurePosixPath, Path], tree: Path
-                 ) -> list[str]:
-    """The package's files (host path -> file here) copied into `tree` in the archive's layout
-    (bin/, etc/fabricmanager.cfg, share/nvidia/nvswitch/); returns the host paths taken."""
+def copy_files(files: list[PurePosixPath], local: dict[PurePosixPath, Path],
+               dest_of: Callable[[PurePosixPath], Path | None]) -> list[str]:
+    """A package's regular files (host path -> file here) copied where `dest_of` puts them
+    (None: not wanted); returns the host paths taken. Shared with NVLSM's package."""
     taken = []
     for path in files:
         source = local[path]
-        if source.is_symlink() or not source.is_file():
-            continue
-        if path.parent == BIN_DIR:
-            dest = tree / "bin" / path.name
-        elif path == SHARE_DIR / "fabricmanager.cfg":
-            dest = tree / "etc" / "fabricmanager.cfg"
-        elif path.parent == SHARE_DIR:
-            dest = tree / "share" / "nvidia" / "nvswitch" / path.name
-        else:
+        dest = dest_of(path)
+        if dest is None or source.is_symlink() or not source.is_file():
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, dest)
         taken.append(str(path))
     return taken
+
+
+def package_tree(files: list[PurePosixPath], local: dict[PurePosixPath, Path], tree: Path
+                 ) -> list[str]:
+    """The package's files (host path -> file here) copied into `tree` in the archive's layout
+    (bin/, etc/fabricmanager.cfg, share/nvidia/nvswitch/); returns the host paths taken."""
+
+    def dest_of(path: PurePosixPath) -> Path | None:
+        if path.parent == BIN_DIR:
+            return tree / "bin" / path.name
+        if path == SHARE_DIR / "fabricmanager.cfg":
+            return tree / "etc" / "fabricmanager.cfg"
+        if path.parent == SHARE_DIR:
+            return tree / "share" / "nvidia" / "nvswitch" / path.name
+        return None
+
+    return copy_files(files, local, dest_of)
 
 
 def install_step(ctx: Context) -> Step:

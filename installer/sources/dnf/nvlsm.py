@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
 from pathlib import Path, PurePosixPath
 
 from installer.components import nvlsm_archive
@@ -15,6 +14,7 @@ from installer.dirs import scratch
 from installer.errors import CommandFailed, NvlsmPackageMismatch
 from installer.plan import Context, Step
 from installer.sources.dnf import commands as cmd
+from installer.sources.dnf import fabricmanager as dnf_fabricmanager
 from installer.sources.dnf.errors import (
     NO_MATCH,
     REPO_DOWN,
@@ -43,23 +43,17 @@ def package_tree(files: list[PurePosixPath], local: dict[PurePosixPath, Path], t
                  ) -> list[str]:
     """The package's files (host path -> file here) copied into `tree` in the redist archive's
     layout (sbin/nvlsm, lib/, share/nvidia/nvlsm/); returns the host paths taken."""
-    taken = []
-    for path in files:
-        source = local[path]
-        if source.is_symlink() or not source.is_file():
-            continue
+
+    def dest_of(path: PurePosixPath) -> Path | None:
         if path == PREFIX / "sbin" / "nvlsm":
-            dest = tree / "sbin" / "nvlsm"
-        elif path.parent == PREFIX / "lib" and ".so" in path.name:
-            dest = tree / "lib" / path.name
-        elif path.parent == SHARE_DIR and path.suffix == ".conf":
-            dest = tree / "share" / "nvidia" / "nvlsm" / path.name
-        else:
-            continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, dest)
-        taken.append(str(path))
-    return taken
+            return tree / "sbin" / "nvlsm"
+        if path.parent == PREFIX / "lib" and ".so" in path.name:
+            return tree / "lib" / path.name
+        if path.parent == SHARE_DIR and path.suffix == ".conf":
+            return tree / "share" / "nvidia" / "nvlsm" / path.name
+        return None
+
+    return dnf_fabricmanager.copy_files(files, local, dest_of)
 
 
 def install_step(ctx: Context) -> Step:
