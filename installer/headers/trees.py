@@ -14,6 +14,10 @@ from installer.plan import Headers  # the value plan.Context carries, defined be
 SOURCE_MARKER = "include/linux/kernel.h"
 OUTPUT_MARKERS = ("include/generated/uapi/linux/version.h", "include/linux/version.h")
 
+# The installer's own image: its header trees sit at their own paths (images/ install some).
+# A name of its own so that tests pose the image's trees rather than inherit the test machine's.
+IMAGE_ROOT = Path("/")
+
 
 def candidate_paths(kernel: str) -> tuple[PurePosixPath, ...]:
     return (
@@ -98,7 +102,7 @@ def find_unpacked_headers(tree_root: Path, kernel: str) -> Headers | None:
 
 def find_container_headers(kernel: str) -> Headers | None:
     """Headers installed inside the installer's own image (already at their own paths)."""
-    found = find_headers(HostRoot(Path("/")), kernel)
+    found = find_headers(HostRoot(IMAGE_ROOT), kernel)
     return found._replace(binds=(), in_container=True) if found else None
 
 

@@ -19,6 +19,9 @@ VERSION_LINE_OPEN = (
 VERSION_LINE_PROPRIETARY = (
     "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Tue Mar  5 22:23:56 UTC 2024"
 )
+# The build date in those lines: date(1)'s default shape, a day before the 10th padded with a
+# space ("Mar  5"), a later one not ("Mar 25").
+BUILD_DATE_PATTERN = r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d UTC \d{4}"
 
 
 class FakeGpu(NamedTuple):

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from lib.headerrepos import KEY_NAME, Key, build_deb, run, stop_agent
-from lib.hosttrees import write_known_os_release, write_osrelease_kernel
+from lib.hosttrees import header_tree, write_known_os_release, write_osrelease_kernel
 
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
@@ -24,26 +24,6 @@ def pose_host(root: Path, distro: str, kernel: str, arch: str, proc_version: str
     (root / "proc/modules").write_text("")
     (root / "lib/modules" / kernel).mkdir(parents=True, exist_ok=True)
     return root
-
-
-def header_tree(tree: Path, kernel: str, gcc: int, page_kib: int | None) -> None:
-    """The files the installer reads in a configured header tree: Makefile, the config (gcc
-    version, arm64 page size), the generated version headers, kernel.h."""
-    config = [f"CONFIG_GCC_VERSION={gcc * 10000 + 100}"]
-    if page_kib is not None:
-        shift = {4: 12, 16: 14, 64: 16}[page_kib]
-        config += [f"CONFIG_ARM64_{page_kib}K_PAGES=y", f"CONFIG_ARM64_PAGE_SHIFT={shift}"]
-    files = {
-        "Makefile": "# the kernel's top Makefile\n",
-        ".config": "\n".join(config) + "\n",
-        "include/config/auto.conf": "\n".join(config) + "\n",
-        "include/generated/uapi/linux/version.h": "#define LINUX_VERSION_CODE 0\n",
-        "include/generated/utsrelease.h": f'#define UTS_RELEASE "{kernel}"\n',
-        "include/linux/kernel.h": "/* kernel.h */\n",
-    }
-    for name, text in files.items():
-        (tree / name).parent.mkdir(parents=True, exist_ok=True)
-        (tree / name).write_text(text)
 
 
 # --- Ubuntu ------------------------------------------------------------------------------

@@ -215,6 +215,26 @@ def add_process(
     return proc
 
 
+def header_tree(tree: Path, kernel: str, gcc: int, page_kib: int | None) -> None:
+    """The files the installer reads in a configured header tree: Makefile, the config (gcc
+    version, arm64 page size), the generated version headers, kernel.h."""
+    config = [f"CONFIG_GCC_VERSION={gcc * 10000 + 100}"]
+    if page_kib is not None:
+        shift = {4: 12, 16: 14, 64: 16}[page_kib]
+        config += [f"CONFIG_ARM64_{page_kib}K_PAGES=y", f"CONFIG_ARM64_PAGE_SHIFT={shift}"]
+    files = {
+        "Makefile": "# the kernel's top Makefile\n",
+        ".config": "\n".join(config) + "\n",
+        "include/config/auto.conf": "\n".join(config) + "\n",
+        "include/generated/uapi/linux/version.h": "#define LINUX_VERSION_CODE 0\n",
+        "include/generated/utsrelease.h": f'#define UTS_RELEASE "{kernel}"\n',
+        "include/linux/kernel.h": "/* kernel.h */\n",
+    }
+    for name, text in files.items():
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(text)
+
+
 def make_host(
     root: Path,
     *,
@@ -223,10 +243,14 @@ def make_host(
     gpus: Iterable[int] = (),
     modules: Iterable[str] = (),
     secure_boot: bool | None = False,
+    headers: bool = False,
 ) -> HostRoot:
-    """A plausible whole host: os-release, kernel, GPUs, /proc/modules, EFI state."""
+    """A plausible whole host: os-release, kernel, GPUs, /proc/modules, EFI state, and with
+    `headers` the kernel's configured header tree (built by gcc 12) at Debian's path."""
     write_known_os_release(root, distro)
     write_osrelease_kernel(root, kernel)
+    if headers:
+        header_tree(root / f"usr/src/linux-headers-{kernel}", kernel, 12, None)
     add_gpus(root, gpus)
     write_proc_modules(root, list(modules))
     set_secure_boot(root, secure_boot)

@@ -69,7 +69,7 @@ def test_usage_errors_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_plan_on_a_host_without_gpu_explains_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64")
+    make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64", headers=True)
     code = invoke(monkeypatch, ["plan", "--version", "550"], root_env(tmp_path))
     out = capsys.readouterr().out
     assert code == 0
@@ -81,7 +81,7 @@ def test_plan_on_a_host_without_gpu_explains_itself(
 def test_status_is_json(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64")
+    make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64", headers=True)
     code = invoke(
         monkeypatch, ["status", "--log-format", "json"], root_env(tmp_path)
     )
@@ -106,7 +106,7 @@ def test_verify_without_a_record_expects_only_an_exact_pin(
     from installer import app, verify
     from installer.config import from_env
 
-    make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64")
+    make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64", headers=True)
     seen: dict[str, object] = {}
     monkeypatch.setattr(verify, "verify", lambda **kwargs: seen.update(kwargs))
     app.verify_installed(from_env(root_env(tmp_path, NVIDIA_DRIVER_VERSION=version)))

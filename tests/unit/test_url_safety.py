@@ -33,7 +33,7 @@ def secret_url(port: int, path: str = "/x.run") -> str:
 def test_plan_shows_no_credentials_of_the_download_url_or_mirrors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64")
+    make_host(tmp_path, distro="debian-12", kernel="6.1.0-56-amd64", headers=True)
     port = closed_port()
     for env in (
         {"NVIDIA_DRIVER_DOWNLOAD_URL": secret_url(port)},
@@ -55,7 +55,7 @@ def test_run_logs_records_and_terminates_without_credentials(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = tmp_path / "host"
-    make_host(root, distro="debian-12", kernel="6.1.0-56-amd64")
+    make_host(root, distro="debian-12", kernel="6.1.0-56-amd64", headers=True)
     termination = tmp_path / "termination-log"
     termination.write_text("")
     code = invoke(
