@@ -71,7 +71,9 @@ class CachedBuildah(Buildah):
     """buildah whose vfs storage stays in the CI cache between runs, one per key: the bases
     (tagged) and the layers of the steps that do not change from commit to commit (`--layers`:
     both stages' apt steps, an hour of arm64 emulation on a cold cache). A new key (a new week's
-    bases, an edited Dockerfile, another buildah) starts an empty storage and removes the old."""
+    bases, an edited Dockerfile, another buildah) starts an empty storage and removes the old.
+    A CI run can be killed at its time limit anywhere: each run first takes away what an earlier
+    one left (`repair`)."""
 
     def __init__(self) -> None:
         dockerfile = (REPO / "images/ubuntu/Dockerfile").read_bytes()
@@ -87,10 +89,37 @@ class CachedBuildah(Buildah):
                                 str(stale / "run"), "--storage-driver", "vfs", "rm", "--all"],
                                capture_output=True, check=False, timeout=600)
                 shutil.rmtree(stale, ignore_errors=True)
+        self.repair()
+
+    def repair(self) -> None:
+        """A run killed midway left its working containers, its manifest list (whose name the
+        next `manifest create` refuses: "already associated with image") and images, perhaps a
+        base list without both platforms: all go, as `remove` takes them at a run's end. A
+        storage buildah can no longer read (a full disk, a commit cut short) starts afresh."""
+        try:
+            self.remove()
+            json.loads(self("images", "--all", "--json") or "[]")
+            self("rm", self("from", "scratch"))  # a write buildah must be able to undo
+        except (subprocess.SubprocessError, ValueError, KeyError):
+            shutil.rmtree(self.storage, ignore_errors=True)
 
     def has_list(self, ref: str) -> bool:
-        return subprocess.run([*self.argv, "manifest", "inspect", ref],
-                              capture_output=True, check=False, timeout=60).returncode == 0
+        """`ref` is a base list holding an image of each platform (an import cut short leaves
+        a list without them: that one goes, and the bases are imported again)."""
+        shown = subprocess.run([*self.argv, "manifest", "inspect", ref], capture_output=True,
+                               text=True, check=False, timeout=60)
+        if shown.returncode != 0:
+            return False
+        try:
+            arches = {entry["platform"]["architecture"]
+                      for entry in json.loads(shown.stdout).get("manifests") or []}
+        except (ValueError, KeyError, TypeError):
+            arches = set()
+        if arches == {platform.split("/")[1] for platform in PLATFORMS}:
+            return True
+        subprocess.run([*self.argv, "manifest", "rm", ref], capture_output=True, check=False,
+                       timeout=60)
+        return False
 
     def remove(self) -> None:
         """The working containers and every image of this commit go; the bases and the layers
