@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -52,3 +54,35 @@ def cached_dir(key: str, produce: Callable[[Path], None]) -> Path:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
     return entry
+
+
+def mmdebstrap_tarball(target: Path, argv: list[str], *, stale: str, timeout: float) -> float:
+    """`target` made by `mmdebstrap <argv...> <partial>` unless it is there; the seconds it took.
+
+    The tarball is written under a name of this process and renamed into place, so a run killed
+    midway (CI's time limit) leaves no half tarball under the final name; what such runs left
+    (`<name>.<pid>.partial` of a process that is gone) and the tarballs of other keys (`stale`,
+    a glob beside `target`) are removed, so the disk does not fill run after run.
+    """
+    if target.is_file():
+        return 0.0
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for partial in target.parent.glob("*.partial"):
+        pid = partial.suffixes[-2].lstrip(".") if len(partial.suffixes) >= 2 else ""
+        if not (pid.isdigit() and Path(f"/proc/{pid}").exists()):
+            partial.unlink(missing_ok=True)
+    partial = target.with_suffix(f".{os.getpid()}.partial")
+    started = time.monotonic()
+    try:
+        done = subprocess.run(["mmdebstrap", "--quiet", *argv[:-1], str(partial), argv[-1]],
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"mmdebstrap of {target.name} failed ({done.returncode}):\n"
+                               f"{done.stderr[-3000:]}")
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    for other in target.parent.glob(stale):
+        if other != target:
+            other.unlink(missing_ok=True)
+    return time.monotonic() - started

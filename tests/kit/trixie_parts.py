@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kit import real_parts
+from kit.cache import mmdebstrap_tarball
 from kit.real_parts import COMPLETE, PartsMissing, PrivateApt, RealParts, cache_root
 
 SUITE = "trixie"
@@ -151,8 +152,8 @@ def fetch(cache: Path | None = None, archive: str | None = None
                            lambda work: real_parts.unpack_parts(debs, work, VERSION))
     if not (headers_dir(cache) / COMPLETE).is_file():
         _fetch_headers(private_apt(), headers_dir(cache))
-    if not image_tarball(cache).is_file():
-        _mmdebstrap(image_tarball(cache), archive)
+    mmdebstrap_tarball(image_tarball(cache), [*MMDEBSTRAP_ARGS, archive.rstrip("/")],
+                       stale="trixie-image-root-*.tar", timeout=1800)
     return require_parts(cache), require_headers(cache), require_image(cache)
 
 
@@ -181,16 +182,3 @@ def _fetch_headers(apt: PrivateApt, top: Path) -> None:
     (top / COMPLETE).write_text(json.dumps(
         {"kernel": kernel, "kbuild": kbuild.group(1), "debs": [d.name for d in debs],
          "sha256": real_parts._digests(debs)}, indent=1))
-
-
-def _mmdebstrap(target: Path, archive: str) -> None:
-    partial = target.with_suffix(f".{os.getpid()}.partial")
-    try:
-        subprocess.run(["mmdebstrap", "--quiet", *MMDEBSTRAP_ARGS, str(partial),
-                        archive.rstrip("/")], check=True, timeout=1800)
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
-    for stale in target.parent.glob("trixie-image-root-*.tar"):
-        if stale != target:
-            stale.unlink(missing_ok=True)

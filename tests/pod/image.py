@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tomllib
+from kit.cache import mmdebstrap_tarball
 
 from pod.spec import Image
 
@@ -57,19 +58,9 @@ def debian_base(arch: str = "amd64") -> tuple[Path, float]:
     target = cache_dir() / f"{base_name(arch)}-{base_key(arch)}.tar"
     if target.is_file():
         return target, 0.0
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(f".{os.getpid()}.partial")
-    started = time.monotonic()
-    try:
-        subprocess.run(["mmdebstrap", "--quiet", *mmdebstrap_args(arch), str(partial),
-                        DEBIAN_MIRROR], check=True, capture_output=True, timeout=1800)
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
-    for stale in target.parent.glob(f"{base_name(arch)}-*.tar"):
-        if stale != target:
-            stale.unlink(missing_ok=True)
-    return target, time.monotonic() - started
+    seconds = mmdebstrap_tarball(target, [*mmdebstrap_args(arch), DEBIAN_MIRROR],
+                                 stale=f"{base_name(arch)}-*.tar", timeout=1800)
+    return target, seconds
 
 
 def wheelhouse(dest: Path) -> Path:

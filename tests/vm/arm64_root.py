@@ -16,10 +16,10 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 from kit import real_parts
+from kit.cache import mmdebstrap_tarball
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = "bookworm"
@@ -71,23 +71,9 @@ def fetch(cache: Path | None = None) -> tuple[Path, float]:
         return target, 0.0
     if shutil.which("mmdebstrap") is None:
         raise FileNotFoundError("mmdebstrap is not installed (scripts/install-deps)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(f".{os.getpid()}.partial")
-    started = time.monotonic()
-    try:
-        done = subprocess.run(["mmdebstrap", "--quiet", *MMDEBSTRAP_ARGS, str(partial),
-                               archive()], capture_output=True, text=True, timeout=900,
-                              check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"mmdebstrap of the arm64 root failed ({done.returncode}):\n"
-                               f"{done.stderr[-3000:]}")
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
-    for stale in target.parent.glob("arm64-root-*.tar"):
-        if stale != target:
-            stale.unlink(missing_ok=True)
-    return target, time.monotonic() - started
+    seconds = mmdebstrap_tarball(target, [*MMDEBSTRAP_ARGS, archive()], stale="arm64-root-*.tar",
+                                 timeout=900)
+    return target, seconds
 
 
 def unpack(tarball: Path, root: Path) -> Path:
