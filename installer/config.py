@@ -384,7 +384,7 @@ class Config:
     )
     daemon_restarts: int = setting(
         "NVIDIA_INSTALLER_DAEMON_RESTARTS", "5", parse.count,
-        "How often `installer fabricmanager` / `installer persistenced` restart a daemon that "
+        "How often `installer fabricmanager` / `persistenced` / `imex` restart a daemon that "
         "died (backoff 1 s doubling to 30 s) within 10 minutes before exiting non-zero.",
     )
 

@@ -85,7 +85,8 @@ class OfedNotReady(InstallerError):
         "GPUDirect RDMA's nvidia-peermem loads after MOFED/DOCA-OFED's ib_core: install or "
         "start the host's OFED (or the Network Operator's OFED container) on this node, raise "
         "NVIDIA_GPUDIRECT_OFED_TIMEOUT if it comes up later, or set "
-        "NVIDIA_GPUDIRECT_RDMA=false. The driver itself is loaded and verified."
+        "NVIDIA_GPUDIRECT_RDMA=false. The driver itself is loaded; the node is marked ready once "
+        "a run gets past this step."
     )
 
 
@@ -95,8 +96,8 @@ class PeermemNeedsOfed(InstallerError):
     default_hint = (
         "nvidia-peermem works only with MOFED/DOCA-OFED's ib_core (its peer-memory API); the "
         "kernel's own ib_core has none, and peermem's init fails there. Install DOCA-OFED on "
-        "the node, or use DMA-BUF (NCCL and UCX use it on open modules with no extra module) "
-        "and set NVIDIA_GPUDIRECT_RDMA=false."
+        "the node, or use DMA-BUF for GPUDirect RDMA (what NVIDIA's GPU Operator recommends over "
+        "peermem; it needs no extra module) and set NVIDIA_GPUDIRECT_RDMA=false."
     )
 
 
