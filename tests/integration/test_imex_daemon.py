@@ -2,7 +2,8 @@
 archive, installed as the plan's install-imex step does) under the supervisor, run with the
 config the installer writes; READY from the kit's nvidia-imex-ctl over the real unix socket,
 in the readiness file, the node condition's facts and the metrics; restarted when it dies;
-given up on (imex-failed) when the loaded driver is of another version."""
+given up on (imex-failed) when the loaded driver is of another version; the stand-in itself
+forks by default, as the host's unit (Type=forking) expects."""
 
 from __future__ import annotations
 
@@ -168,3 +169,37 @@ def test_the_kits_ctl_says_nothing_is_ready_where_nothing_listens(short_tmp: Pat
     said = subprocess.run([str(ctl), "-q", f"--u={dead}"], capture_output=True, text=True)
     assert said.returncode == 1 and "READY" not in said.stdout
     assert f"cannot connect to the IMEX daemon at {dead}" in said.stderr
+
+
+def test_the_kits_nvidia_imex_forks_by_default_as_the_units_type_forking_expects(
+        short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _root, _config, layout = tray(short_tmp, V, monkeypatch)
+    (short_tmp / "nodes.cfg").write_text("10.0.0.1\n")
+    sock = short_tmp / "ctl.sock"
+    cfg = short_tmp / "daemonized.cfg"
+    cfg.write_text(f"IMEX_NODE_CONFIG_FILE={short_tmp / 'nodes.cfg'}\nIMEX_CMD_ENABLED=1\n"
+                   f"IMEX_CMD_UNIX_DOMAIN_PATH={sock}\n")
+    binary = layout.version_dir(V) / "bin" / "nvidia-imex"
+    parent = subprocess.run([str(binary), "-c", str(cfg)], capture_output=True, text=True,
+                            timeout=30)
+    # The daemon is the process left running with this config (found first, so a failing
+    # assertion below still stops it).
+    children = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if str(cfg).encode() in (entry / "cmdline").read_bytes():
+                children.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    try:
+        assert parent.returncode == 0  # the parent returns; the daemon goes on
+        assert len(children) == 1
+        wait_for(sock.exists)
+        ctl = layout.version_dir(V) / "bin" / "nvidia-imex-ctl"
+        said = subprocess.run([str(ctl), "-q", "-u", str(sock)], capture_output=True,
+                              text=True, timeout=30)
+        assert said.stdout == "READY\n"
+    finally:
+        for child in children:
+            os.kill(child, signal.SIGTERM)
+    wait_for(lambda: not sock.exists())
