@@ -326,6 +326,23 @@ class Config:
         "exact version into the install dir (the DRA driver runs them); install: on any node; "
         "false: never.",
     )
+    imex_nodes: str | None = setting(
+        "NVIDIA_IMEX_NODES", "", parse.optional_text,
+        "`installer imex`: the IMEX domain's nodes, the same on each: comma-separated IP "
+        "addresses, or the absolute path of a file (a mounted ConfigMap key) with one a line. "
+        "Required where the imex container runs IMEX; never guessed.",
+    )
+    imex_socket: PurePosixPath | None = setting(
+        "NVIDIA_IMEX_SOCKET", "/etc/nvidia-imex/imex_ctrl.sock", parse.host_abs_path,
+        "`installer imex`: IMEX's command socket (IMEX_CMD_UNIX_DOMAIN_PATH) inside the driver "
+        "root (the install dir): the DRA driver's imex.hostSocketPath, whose default this is.",
+    )
+    imex_channels: str = setting(
+        "NVIDIA_IMEX_CHANNELS", "dra", parse.choice("dra", "channel0"),
+        "`installer imex`: dra: the DRA driver hands out IMEX channels (nothing created); "
+        "channel0: create /dev/nvidia-caps-imex-channels/channel0 (nvidia-modprobe -i 0:1) "
+        "where no DRA driver does.",
+    )
     nvlsm_version: str | None = setting(
         "NVIDIA_NVLSM_VERSION", "", parse.date_version,
         "NVLSM (NVLink5 nodes: HGX B200/B300) of this version (YYYY.MM.N) from "
@@ -355,9 +372,19 @@ class Config:
         "to complete it before saying what is missing (fabric-not-ready: the container exits "
         "where nothing of ours manages the fabric, else it logs and waits on); 0: never.",
     )
+    gpudirect_rdma: bool = setting(
+        "NVIDIA_GPUDIRECT_RDMA", "false", parse.switch,
+        "true: load nvidia-peermem after the driver where a Mellanox PCI device (15b3) is "
+        "present, once MOFED/DOCA-OFED's ib_core is loaded (GPUDirect RDMA).",
+    )
+    ofed_timeout: float = setting(
+        "NVIDIA_GPUDIRECT_OFED_TIMEOUT", "300", parse.number,
+        "Seconds to wait for MOFED/DOCA-OFED's ib_core before nvidia-peermem is given up on "
+        "(ofed-not-ready).",
+    )
     daemon_restarts: int = setting(
         "NVIDIA_INSTALLER_DAEMON_RESTARTS", "5", parse.count,
-        "How often `installer fabricmanager` / `installer persistenced` restart a daemon that "
+        "How often `installer fabricmanager` / `persistenced` / `imex` restart a daemon that "
         "died (backoff 1 s doubling to 30 s) within 10 minutes before exiting non-zero.",
     )
 

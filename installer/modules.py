@@ -78,32 +78,38 @@ class LoadRequest(NamedTuple):
 def load(root: HostRoot, runner: Runner, request: LoadRequest) -> None:
     """Load nvidia, nvidia-uvm, nvidia-modeset (those not loaded yet) with the host's
     modprobe.d options plus the user's arguments. Raises ModuleLoadFailed."""
-    from installer.host import kmsg
-
     present = loaded_modules(root)
     for module in LOAD_ORDER:
-        if kernel_name(module) in present:
-            continue
-        args = request.user_args.get(kernel_name(module), [])
-        if request.via_modprobe:
-            argv = [*modprobe_base(root), module, *args]
-        else:
-            options = modprobe_options(root, runner, module)
-            argv = ["insmod", str(request.module_dir / f"{module}.ko"), *options, *args]
-        with kmsg.watching() as kernel_log:
-            try:
-                runner.run(argv, timeout=120)
-            except CommandFailed as exc:
-                # The kernel's own reason (NVRM: No NVIDIA GPU found., ...): modprobe's error
-                # alone does not say why.
-                said = kernel_log.lines()
-                kernel = ("; the kernel logged: " + " | ".join(said)) if said else ""
-                raise ModuleLoadFailed(
-                    f"loading {module} failed: {exc.output_tail.strip() or exc.message}"
-                    + kernel,
-                    hint=_load_hint(exc.output_tail + "\n" + "\n".join(said)),
-                ) from exc
-        log.info("loaded %s", module)
+        if kernel_name(module) not in present:
+            load_module(root, runner, request, module)
+
+
+def load_module(root: HostRoot, runner: Runner, request: LoadRequest, module: str) -> None:
+    """Load one module of the driver (modprobe, else insmod of its .ko in `request.module_dir`
+    with the host's modprobe.d options) plus the user's arguments. Raises ModuleLoadFailed
+    with what the kernel logged."""
+    from installer.host import kmsg
+
+    args = request.user_args.get(kernel_name(module), [])
+    if request.via_modprobe:
+        argv = [*modprobe_base(root), module, *args]
+    else:
+        options = modprobe_options(root, runner, module)
+        argv = ["insmod", str(request.module_dir / f"{module}.ko"), *options, *args]
+    with kmsg.watching() as kernel_log:
+        try:
+            runner.run(argv, timeout=120)
+        except CommandFailed as exc:
+            # The kernel's own reason (NVRM: No NVIDIA GPU found., ...): modprobe's error
+            # alone does not say why.
+            said = kernel_log.lines()
+            kernel = ("; the kernel logged: " + " | ".join(said)) if said else ""
+            raise ModuleLoadFailed(
+                f"loading {module} failed: {exc.output_tail.strip() or exc.message}"
+                + kernel,
+                hint=_load_hint(exc.output_tail + "\n" + "\n".join(said)),
+            ) from exc
+    log.info("loaded %s", module)
 
 
 def _load_hint(output: str) -> str:

@@ -96,6 +96,7 @@ def make_plan(
     decisions = source.decisions(ctx, decisions)
     decisions += platform.decisions(ctx)  # image tag, architecture, flavour, page size
     decisions.append(steps.coherent_memory(config, root, facts.gpus, resolution.branch).decision)
+    decisions.append(steps.gpudirect_decision(ctx))  # nvidia-peermem where asked for
     decisions += components.decisions(ctx)  # Fabric Manager on NVSwitch nodes
     return Plan(ctx, decisions, _steps(ctx), blockers)
 
@@ -122,7 +123,9 @@ def _steps(ctx: Context) -> list[Step]:
     plan.append(steps.activate_step(ctx))
     plan.append(steps.ld_cache_step(ctx))
     if load:
-        plan += [steps.load_step(ctx), steps.device_nodes_step(ctx), steps.verify_step(ctx)]
+        plan.append(steps.load_step(ctx))
+        plan += steps.peermem_steps(ctx)  # GPUDirect RDMA, where asked for
+        plan += [steps.device_nodes_step(ctx), steps.verify_step(ctx)]
     plan += [steps.record_step(ctx), steps.prune_step(ctx)]
     if gate:
         plan.append(gate_steps.open_step(ctx))

@@ -45,7 +45,7 @@ class InstallerGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         from installer import components
 
-        return sorted({*super().list_commands(ctx), *components.names()})
+        return sorted({*super().list_commands(ctx), *components.commands()})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)

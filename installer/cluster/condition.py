@@ -49,7 +49,10 @@ def camel(reference: str) -> str:
 def facts(root: HostRoot, components: Sequence[str]) -> str:
     """What this host says about its driver, from the readiness files: version, flavour,
     kernel, and each component (Fabric Manager, persistenced) up, idle or down, with the
-    NVLink fabric's state where the fabricmanager container reported it."""
+    NVLink fabric's state where the fabricmanager container reported it; an opt-in component
+    (IMEX) only where its container wrote its file."""
+    from installer import components as registered
+
     driver = _values(root.read_text(READY_FILE))
     parts = []
     if driver.get("DRIVER_VERSION"):
@@ -58,7 +61,9 @@ def facts(root: HostRoot, components: Sequence[str]) -> str:
                         if driver.get("KERNEL_MODULE_TYPE") else ""))
     if driver.get("KERNEL_RELEASE"):
         parts.append(f"kernel {driver['KERNEL_RELEASE']}")
-    for name in components:
+    reported = [name for name in registered.optional() if name not in components
+                and root.exists(readiness.component_file(name))]
+    for name in (*components, *reported):
         text = root.read_text(readiness.component_file(name))
         state = _values(text)
         if text is None:
@@ -67,6 +72,8 @@ def facts(root: HostRoot, components: Sequence[str]) -> str:
             parts.append(f"{name}: not needed")
         elif state.get("FABRIC"):  # the GPUs' NVLink fabric states, as NVML last said them
             parts.append(f"{name}: up (fabric {state['FABRIC']})")
+        elif state.get("IMEX"):  # what nvidia-imex-ctl -q said
+            parts.append(f"{name}: up ({state['IMEX']})")
         else:
             parts.append(f"{name}: up")
     return ", ".join(parts)

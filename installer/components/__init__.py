@@ -1,10 +1,10 @@
-"""What runs beside the driver: Fabric Manager (NVSwitch nodes) and nvidia-persistenced.
+"""What runs beside the driver: Fabric Manager (NVSwitch nodes), nvidia-persistenced, IMEX.
 
 The one door: the plan's decisions and steps, which cached downloads to keep, stopping our
 daemons before a driver is unloaded, the readiness an NVSwitch node needs, and the
-long-running container commands (`installer fabricmanager`, `installer persistenced`). Each
-asks every component registered in `registry.COMPONENTS` (a `component.Component` each);
-`lifecycle` keeps our daemons out of the way of an unload.
+long-running container commands (`installer fabricmanager`, `installer persistenced`,
+`installer imex`). Each asks every component registered in `registry.COMPONENTS` (a
+`component.Component` each); `lifecycle` keeps our daemons out of the way of an unload.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from installer.components.lifecycle import (
 )
 from installer.components.registry import (
     COMPONENTS,
+    commands,
     daemons,
     decisions,
     fabric_diagnosis,
@@ -28,14 +29,15 @@ from installer.components.registry import (
     keeps_download,
     named,
     names,
+    optional,
     serve,
     steps,
     verify_sections,
 )
 
 __all__ = [
-    "COMPONENTS", "daemons", "decisions", "driver_held", "fabric_diagnosis", "fabric_required",
-    "holders",
-    "keeps_download", "named", "names", "not_ours", "our_daemons", "pause", "pause_for",
-    "paused", "resume", "serve", "steps", "verify_sections",
+    "COMPONENTS", "commands", "daemons", "decisions", "driver_held", "fabric_diagnosis",
+    "fabric_required", "holders", "keeps_download", "named", "names", "not_ours", "optional",
+    "our_daemons", "pause", "pause_for", "paused", "resume", "serve", "steps",
+    "verify_sections",
 ]

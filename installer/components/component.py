@@ -21,6 +21,10 @@ class Component(Protocol):
     summary: str
     # The process it keeps up beside the driver (stopped before an unload or uninstall).
     daemon: str
+    # Whether the scheduling gate and the node's condition wait for its container: False for
+    # an opt-in one, whose container a DaemonSet may not have (its state is reported where
+    # its container wrote one).
+    awaited: bool
 
     def decision(self, ctx: Context) -> Decision:
         """What the plan says about it, with the reason."""

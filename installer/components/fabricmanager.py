@@ -390,6 +390,7 @@ class FabricManager:
 
     name = NAME
     daemon = DAEMON
+    awaited = True
     summary = ("Keep nv-fabricmanager of the verified driver running on an NVSwitch node "
                "(restarted with backoff, non-zero exit when it cannot be kept up); idle where "
                "it does not apply.")

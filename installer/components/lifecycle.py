@@ -77,7 +77,8 @@ def pause(root: HostRoot, layout: Layout, config: Config) -> None:
         # unloads (then the modules).
         for daemon in processes.terminate_in_order(root, daemons, registry.daemons()):
             log.warning("cannot stop %s (pid %d) from here", daemon.name, daemon.pid)
-    for name in registry.names():  # their containers are not ready while the daemons are stopped
+    # Their containers are not ready while the daemons are stopped.
+    for name in registry.commands():
         root.local(ready_file(name)).unlink(missing_ok=True)
 
 

@@ -189,6 +189,7 @@ class Persistenced:
 
     name = NAME
     daemon = DAEMON
+    awaited = True
     summary = ("Keep nvidia-persistenced of the verified driver running with persistence mode "
                "on (stopped with SIGTERM on exit and before the installer unloads a driver).")
 

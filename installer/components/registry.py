@@ -10,6 +10,7 @@ from installer.components import (
     fabric,
     fabricmanager,
     imex,
+    imexd,
     nvlink5,
     nvlsm,
     nvswitch,
@@ -29,7 +30,8 @@ if TYPE_CHECKING:  # the protocol is for the type checker; the tuple is what run
 log = logging.getLogger(__name__)
 
 # Every component, in plan order: a new one is its module (a `Component`) and a line here.
-COMPONENTS: tuple[Component, ...] = (fabricmanager.COMPONENT, persistenced.COMPONENT)
+COMPONENTS: tuple[Component, ...] = (fabricmanager.COMPONENT, persistenced.COMPONENT,
+                                     imexd.COMPONENT)
 
 
 # Why a fabric is not complete: each entry says it of the GPUs NVML reported, a phrase each
@@ -52,8 +54,19 @@ def named(name: str) -> Component:
 
 
 def names() -> tuple[str, ...]:
-    """Their container commands (`installer <name>`) and readiness files: what the scheduling
-    gate waits for beside the driver's."""
+    """The readiness files the scheduling gate and the node's condition wait for beside the
+    driver's: those of every component but the opt-in ones."""
+    return tuple(c.name for c in COMPONENTS if c.awaited)
+
+
+def optional() -> tuple[str, ...]:
+    """The opt-in components: reported where their container wrote a readiness file, never
+    waited for."""
+    return tuple(c.name for c in COMPONENTS if not c.awaited)
+
+
+def commands() -> tuple[str, ...]:
+    """Every component's container command (`installer <name>`) and readiness file."""
     return tuple(c.name for c in COMPONENTS)
 
 

@@ -69,3 +69,47 @@ class FabricNotReady(InstallerError):
         "`installer verify --json` shows each GPU's fabric state, status and health; "
         "NVIDIA_INSTALLER_FABRIC_TIMEOUT sets how long the container waits."
     )
+
+
+class ImexMissing(InstallerError):
+    reference = "imex-missing"
+    exit_code = 29
+    default_hint = (
+        "`installer imex` runs nvidia-imex of exactly the loaded driver's version from the "
+        "install dir: let the installer initContainer (`installer run`) install it first, with "
+        "NVIDIA_IMEX=auto on a GB200/GB300 tray or NVIDIA_IMEX=install elsewhere, on both "
+        "containers."
+    )
+
+
+class ImexNodesInvalid(InstallerError):
+    reference = "imex-nodes-invalid"
+    exit_code = 109
+    default_hint = (
+        "IMEX needs the IP address of every node of its domain, the same list on each: set "
+        "NVIDIA_IMEX_NODES to comma-separated addresses, or to the absolute path of a mounted "
+        "ConfigMap key holding one address a line (daemonset/components/imex). The installer "
+        "never guesses the list. Nothing was started."
+    )
+
+
+class ImexHostServiceRunning(InstallerError):
+    reference = "imex-host-service"
+    exit_code = 94
+    default_hint = (
+        "Two IMEX daemons on one node fight over its port and channels: stop and mask the "
+        "host's unit (`systemctl disable --now nvidia-imex && systemctl mask nvidia-imex`) to "
+        "let `installer imex` run IMEX, or leave IMEX to the host and remove the imex "
+        "container (daemonset/components/imex)."
+    )
+
+
+class ImexFailed(InstallerError):
+    reference = "imex-failed"
+    exit_code = 93
+    default_hint = (
+        "nvidia-imex kept exiting or never answered READY (its last lines are above): check "
+        "NVIDIA_IMEX_NODES (every address reachable on IMEX's port 50000), that the loaded "
+        "driver is the IMEX version, and the channel device (nvidia-caps-imex-channels in "
+        "/proc/devices)."
+    )

@@ -76,3 +76,36 @@ class HostLayoutError(InstallerError):
         "Check the mounts: ROOT_MOUNT_DIR must hold the host's root and the install dir must be "
         "writable."
     )
+
+
+class OfedNotReady(InstallerError):
+    reference = "ofed-not-ready"
+    exit_code = 39
+    default_hint = (
+        "GPUDirect RDMA's nvidia-peermem loads after MOFED/DOCA-OFED's ib_core: install or "
+        "start the host's OFED (or the Network Operator's OFED container) on this node, raise "
+        "NVIDIA_GPUDIRECT_OFED_TIMEOUT if it comes up later, or set "
+        "NVIDIA_GPUDIRECT_RDMA=false. The driver itself is loaded; the node is marked ready once "
+        "a run gets past this step."
+    )
+
+
+class PeermemNeedsOfed(InstallerError):
+    reference = "peermem-needs-ofed"
+    exit_code = 38
+    default_hint = (
+        "nvidia-peermem works only with MOFED/DOCA-OFED's ib_core (its peer-memory API); the "
+        "kernel's own ib_core has none, and peermem's init fails there. Install DOCA-OFED on "
+        "the node, or use DMA-BUF for GPUDirect RDMA (what NVIDIA's GPU Operator recommends over "
+        "peermem; it needs no extra module) and set NVIDIA_GPUDIRECT_RDMA=false."
+    )
+
+
+class PeermemLoadFailed(InstallerError):
+    reference = "peermem-load-failed"
+    exit_code = 49
+    default_hint = (
+        "nvidia-peermem was built without the OFED it now runs against, or OFED's ib_core "
+        "changed since: rebuild the driver's modules with the host's OFED sources in "
+        "/usr/src/ofa_kernel (a new `installer run` after OFED's upgrade), and check dmesg."
+    )

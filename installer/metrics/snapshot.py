@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from installer import outcome, state
 from installer.components import names as component_names
-from installer.components.supervisor import read_restarts
+from installer.components.supervisor import read_restarts, restarts_file
 from installer.config import Config
 from installer.errors import InstallerError
 from installer.host import readiness
@@ -85,6 +85,10 @@ def take(config: Config, root: HostRoot, layout: Layout, gpus: CachedGpus) -> Sn
     names = component_names()
     driver_ready = not readiness.driver_pending(root)
     node_ready = driver_ready and not readiness.pending(root, names)
+    # An opt-in component (IMEX) is a series only where its container has said something.
+    names += tuple(name for name in components.optional()
+                   if root.exists(readiness.component_file(name))
+                   or root.exists(restarts_file(name)))
     record = state.read_record(layout.state_file)
     daemons = {name: readiness_values(root, name) for name in names}
     fabric_required, _switches = components.fabric_required(root)

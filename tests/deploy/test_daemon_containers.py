@@ -62,3 +62,44 @@ def test_each_daemon_runs_its_installer_command_with_the_installers_settings(
               for m in containers["persistenced"]["volumeMounts"]}
     # The socket the daemon makes in its compiled-in /var/run path lands on the node.
     assert mounts[str(run_dir)] == "/run/nvidia-persistenced"
+
+
+def test_the_imex_component_adds_installer_imex_with_its_socket_in_the_driver_root() -> None:
+    """daemonset/components/imex: `installer imex` with the installer's settings; IMEX's
+    directory (config, nodes file, command socket) writable at the place inside the install
+    dir where the DRA driver's plugin asks; the nodes from the optional ConfigMap; the probe
+    on the file its supervisor writes."""
+    from deploy.manifests import DAEMONSET_DIR, render
+    from installer.components import imexd
+    from installer.hostroot import HostRoot
+    from installer.layout import Layout
+
+    ds = installer_daemonset(render(DAEMONSET_DIR / "examples" / "imex-host-managed"))
+    init_env = container_env(installer_container(ds))
+    spec = pod_spec(ds)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    imex = next(c for c in spec["containers"] if c["name"] == "imex")
+    assert imex["args"] == ["imex"] and imex["image"] == installer_container(ds)["image"]
+    env = container_env(imex)
+    assert set(env) <= known_env_vars()
+    for key in ("NVIDIA_INSTALL_DIR_HOST", "NVIDIA_INSTALL_DIR_CONTAINER", "ROOT_MOUNT_DIR"):
+        assert env[key] == init_env[key], key
+    config = from_env(env)
+    mounts = {m["mountPath"]: (m["name"], m.get("readOnly", False))
+              for m in imex["volumeMounts"]}
+    # The socket's directory, as this container's code computes it (inside the install dir;
+    # in the pod that is NVIDIA_INSTALL_DIR_CONTAINER), is a writable mount of the same
+    # directory of the install dir on the host.
+    layout = Layout.from_config(config, HostRoot(config.root))
+    inside = imexd.ImexDaemon(config, HostRoot(config.root)).socket_path.parent.relative_to(
+        layout.install_local)
+    assert inside == PurePosixPath("etc/nvidia-imex")
+    assert mounts[f"{config.install_dir_container}/{inside}"] == ("imex-etc", False)
+    assert volumes["imex-etc"]["hostPath"]["path"] == f"{layout.install_host}/{inside}"
+    # The nodes: the ConfigMap's key, where NVIDIA_IMEX_NODES points; optional, so a missing
+    # ConfigMap stops this container only.
+    nodes = PurePosixPath(config.imex_nodes or "")
+    assert mounts[str(nodes.parent)] == ("imex-nodes", True)
+    assert volumes["imex-nodes"]["configMap"] == {"name": "nvidia-imex-nodes", "optional": True}
+    assert nodes.name == "nodes_config.cfg"
+    assert imex["readinessProbe"]["exec"]["command"] == ["test", "-f", str(ready_file("imex"))]

@@ -27,6 +27,7 @@ CASES = [
                                             "upgradeProtocol": {"enabled": True}}),
     ("examples/force-eviction", {"upgradeProtocol": {"enabled": True,
                                                      "forceEviction": True}}),
+    ("examples/imex-host-managed", {"imex": {"enabled": True}}),
 ]
 
 
@@ -84,16 +85,16 @@ def test_every_overlay_and_component_has_a_case() -> None:
     components = {p.name for p in (DAEMONSET_DIR / "components").iterdir()}
     values = yaml.safe_load((DAEMONSET_DIR / "values.yaml").read_text())
     assert {"scheduling-gate", "upgrade-protocol", "force-eviction", "metrics",
-            "cluster-signals"} == components
+            "cluster-signals", "imex"} == components
     assert {"schedulingGate", "upgradeProtocol", "metrics", "moduleRegistry",
-            "clusterSignals"} <= set(values)
+            "clusterSignals", "imex"} <= set(values)
 
 
 def test_helm_lint_finds_no_error() -> None:
     everything = {"schedulingGate": {"enabled": True}, "metrics": {"enabled": True},
                   "clusterSignals": {"enabled": True},
                   "upgradeProtocol": {"enabled": True, "forceEviction": True},
-                  "moduleRegistry": {"enabled": True}}
+                  "moduleRegistry": {"enabled": True}, "imex": {"enabled": True}}
     for values in ({}, everything):
         report = helm().lint(str(DAEMONSET_DIR), values, strict=True)
         assert report["errors"] == []

@@ -21,7 +21,7 @@ from lib.hosttrees import (
 )
 
 from installer import components, planner, steps
-from installer.components import fabricmanager, persistenced, registry
+from installer.components import fabricmanager, imexd, persistenced, registry
 from installer.components.supervisor import PAUSE_FILE, Daemon, ready_file
 from installer.config import Config, from_env
 from installer.host import readiness
@@ -35,6 +35,7 @@ class Extra:
 
     name = "extra"
     daemon = "nv-extra"
+    awaited = True
     summary = "Keep nv-extra up beside the verified driver."
 
     def __init__(self) -> None:
@@ -69,12 +70,17 @@ def plan_for(tmp_path: Path) -> Plan:
                              fetch_runfile=lambda *a: tmp_path)
 
 
-def test_the_registered_components_are_fabric_manager_then_persistenced() -> None:
-    assert components.COMPONENTS == (fabricmanager.COMPONENT, persistenced.COMPONENT)
-    # Their commands and what the scheduling gate waits for.
+def test_the_registered_components_are_fabric_manager_persistenced_then_imex() -> None:
+    assert components.COMPONENTS == (fabricmanager.COMPONENT, persistenced.COMPONENT,
+                                     imexd.COMPONENT)
+    # Their commands; what the scheduling gate waits for (IMEX is opt-in: reported, not
+    # waited for).
+    assert components.commands() == ("fabricmanager", "persistenced", "imex")
     assert components.names() == ("fabricmanager", "persistenced")
+    assert components.optional() == ("imex",)
     # NVLSM runs in the fabricmanager container beside nv-fabricmanager, and stops after it.
-    assert components.daemons() == ("nv-fabricmanager", "nvidia-persistenced", "nvlsm")
+    assert components.daemons() == ("nv-fabricmanager", "nvidia-persistenced", "nvidia-imex",
+                                    "nvlsm")
     assert components.named("persistenced") is persistenced.COMPONENT
     with pytest.raises(KeyError):
         components.named("dcgm")
@@ -85,7 +91,7 @@ def test_a_registered_component_is_asked_for_its_decision_and_steps(
     plan = plan_for(tmp_path)
     assert extra.asked == ["decision", "steps"]
     topics = [d.topic for d in plan.decisions]
-    assert topics[-3:] == ["fabric-manager", "persistenced", "extra"]
+    assert topics[-4:] == ["fabric-manager", "persistenced", "imex-daemon", "extra"]
     assert plan.decisions[-1] == Decision("extra", "on", f"asked for {V}")
     names = [s.name for s in plan.steps]
     # Beside the user space in versions/<ver>/, before it is activated.

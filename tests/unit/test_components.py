@@ -257,7 +257,8 @@ def test_status_shows_what_the_daemons_said(tmp_path: Path) -> None:
     config = from_env(root_env(tmp_path))
     root.write_atomic(ready_file("fabricmanager"), f"DRIVER_VERSION={V}\nSTATE=running\n")
     assert app.status(config)["daemons"] == {
-        "fabricmanager": {"DRIVER_VERSION": V, "STATE": "running"}, "persistenced": None}
+        "fabricmanager": {"DRIVER_VERSION": V, "STATE": "running"}, "persistenced": None,
+        "imex": None}
 
 
 def test_a_driver_held_only_by_our_daemons_is_free_to_replace(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import re
 import shutil
 from pathlib import Path
 
+from installer import steps
 from installer.dirs import mark_complete, remove_tree, scratch, staged_dir
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
 from installer.headers import steps as header_steps
@@ -176,7 +177,9 @@ def build_step(ctx: Context) -> Step:
                 signing_cert=ctx.root.local(ctx.config.signing_cert) if ctx.config.signing_cert
                 else None,
             )
-            argv = kernel.with_host_trees(ctx.root, t.headers, build_modules_argv(request))
+            # nvidia-peermem's Kbuild reads OFED's sources at /usr/src/ofa_kernel: the host's.
+            trees = steps.with_ofed_sources(ctx, t.headers)
+            argv = kernel.with_host_trees(ctx.root, trees, build_modules_argv(request))
             try:
                 ctx.runner.run(argv, env=env, stream=True, timeout=3600)
             except CommandFailed as exc:
