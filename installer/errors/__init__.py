@@ -70,6 +70,7 @@ from installer.errors.host import (
     LockTimeout,
     ModuleLoadFailed,
     NouveauActive,
+    PlantedLink,
     SecureBootKeysMissing,
     VerificationFailed,
 )
@@ -183,6 +184,7 @@ __all__ = [
     "PackageManagerFailed",
     "PageSizeRisk",
     "PersistencedFailed",
+    "PlantedLink",
     "PrebuiltRequired",
     "RegistryAuthFailed",
     "RegistryRealmRefused",

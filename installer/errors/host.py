@@ -76,3 +76,15 @@ class HostLayoutError(InstallerError):
         "Check the mounts: ROOT_MOUNT_DIR must hold the host's root and the install dir must be "
         "writable."
     )
+
+
+class PlantedLink(InstallerError):
+    reference = "planted-link"
+    exit_code = 112
+    default_hint = (
+        "Something that can write into the install dir, its cache, /run/nvidia-driver-installer "
+        "or the host's module and firmware trees (a pod that mounts them) put a symbolic link "
+        "where the installer keeps its own files. Nothing was written through it. Find out "
+        "who made it, remove the link named above, and run again (docs/download-safety.md, "
+        "\"What the installer trusts on the node\")."
+    )
