@@ -118,7 +118,7 @@ def install_step(ctx: Context) -> Step:
         archive = fm_archive.cached(ctx.config, layout, version, arch)
         if archive is None:
             archive = fm_archive.fetch(ctx.config, layout, version, arch)
-        with scratch(layout.tmp) as tmp:
+        with scratch(layout.tmp, within=layout.cache_anchor) as tmp:
             tree = fm_archive.unpack(archive, tmp)
             said = fm_archive.reported_version(ctx.runner, tree / "bin" / DAEMON)
             if said != version:

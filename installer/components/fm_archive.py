@@ -209,8 +209,8 @@ def fetch(config: Config, layout: Layout, version: str, arch: str) -> Path:
             f"(NVIDIA_DRIVER_DIGESTS_FILE) and {listed.manifest} is not https on a trusted "
             "origin (NVIDIA_DRIVER_TRUSTED_ORIGINS); a mirror's redistrib JSON vouches for "
             "nothing; refusing to download it")
-    fetched = delivery.fetch_file(urls, layout.downloads, name, settings=settings,
-                                  vouched=vouched)
+    fetched = delivery.fetch_file(urls, layout.downloads, name, within=layout.cache_anchor,
+                                  settings=settings, vouched=vouched)
     log.info("Fabric Manager %s: %s (sha256 %s, verified by %s)", version, fetched.path.name,
              fetched.sha256, fetched.verified_by)
     return Path(fetched.path)

@@ -147,8 +147,8 @@ def fetch(config: Config, layout: Layout, version: str, arch: str) -> Path:
                            f"listed in {found.where}", found.size)
     name = PurePosixPath(found.relative_path).name
     urls = [f"{b.rstrip('/')}/{found.relative_path}" for b in config.fabricmanager_redist]
-    fetched = delivery.fetch_file(urls, layout.downloads, name, checksum_urls=[],
-                                  settings=settings, vouched=vouched)
+    fetched = delivery.fetch_file(urls, layout.downloads, name, within=layout.cache_anchor,
+                                  checksum_urls=[], settings=settings, vouched=vouched)
     log.info("IMEX %s: %s (sha256 %s, verified by %s)", version, name, fetched.sha256,
              fetched.verified_by)
     return Path(fetched.path)
@@ -214,7 +214,7 @@ def steps(ctx: Context) -> list[Step]:
 
     def apply() -> None:
         archive = fetch(ctx.config, layout, version, arch)
-        with scratch(layout.tmp) as tmp:
+        with scratch(layout.tmp, within=layout.cache_anchor) as tmp:
             placed = install(archive, tmp, layout, version)
         log.info("installed IMEX %s: %s", version, ", ".join(placed))
 

@@ -169,7 +169,8 @@ def fetch(config: Config, layout: Layout, driver: str, arch: str) -> tuple[Liste
     urls = [f"{b.rstrip('/')}/{listed.relative_path}" for b in listed.bases]
     # No published .sha256sum beside NVLSM archives: only a pin, the digests file or a trusted
     # JSON vouch (an empty list asks no checksum URL).
-    fetched = delivery.fetch_file(urls, layout.downloads, name, sha256=config.nvlsm_sha256,
+    fetched = delivery.fetch_file(urls, layout.downloads, name, within=layout.cache_anchor,
+                                  sha256=config.nvlsm_sha256,
                                   checksum_urls=[], settings=fm_archive.download_settings(config),
                                   vouched=vouched)
     log.info("NVLSM %s: %s (sha256 %s, verified by %s)", listed.version, name, fetched.sha256,

@@ -191,7 +191,7 @@ def use(ctx: Context, artifact: Artifact) -> Path:
     assert settings is not None
     t = ctx.target
     final = _build_dir(ctx)
-    with staged_dir(final, suffix=".pull") as staging:
+    with staged_dir(final, suffix=".pull", within=ctx.layout.anchor_for(final)) as staging:
         registry.pull(settings, artifact, staging)
         names = sorted(p.name for p in staging.iterdir())
         if not set(names) <= MODULE_NAMES or "nvidia.ko" not in names:

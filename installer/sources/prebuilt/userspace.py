@@ -140,7 +140,7 @@ def install(ctx: Context, artifact: UserspaceArtifact) -> Path:
     assert settings is not None
     version = ctx.target.version
     final = ctx.layout.version_dir(version)
-    with staged_dir(final, suffix=".pull") as staging:
+    with staged_dir(final, suffix=".pull", within=ctx.layout.anchor_for(final)) as staging:
         size = pull(settings, artifact, staging)
         if not (staging / "lib64" / f"libnvidia-ml.so.{version}").is_file():
             raise ArtifactInvalid(f"{artifact.reference} holds no lib64/libnvidia-ml.so."
@@ -227,7 +227,8 @@ def publish_for_prebuild(ctx: Context,
                 return present
         if is_complete(final) and read_listing(final) is not None:
             return publish(ctx, final)
-        with scratch(ctx.layout.cache_local / "userspace-publish") as work:
+        with scratch(ctx.layout.cache_local / "userspace-publish",
+                     within=ctx.layout.cache_anchor) as work:
             tree = work / "tree"
             tree.mkdir()
             place_userspace(ctx, tree)
