@@ -20,8 +20,9 @@ import contextlib
 import errno
 import os
 import secrets
+import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from installer.errors import HostLayoutError, PlantedLink
@@ -247,3 +248,35 @@ def _remove_at(dir_fd: int, name: str) -> None:
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=dir_fd)
+
+
+def place_copy(source: Path, dest: Path, *, anchor: Path,
+               transform: Callable[[bytes], bytes] | None = None) -> Path:
+    """`source` copied to `dest` through a new temp name beside it and one rename, every name
+    below `anchor` reached without a link: a regular file keeps its mode and times (its bytes
+    through `transform` when given), a symbolic link is copied as the link. A link in `dest`'s
+    place is replaced (never written through). Raises PlantedLink, OSError."""
+    with directory(dest.parent, anchor=anchor, create=True) as dir_fd:
+        tmp = f".{dest.name}.{secrets.token_hex(4)}"
+        try:
+            if source.is_symlink():
+                os.symlink(os.readlink(source), tmp, dir_fd=dir_fd)
+            else:
+                info = source.stat()
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+                with os.fdopen(fd, "wb") as out:
+                    if transform is None:
+                        with source.open("rb") as src:
+                            shutil.copyfileobj(src, out)
+                    else:
+                        out.write(transform(source.read_bytes()))
+                    out.flush()
+                    os.fchmod(out.fileno(), stat.S_IMODE(info.st_mode))
+                    os.utime(out.fileno(), ns=(info.st_atime_ns, info.st_mtime_ns))
+            os.replace(tmp, dest.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+    return dest

@@ -126,7 +126,8 @@ def install_step(ctx: Context) -> Step:
                     layout, version, arch, f"{archive.name} holds Fabric Manager "
                     f"{said or '(no version)'}, not {version}: it would refuse the driver")
             placed = fm_archive.install(tree, layout.version_dir(version),
-                                        fm_archive.config_dir(layout, version), version)
+                                        fm_archive.config_dir(layout, version), version,
+                                        within=layout.install_local)
         log.info("installed Fabric Manager %s into %s: %s", version,
                  layout.version_dir(version), ", ".join(placed))
 

@@ -91,7 +91,8 @@ def install_step(ctx: Context) -> Step:
                     f"{name} {version}'s nv-fabricmanager says it is {said or '(no version)'}: "
                     "it would refuse the driver", hint=hint)
             placed = fm_archive.install(tree, layout.version_dir(version),
-                                        fm_archive.config_dir(layout, version), version)
+                                        fm_archive.config_dir(layout, version), version,
+                                        within=layout.install_local)
         log.info("Fabric Manager %s from %s into %s: %s", version, name,
                  layout.version_dir(version), ", ".join(placed))
 

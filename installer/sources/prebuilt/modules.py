@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from installer import safefs
 from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
 from installer.errors import (
     ArtifactInvalid,
@@ -251,5 +252,6 @@ def publish(ctx: Context) -> Artifact:
                                   "modules built")
     signer = load_signer(ctx.config.module_publisher_key)
     artifact = registry.push(settings, artifact_key(ctx), sorted(built.glob("*.ko")), signer)
-    (built / PUBLISHED_MARKER).write_text(f"{artifact.reference}\n")
+    safefs.write_atomic(built / PUBLISHED_MARKER, f"{artifact.reference}\n",
+                        anchor=ctx.layout.anchor_for(built))
     return artifact

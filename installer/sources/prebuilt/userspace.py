@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from installer import safefs
 from installer.dirs import is_complete, mark_complete, scratch, staged_dir
 from installer.errors import ArtifactInvalid, InstallerError, RegistryUnavailable, TrustRootInvalid
 from installer.plan import Context, Decision, Step
@@ -170,7 +171,8 @@ def publish_steps(ctx: Context) -> list[Step]:
 
     def push() -> None:
         reference = publish(ctx, final)
-        (final / PUBLISHED_MARKER).write_text(f"{reference}\n")
+        safefs.write_atomic(final / PUBLISHED_MARKER, f"{reference}\n",
+                            anchor=ctx.layout.anchor_for(final))
 
     return [_tried_once(
         "publish-userspace", "push the user space to the registry, signed with the publisher "
