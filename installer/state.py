@@ -67,8 +67,8 @@ def gke_cache_text(kernel: str, version: str) -> str:
 def read_gke_cache(path: Path) -> dict[str, str]:
     values: dict[str, str] = {}
     try:
-        text = path.read_text()
-    except OSError:
+        text = safefs.read_bytes(path).decode(errors="replace")
+    except (OSError, PlantedLink):  # a link there is no record
         return values
     for line in text.splitlines():
         key, sep, value = line.partition("=")

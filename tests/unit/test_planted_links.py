@@ -316,6 +316,37 @@ def test_an_extracted_tree_is_never_staged_through_a_link(tmp_path: Path) -> Non
     assert (elsewhere / "580.95.05/keep").read_bytes() == PRECIOUS
 
 
+@pytest.mark.parametrize("planted", ["versions", "versions/580.95.05/bin",
+                                     "versions/580.95.05/bin/nv-fabricmanager"])
+def test_fabric_manager_is_never_placed_through_a_link(tmp_path: Path, planted: str) -> None:
+    from installer.components import fm_archive
+
+    tree = tmp_path / "tree"
+    (tree / "bin").mkdir(parents=True)
+    (tree / "bin/nv-fabricmanager").write_text("#!/bin/sh\n")
+    (tree / "etc").mkdir()
+    (tree / "etc/fabricmanager.cfg").write_text("DAEMONIZE=1\n")
+    install = tmp_path / "install"
+    final = install / "versions/580.95.05"
+    final.mkdir(parents=True)
+    target = victim(tmp_path, "nv-fabricmanager")
+    link = install / planted
+    if link.exists():
+        safefs.remove_tree(link, anchor=install)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target if planted.endswith("nv-fabricmanager") else target.parent)
+    try:
+        fm_archive.install(tree, final, final / "share/nvidia/nvswitch", "580.95.05",
+                           within=install)
+    except PlantedLink:
+        pass
+    else:  # a link at the file's own name is replaced by the new file, never written through
+        assert planted.endswith("nv-fabricmanager")
+        assert not link.is_symlink() and link.read_text() == "#!/bin/sh\n"
+    untouched(target)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["nv-fabricmanager"]
+
+
 # ----------------------------------------------------------------------- module/firmware trees
 
 
