@@ -5,11 +5,11 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import tempfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple, Union
 
+from installer import safefs
 from installer.errors import HostLayoutError
 
 HostPath = Union[str, PurePosixPath]
@@ -126,23 +126,17 @@ class HostRoot(NamedTuple):
             return default
 
     def write_atomic(self, host_path: HostPath, data: str | bytes, mode: int = 0o644) -> Path:
-        """Write a host file so readers see the old or the new content, never a mix."""
-        return write_atomic(self.local_resolved(host_path), data, mode)
+        """Write a host file so readers see the old or the new content, never a mix. The
+        directory is found as the host finds it (its links are the host's: /var/run -> /run);
+        a link at the file's own name is refused with PlantedLink, never replaced or written
+        through: the readiness files sit in a directory other pods mount. To rewrite a host's
+        own file that may be a link (/etc/ld.so.conf), pass `self.resolve(path)`."""
+        path = PurePosixPath(host_path)
+        return write_atomic(self.local_resolved(path.parent) / path.name, data, mode)
 
 
 def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> Path:
-    """Write `path` through a temp file in the same dir, fsync, then rename over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write `path` through a new temp file in the same dir, fsync, then rename over it; the
+    directory is made when missing. A link at `path` is refused (PlantedLink): records and
+    readiness files live where other pods can write."""
+    return safefs.write_atomic(path, data, mode)

@@ -52,6 +52,23 @@ class Layout(NamedTuple):
     def cache_local(self) -> Path:
         return self.local(self.cache_host)
 
+    def anchor_for(self, path: Path) -> Path:
+        """Where a walk to `path` starts without following links (installer/safefs.py): the
+        install dir for what lies below it (so a `cache` or `versions` link planted by a pod
+        that mounts the install dir is refused), else the cache the operator named, else the
+        path's own directory."""
+        for top in (self.install_local, self.cache_local):
+            try:
+                path.relative_to(top)
+            except ValueError:
+                continue
+            return top
+        return path.parent
+
+    @property
+    def cache_anchor(self) -> Path:
+        return self.anchor_for(self.cache_local)
+
     @property
     def downloads(self) -> Path:
         return self.cache_local / "downloads"

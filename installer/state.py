@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
-from installer.errors import LockTimeout
+from installer import safefs
+from installer.errors import LockTimeout, PlantedLink
 from installer.hostroot import write_atomic
 
 log = logging.getLogger(__name__)
@@ -41,15 +42,16 @@ class InstallRecord:
 
 
 def read_record(path: Path) -> InstallRecord | None:
-    """The record at `path`, or None when absent or unreadable (a broken record is ignored)."""
+    """The record at `path`, or None when absent or unreadable (a broken record, or a link
+    in its place, is ignored)."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(safefs.read_bytes(path))
         if data.get("format") != RECORD_FORMAT:
             return None
         for key in ("gpus", "module_files", "firmware_dirs", "kernels"):
             data[key] = tuple(data.get(key, ()))
         return InstallRecord(**data)
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, PlantedLink):
         return None
 
 
@@ -65,8 +67,8 @@ def gke_cache_text(kernel: str, version: str) -> str:
 def read_gke_cache(path: Path) -> dict[str, str]:
     values: dict[str, str] = {}
     try:
-        text = path.read_text()
-    except OSError:
+        text = safefs.read_bytes(path).decode(errors="replace")
+    except (OSError, PlantedLink):  # a link there is no record
         return values
     for line in text.splitlines():
         key, sep, value = line.partition("=")
@@ -101,7 +103,10 @@ class HostLock:
 
     def __enter__(self) -> HostLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")
+        # Never through a link: GPU pods mount the install dir, and a link here would make
+        # the truncation below root's write to any host file (PlantedLink instead).
+        fd = safefs.open_file(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        handle = os.fdopen(fd, "r+")
         deadline = time.monotonic() + self.timeout
         waited = False
         while True:

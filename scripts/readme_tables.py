@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from installer.config import SETTINGS
 from installer.errors import all_error_types
 
@@ -26,7 +29,22 @@ def exit_codes_table() -> str:
     return "\n".join(rows)
 
 
+def rewrite(doc: Path, table: str) -> None:
+    """Replace the table in `doc` that starts with `table`'s header row by `table`."""
+    lines = doc.read_text().split("\n")
+    start = lines.index(table.split("\n", 1)[0])
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    doc.write_text("\n".join([*lines[:start], table, *lines[end:]]))
+
+
 if __name__ == "__main__":
-    print(settings_table())
-    print()
-    print(exit_codes_table())
+    if sys.argv[1:] == ["--write"]:  # after adding a setting or an error
+        docs = Path(__file__).resolve().parents[1] / "docs"
+        rewrite(docs / "settings.md", settings_table())
+        rewrite(docs / "errors.md", exit_codes_table())
+    else:
+        print(settings_table())
+        print()
+        print(exit_codes_table())

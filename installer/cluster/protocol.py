@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from installer import host
+from installer import host, safefs
 from installer.cluster import disruption, dra
 from installer.cluster.client import FIELD_MANAGER, Conflict, Json, NodeClient
 from installer.config import Config
@@ -70,7 +70,7 @@ def make_room(config: Config, root: HostRoot, layout: Layout, old: str, new: str
     """
     api = client(config)
     node = api.get_node()
-    hint_path(layout).write_text(f"{old} -> {new}\n")
+    safefs.write_atomic(hint_path(layout), f"{old} -> {new}\n")
     saved = _begin(api, config, node, old, new)
     uid = str(node["metadata"].get("uid", ""))
     paused = ", ".join(sorted(saved["labels"])) or "none"

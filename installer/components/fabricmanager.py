@@ -118,7 +118,7 @@ def install_step(ctx: Context) -> Step:
         archive = fm_archive.cached(ctx.config, layout, version, arch)
         if archive is None:
             archive = fm_archive.fetch(ctx.config, layout, version, arch)
-        with scratch(layout.tmp) as tmp:
+        with scratch(layout.tmp, within=layout.cache_anchor) as tmp:
             tree = fm_archive.unpack(archive, tmp)
             said = fm_archive.reported_version(ctx.runner, tree / "bin" / DAEMON)
             if said != version:
@@ -126,7 +126,8 @@ def install_step(ctx: Context) -> Step:
                     layout, version, arch, f"{archive.name} holds Fabric Manager "
                     f"{said or '(no version)'}, not {version}: it would refuse the driver")
             placed = fm_archive.install(tree, layout.version_dir(version),
-                                        fm_archive.config_dir(layout, version), version)
+                                        fm_archive.config_dir(layout, version), version,
+                                        within=layout.install_local)
         log.info("installed Fabric Manager %s into %s: %s", version,
                  layout.version_dir(version), ", ".join(placed))
 

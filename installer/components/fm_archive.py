@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
+from installer import safefs
 from installer.config import Config
 from installer.dirs import mark_complete
 from installer.errors import (
@@ -209,8 +208,8 @@ def fetch(config: Config, layout: Layout, version: str, arch: str) -> Path:
             f"(NVIDIA_DRIVER_DIGESTS_FILE) and {listed.manifest} is not https on a trusted "
             "origin (NVIDIA_DRIVER_TRUSTED_ORIGINS); a mirror's redistrib JSON vouches for "
             "nothing; refusing to download it")
-    fetched = delivery.fetch_file(urls, layout.downloads, name, settings=settings,
-                                  vouched=vouched)
+    fetched = delivery.fetch_file(urls, layout.downloads, name, within=layout.cache_anchor,
+                                  settings=settings, vouched=vouched)
     log.info("Fabric Manager %s: %s (sha256 %s, verified by %s)", version, fetched.path.name,
              fetched.sha256, fetched.verified_by)
     return Path(fetched.path)
@@ -255,10 +254,13 @@ def reported_version(runner: Runner, nv_fabricmanager: Path) -> str | None:
     return found.group(1) if found else None
 
 
-def install(tree: Path, final_root: Path, config_dest: Path, version: str) -> list[str]:
+def install(tree: Path, final_root: Path, config_dest: Path, version: str, *,
+            within: Path | None = None) -> list[str]:
     """The unpacked archive's daemon, tools, library, config and topology files into the
-    version dir (bin/, lib64/, share/nvidia/nvswitch/), each by rename; the marker last.
-    Returns the installed names."""
+    version dir `final_root` (<install dir>/versions/<ver>: bin/, lib64/,
+    share/nvidia/nvswitch/), each by rename, never through a link below `within` (default:
+    the install dir above `final_root`); the marker last. Returns the installed names."""
+    anchor = within if within is not None else final_root.parent.parent
     came_from = _source_digest(tree)
     placed = []
     moves: list[tuple[Path, Path]] = []
@@ -276,15 +278,7 @@ def install(tree: Path, final_root: Path, config_dest: Path, version: str) -> li
     if not any(dest.name == "fabricmanager.cfg" for _, dest in moves):
         raise FabricManagerMismatch(f"the {version} archive has no fabricmanager.cfg")
     for source, dest in moves:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        temporary = dest.with_name(f".{dest.name}.new")
-        if source.is_symlink():
-            if temporary.is_symlink() or temporary.exists():
-                temporary.unlink()
-            os.symlink(os.readlink(source), temporary)
-        else:
-            shutil.copy2(source, temporary)
-        os.replace(temporary, dest)
+        safefs.place_copy(source, dest, anchor=anchor)
         placed.append(str(dest.relative_to(final_root)))
     # The marker names what the files came from: a later run trusts only installs this
     # installer made from an archive its rules vouched for (an older one's marker lacks it).

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
-import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
+from installer import safefs
 from installer.components import fm_archive, nvswitch
 from installer.config import Config
 from installer.dirs import mark_complete, scratch
@@ -147,8 +148,8 @@ def fetch(config: Config, layout: Layout, version: str, arch: str) -> Path:
                            f"listed in {found.where}", found.size)
     name = PurePosixPath(found.relative_path).name
     urls = [f"{b.rstrip('/')}/{found.relative_path}" for b in config.fabricmanager_redist]
-    fetched = delivery.fetch_file(urls, layout.downloads, name, checksum_urls=[],
-                                  settings=settings, vouched=vouched)
+    fetched = delivery.fetch_file(urls, layout.downloads, name, within=layout.cache_anchor,
+                                  checksum_urls=[], settings=settings, vouched=vouched)
     log.info("IMEX %s: %s (sha256 %s, verified by %s)", version, name, fetched.sha256,
              fetched.verified_by)
     return Path(fetched.path)
@@ -170,11 +171,10 @@ def install(archive: Path, work: Path, layout: Layout, version: str) -> list[str
         if source is None:
             raise ImexMismatch(f"{archive.name} has no bin/{name}")
         sources[name] = source
-    bin_dir.mkdir(parents=True, exist_ok=True)
     for name, source in sources.items():
-        temporary = bin_dir / f".{name}.new"
-        shutil.copy2(source, temporary)
-        temporary.replace(bin_dir / name)
+        # The file itself, as copy2 took it (a link inside the unpacked tree is resolved).
+        safefs.place_copy(Path(os.path.realpath(source)), bin_dir / name,
+                          anchor=layout.install_local)
     mark_complete(bin_dir, f"{version}\n{file_sha256(archive)}\n", MARKER)
     return [f"bin/{name}" for name in BINARIES]
 
@@ -214,7 +214,7 @@ def steps(ctx: Context) -> list[Step]:
 
     def apply() -> None:
         archive = fetch(ctx.config, layout, version, arch)
-        with scratch(layout.tmp) as tmp:
+        with scratch(layout.tmp, within=layout.cache_anchor) as tmp:
             placed = install(archive, tmp, layout, version)
         log.info("installed IMEX %s: %s", version, ", ".join(placed))
 

@@ -146,7 +146,7 @@ def steps(ctx: Context) -> list[Step]:
     def apply() -> None:
         # One step: which archive (and its version) is known only once the JSON is read.
         listed, archive = nvlsm_archive.fetch(ctx.config, layout, driver, arch)
-        with scratch(layout.tmp) as tmp:
+        with scratch(layout.tmp, within=layout.cache_anchor) as tmp:
             placed = nvlsm_archive.unpack_and_install(archive, tmp, layout, driver,
                                                       listed.version)
         log.info("installed NVLSM %s into %s: %s", listed.version, layout.version_dir(driver),

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
+from installer import safefs
 from installer.components import fm_archive
 from installer.config import Config
 from installer.dirs import mark_complete
@@ -169,7 +169,8 @@ def fetch(config: Config, layout: Layout, driver: str, arch: str) -> tuple[Liste
     urls = [f"{b.rstrip('/')}/{listed.relative_path}" for b in listed.bases]
     # No published .sha256sum beside NVLSM archives: only a pin, the digests file or a trusted
     # JSON vouch (an empty list asks no checksum URL).
-    fetched = delivery.fetch_file(urls, layout.downloads, name, sha256=config.nvlsm_sha256,
+    fetched = delivery.fetch_file(urls, layout.downloads, name, within=layout.cache_anchor,
+                                  sha256=config.nvlsm_sha256,
                                   checksum_urls=[], settings=fm_archive.download_settings(config),
                                   vouched=vouched)
     log.info("NVLSM %s: %s (sha256 %s, verified by %s)", listed.version, name, fetched.sha256,
@@ -194,12 +195,13 @@ def unpack_and_install(archive: Path, work: Path, layout: Layout, driver: str,
 PACKAGE_SHARE_DIR = "/usr/share/nvidia/nvlsm/"
 
 
-def _relocate(conf: Path, share: Path) -> None:
-    """Point a config file's references to the package's share directory at `share`, where
+def _relocated(data: bytes, share: Path) -> bytes:
+    """A config file's references to the package's share directory pointed at `share`, where
     this install keeps them: a container has no /usr/share/nvidia/nvlsm."""
-    text = conf.read_text(errors="replace")
-    if PACKAGE_SHARE_DIR in text:
-        conf.write_text(text.replace(PACKAGE_SHARE_DIR, f"{share}/"))
+    text = data.decode(errors="replace")
+    if PACKAGE_SHARE_DIR not in text:
+        return data
+    return text.replace(PACKAGE_SHARE_DIR, f"{share}/").encode()
 
 
 def place(tree: Path, layout: Layout, driver: str, version: str, digest: str, what: str
@@ -223,13 +225,11 @@ def place(tree: Path, layout: Layout, driver: str, version: str, digest: str, wh
     for library in sorted((tree / "lib").glob("*.so*")) if (tree / "lib").is_dir() else []:
         moves.append((library, final / "lib64" / library.name))
     placed = []
+    share = share_dir(layout, driver)
     for source, dest in moves:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        temporary = dest.with_name(f".{dest.name}.new")
-        shutil.copy2(source, temporary, follow_symlinks=False)
-        if dest.suffix == ".conf":
-            _relocate(temporary, share_dir(layout, driver))
-        temporary.replace(dest)
+        safefs.place_copy(source, dest, anchor=layout.install_local,
+                          transform=(lambda data: _relocated(data, share))
+                          if dest.suffix == ".conf" else None)
         placed.append(str(dest.relative_to(final)))
     mark_complete(share_dir(layout, driver), f"{version}\n{digest}\n", INSTALLED_MARKER)
     return placed

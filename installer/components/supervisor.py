@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import fcntl
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -14,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol, Union
 
-from installer import host
-from installer.errors import InstallerError
+from installer import host, safefs
+from installer.errors import InstallerError, PlantedLink
 from installer.host import readiness
 from installer.hostroot import HostRoot
 from installer.layout import READY_FILE
@@ -57,7 +58,15 @@ def paused(root: HostRoot, lock_file: Path | None) -> bool:
         return False
     if lock_file is None or not lock_file.exists():
         return True
-    with open(lock_file, "rb") as handle:  # the install dir may be mounted read-only
+    try:
+        # Read-only (the install dir may be mounted so), and never through a link a pod
+        # planted: flocking its target would say nothing about an installer.
+        fd = safefs.open_file(lock_file, os.O_RDONLY)
+    except (OSError, PlantedLink) as exc:
+        log.warning("cannot check the host lock %s: %s", lock_file,
+                    exc.message if isinstance(exc, PlantedLink) else exc)
+        return True
+    with os.fdopen(fd, "rb") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -6,14 +6,16 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any, cast, get_args
 
+from installer import safefs
 from installer.delivery.checksums import normalize_pin
 from installer.delivery.part import CHUNK_SIZE, raise_write_error
 from installer.delivery.settings import Fetched, VerifiedBy
-from installer.errors import HostLayoutError
+from installer.errors import HostLayoutError, PlantedLink
 from installer.hostroot import write_atomic
 
 log = logging.getLogger("installer.download")
@@ -47,8 +49,8 @@ def write_record(dest: Path, sha256: str, source: str, verified_by: VerifiedBy) 
 
 def read_record(dest: Path) -> dict[str, Any] | None:
     try:
-        record = json.loads(record_path(dest).read_text())
-    except (OSError, ValueError):
+        record = json.loads(safefs.read_bytes(record_path(dest)))
+    except (OSError, ValueError, PlantedLink):  # a link is no record
         return None
     if not isinstance(record, dict):
         return None
@@ -65,10 +67,10 @@ def find_cached(dest_dir: Path, filename: str, *, sha256: str | None = None) -> 
     if record is None:
         return None
     try:
-        size = dest.stat().st_size
+        info = os.lstat(dest)  # a link in the cache is never a cached file
     except OSError:
         return None
-    if size != record["size"]:
+    if not stat.S_ISREG(info.st_mode) or info.st_size != record["size"]:
         return None
     pin = normalize_pin(sha256) if sha256 else None
     if pin is not None and pin != record["sha256"].lower():
@@ -88,7 +90,7 @@ def reuse(dest: Path, pin: str | None, verified_by: VerifiedBy = "pin") -> Fetch
         return cached
     if not dest.exists():
         return None
-    if pin is not None and read_record(dest) is None and dest.is_file():
+    if pin is not None and read_record(dest) is None and safefs.is_file(dest):
         # A file placed by hand (or left by a crash before its record was written): hash it.
         digest = hashlib.sha256()
         try:
@@ -119,7 +121,8 @@ def _private(path: Path) -> None:
     """Cached files stay readable by root only (the install dir is mounted into GPU pods);
     files cached by older installers were world-readable."""
     try:
-        if path.stat().st_mode & 0o077:
+        info = os.lstat(path)  # a link's target is never chmodded
+        if stat.S_ISREG(info.st_mode) and info.st_mode & 0o077:
             os.chmod(path, 0o600)
     except OSError as exc:
         raise HostLayoutError(f"cannot restrict access to {path}: {exc.strerror or exc}") from None

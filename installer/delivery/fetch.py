@@ -11,7 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from installer.delivery.cache import reuse, write_record
+from installer import safefs
+from installer.delivery.cache import RECORD_SUFFIX, reuse, write_record
 from installer.delivery.checksums import (
     CHECKSUM_SUFFIX,
     Expected,
@@ -218,9 +219,13 @@ def _fetch_from(
             f"({expected.origin}), got {actual}"
         )
     try:
-        os.replace(part.path, dest)
+        safefs.rename(part.path, dest, anchor=part.anchor)
     except OSError as exc:
         raise_write_error(exc, dest)
+    if not part.landed_at(dest):
+        # Something swapped another file in for the verified part before the rename.
+        safefs.unlink(dest, anchor=part.anchor)
+        raise safefs.planted(dest, part.anchor, "a file swapped in for the verified download")
     verified_by: VerifiedBy = expected.verified_by if expected else "none"
     write_record(dest, actual, red, verified_by)
     elapsed = max(time.monotonic() - started, 1e-9)
@@ -247,6 +252,7 @@ def fetch_file(
     checksum_urls: Sequence[str] | None = None,
     settings: DownloadSettings | None = None,
     vouched: Expected | None = None,
+    within: Path | None = None,
 ) -> Fetched:
     """Make `dest_dir/filename` hold the file served at the first working URL of `urls`.
 
@@ -258,13 +264,16 @@ def fetch_file(
     vouches now matches its record, or a trusted origin vouched for it. Otherwise streams to
     `<filename>.part` (resuming one left behind, never past the listed size or
     settings.max_bytes), verifies it, renames it into place and writes
-    `<filename>.download.json`. Writes only under `dest_dir`.
+    `<filename>.download.json`. Writes only under `dest_dir`, and never through a link
+    below `within` (the directory the caller trusts, default `dest_dir` itself: the install
+    dir for its cache, which GPU pods mount).
 
     Raises ChecksumMismatch (the file is deleted; other mirrors are not tried), InsufficientSpace,
     DownloadNotFound / DownloadForbidden (every source answered so), UnverifiedDownload (no
     source is vouched for), DownloadTooLarge, DownloadFailed (otherwise, listing each source's
     last error), HostLayoutError (dest_dir not writable), ConfigError (a malformed pin),
-    DigestsFileInvalid.
+    DigestsFileInvalid, PlantedLink (a link where the cache keeps this file, its record or
+    its part: nothing was fetched or written).
     """
     settings = settings or DownloadSettings()
     sources = list(urls)
@@ -273,11 +282,14 @@ def fetch_file(
     if not filename or "/" in filename or filename in (".", ".."):
         raise ValueError(f"not a plain file name: {filename!r}")
     pin = normalize_pin(sha256) if sha256 else None
+    anchor = within if within is not None else dest_dir
     try:
-        dest_dir.mkdir(parents=True, exist_ok=True)
+        safefs.make_dirs(dest_dir, anchor=anchor)
     except OSError as exc:
         raise HostLayoutError(f"cannot create {dest_dir}: {exc.strerror or exc}") from None
     dest = dest_dir / filename
+    for name in (filename, filename + PART_SUFFIX, filename + RECORD_SUFFIX):
+        safefs.check(dest_dir / name, anchor=anchor)
     expected: Optional[Expected] = vouched_locally(filename, pin, settings) or vouched
     cached = reuse(dest, expected.sha256 if expected else None,
                    expected.verified_by if expected else "pin")
@@ -293,7 +305,8 @@ def fetch_file(
         return cached
 
     http = Http(settings)
-    part = Part(dest_dir / (filename + PART_SUFFIX), keep_cached=settings.keep_cached)
+    part = Part(dest_dir / (filename + PART_SUFFIX), keep_cached=settings.keep_cached,
+                anchor=anchor)
     try:
         if expected is None and checksum_urls is not None:
             expected = published(list(checksum_urls), filename, settings, http)
@@ -332,6 +345,7 @@ def fetch_file(
             pending = unreachable
         raise all_failed([last[url] for url in sources if url in last])
     finally:
+        part.close()
         http.close()
 
 

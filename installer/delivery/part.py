@@ -9,10 +9,12 @@ import logging
 import os
 import queue
 import shutil
+import stat
 import threading
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, NoReturn, Optional
 
+from installer import safefs
 from installer.delivery.progress import Progress
 from installer.delivery.transport import Transient
 from installer.errors import HostLayoutError, InsufficientSpace
@@ -31,11 +33,20 @@ class Part:
     `keep_cached=False` is for a file nothing reads soon after (`installer download` filling
     a mirror): what is already on disk leaves the page cache as the transfer goes on, so the
     transfer reuses the same few pages instead of taking a fresh one for every 4 kB written.
+
+    The cache is mounted into GPU pods, so the part is opened from `anchor` (default: its own
+    directory) without following a link (PlantedLink), and a descriptor of the file written
+    is held until `close()`: a mismatch empties that very file even when something renamed
+    it away meanwhile, and the rename into place checks that the verified file is the one
+    that lands.
     """
 
-    def __init__(self, path: Path, *, keep_cached: bool = True) -> None:
+    def __init__(self, path: Path, *, keep_cached: bool = True,
+                 anchor: Path | None = None) -> None:
         self.path = path
+        self.anchor = anchor if anchor is not None else path.parent
         self.keep_cached = keep_cached
+        self._held: int | None = None
         self.hasher = hashlib.sha256()
         self.size = 0
         self.known = False
@@ -45,7 +56,10 @@ class Part:
     def sync(self) -> None:
         """Bring the hash up to date with the file (hashes a part left by an earlier run once)."""
         try:
-            on_disk = self.path.stat().st_size
+            info = os.lstat(self.path)
+            if stat.S_ISLNK(info.st_mode):
+                raise safefs.planted(self.path, self.anchor)
+            on_disk = info.st_size
         except FileNotFoundError:
             on_disk = -1
         if self.known and on_disk == self.size:
@@ -58,7 +72,8 @@ class Part:
         buf = bytearray(CHUNK_SIZE)
         view = memoryview(buf)
         try:
-            with self.path.open("rb") as handle:
+            with os.fdopen(safefs.open_file(self.path, os.O_RDONLY, anchor=self.anchor),
+                           "rb") as handle:
                 while True:
                     n = handle.readinto(buf)
                     if not n:
@@ -74,16 +89,42 @@ class Part:
             self.sources.add("an earlier run")
 
     def open_append(self) -> BinaryIO:
-        """The part for appending; created, and kept, readable by root only."""
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        """The part for appending; created, and kept, readable by root only. Raises
+        PlantedLink for a link (or a second hard link) in its place."""
+        fd = safefs.open_file(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600,
+                              anchor=self.anchor)
         try:
             # A part left by an older installer may be world-readable: the install dir's cache
             # is mounted into GPU pods.
             os.fchmod(fd, 0o600)
+            self._hold(fd)
             return os.fdopen(fd, "ab")
         except BaseException:
             os.close(fd)
             raise
+
+    def _hold(self, fd: int) -> None:
+        held = os.dup(fd)
+        if self._held is not None:
+            os.close(self._held)
+        self._held = held
+
+    def close(self) -> None:
+        """Lets go of the file written (the caller is done with this part)."""
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
+
+    def landed_at(self, dest: Path) -> bool:
+        """Whether `dest` is the very file this part wrote (not one swapped in for it)."""
+        if self._held is None:
+            return True
+        mine = os.fstat(self._held)
+        try:
+            there = os.lstat(dest)
+        except OSError:
+            return False
+        return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
 
     def reset(self) -> None:
         try:
@@ -97,7 +138,11 @@ class Part:
         self.sources.clear()
 
     def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
+        """The bytes written are dropped: the file held is emptied wherever it is now (renamed
+        away, or given another name), then the part's name is removed."""
+        if self._held is not None:
+            os.ftruncate(self._held, 0)
+        safefs.unlink(self.path, anchor=self.anchor)
         self.hasher = hashlib.sha256()
         self.size = 0
         self.known = True

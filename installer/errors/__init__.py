@@ -77,6 +77,7 @@ from installer.errors.host import (
     OfedNotReady,
     PeermemLoadFailed,
     PeermemNeedsOfed,
+    PlantedLink,
     SecureBootKeysMissing,
     VerificationFailed,
 )
@@ -197,6 +198,7 @@ __all__ = [
     "PeermemLoadFailed",
     "PeermemNeedsOfed",
     "PersistencedFailed",
+    "PlantedLink",
     "PrebuiltRequired",
     "RegistryAuthFailed",
     "RegistryRealmRefused",

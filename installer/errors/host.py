@@ -109,3 +109,15 @@ class PeermemLoadFailed(InstallerError):
         "changed since: rebuild the driver's modules with the host's OFED sources in "
         "/usr/src/ofa_kernel (a new `installer run` after OFED's upgrade), and check dmesg."
     )
+
+
+class PlantedLink(InstallerError):
+    reference = "planted-link"
+    exit_code = 112
+    default_hint = (
+        "Something that can write into the install dir, its cache, /run/nvidia-driver-installer "
+        "or the host's module and firmware trees (a pod that mounts them) put a symbolic link "
+        "where the installer keeps its own files. Nothing was written through it. Find out "
+        "who made it, remove the link named above, and run again (docs/download-safety.md, "
+        "\"What the installer trusts on the node\")."
+    )

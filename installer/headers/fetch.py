@@ -92,7 +92,7 @@ def obtain(root: HostRoot, config: Config, facts: HostFacts, layout: Layout,
     if source.tool is None:
         raise kernel.missing_headers_error(release, family, tried=source.where)
     final = cache_dir(layout, release)
-    with staged_dir(final) as work:
+    with staged_dir(final, within=layout.anchor_for(final)) as work:
         try:
             wanted = distros.Facts(facts.distro, facts.kernel_release, facts.arch)
             packages = distros.of(facts.distro).fetch_headers(

@@ -130,6 +130,7 @@ def _remove_appended_lines(root: HostRoot, lib_dir_host: PurePosixPath) -> None:
     lines = text.splitlines(keepends=True)
     kept = [line for line in lines if line.strip() != str(lib_dir_host)]
     if len(kept) != len(lines):
-        root.write_atomic(conf, "".join(kept))
+        # The host's own file: a link there is the host's choice, so its target is rewritten.
+        root.write_atomic(root.resolve(conf), "".join(kept))
         log.info("removed %d appended %s line(s) from %s", len(lines) - len(kept),
                  lib_dir_host, conf)

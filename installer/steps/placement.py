@@ -8,10 +8,10 @@ import os
 import shutil
 from pathlib import Path
 
-from installer import host, modules
+from installer import host, modules, safefs
 from installer.dirs import remove_tree
-from installer.errors import InstallFailed
-from installer.hostroot import write_atomic
+from installer.errors import InstallFailed, PlantedLink
+from installer.layout import MODULES_SUBDIR
 from installer.plan import Context, Step
 from installer.steps import rollback as load_rollback
 
@@ -29,18 +29,44 @@ def module_files_step(ctx: Context) -> Step:
     def satisfied() -> bool:
         if not modules_dir_writable(ctx, target.kernel):
             return True
-        local = ctx.root.local_resolved(host_dir)
-        return (local / ".installer-stamp").is_file() and (
-            (local / ".installer-stamp").read_text() == stamp
-        ) and _same_modules(local, build)
+        base, local = module_dirs(ctx, target.kernel)
+        return _stamp(base, local) == stamp and _same_modules(local, build)
 
     def apply() -> None:
-        load_rollback.note_modules_dir(ctx, ctx.root.local_resolved(host_dir))
+        load_rollback.note_modules_dir(ctx, module_dirs(ctx, target.kernel)[1])
         replace_module_files(ctx, build, stamp)
         log.info("installed modules into %s and ran depmod", host_dir)
 
     return Step("install-module-files", f"modules into {host_dir} (+ depmod)",
                 satisfied, apply)
+
+
+def module_dirs(ctx: Context, kernel: str) -> tuple[Path, Path]:
+    """The host's /lib/modules/<kernel> (found as the host finds it: /lib may be a link to
+    usr/lib) and our directory below it, which is reached from there without following a
+    link: other pods mount the module tree."""
+    base = ctx.root.local_resolved(f"/lib/modules/{kernel}")
+    return base, base.joinpath(*MODULES_SUBDIR.split("/"))
+
+
+def _stamp(base: Path, local: Path) -> str | None:
+    try:
+        return safefs.read_bytes(local / ".installer-stamp", anchor=base).decode(
+            errors="replace")
+    except (OSError, PlantedLink):
+        return None
+
+
+def _copy_into(source: Path, dest: Path, anchor: Path) -> None:
+    """`source` copied to the new file `dest` (never through a link), its mode and times
+    kept (the probe compares sizes and mtimes)."""
+    info = source.stat()
+    fd = safefs.open_file(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, anchor=anchor)
+    with os.fdopen(fd, "wb") as out, source.open("rb") as src:
+        shutil.copyfileobj(src, out)
+        out.flush()
+        os.fchmod(out.fileno(), info.st_mode & 0o777)
+        os.utime(out.fileno(), ns=(info.st_atime_ns, info.st_mtime_ns))
 
 
 def _same_modules(installed: Path, build: Path) -> bool:
@@ -60,21 +86,21 @@ def replace_module_files(ctx: Context, build: Path | None, stamp: str) -> None:
     """The host's module dir swapped by rename for `build`'s .ko files (None: removed), then
     depmod."""
     kernel = ctx.target.kernel
-    local = ctx.root.local_resolved(ctx.layout.host_modules_dir(kernel))
+    base, local = module_dirs(ctx, kernel)
     fresh = local.with_name(local.name + ".new")
     old = local.with_name(local.name + ".old")
     for leftover in (fresh, old):
-        remove_tree(leftover)
+        remove_tree(leftover, within=base)
     if build is not None:
-        fresh.mkdir(parents=True)
+        safefs.make_dirs(fresh, anchor=base)
         for name in modules.ko_files(build):
-            shutil.copy2(build / name, fresh / name)
-        (fresh / ".installer-stamp").write_text(stamp)
-    if local.exists():
-        os.replace(local, old)
+            _copy_into(build / name, fresh / name, base)
+        safefs.write_atomic(fresh / ".installer-stamp", stamp, anchor=base)
+    if os.path.lexists(local):
+        safefs.rename(local, old, anchor=base)
     if build is not None:
-        os.replace(fresh, local)
-    remove_tree(old)
+        safefs.rename(fresh, local, anchor=base)
+    remove_tree(old, within=base)
     ctx.runner.run(modules.depmod_argv(ctx.root, kernel), timeout=300)
 
 
@@ -84,13 +110,12 @@ def restore_module_files(ctx: Context, driver: host.LoadedDriver | None) -> None
     modprobe never loads the new modules under the old user space."""
     kernel = ctx.target.kernel
     host_dir = ctx.layout.host_modules_dir(kernel)
-    local = ctx.root.local_resolved(host_dir)
+    base, local = module_dirs(ctx, kernel)
     if not modules_dir_writable(ctx, kernel) or not local.exists():
         return
     version, flavour = (driver.version, driver.flavour) if driver else (None, None)
     stamp = f"{version} {flavour}\n"
-    if (local / ".installer-stamp").is_file() and (
-            (local / ".installer-stamp").read_text() == stamp):
+    if _stamp(base, local) == stamp:
         return
     build = ctx.layout.module_build(version, kernel, flavour) if version and flavour else None
     if version is None:
@@ -121,21 +146,28 @@ def firmware_step(ctx: Context) -> Step:
     def files() -> list[Path]:
         return sorted(p for p in source.glob("*") if p.is_file()) if source.is_dir() else []
 
+    def dirs() -> tuple[Path, Path]:
+        # /lib/firmware as the host finds it; nvidia/<ver> below it reached without a link.
+        base = ctx.root.local_resolved("/lib/firmware")
+        return base, base.joinpath(*host_dir.relative_to("/lib/firmware").parts)
+
     def missing() -> list[Path]:
-        dest = ctx.root.local_resolved(host_dir)
+        dest = dirs()[1]
         return [item for item in files() if not _same_file(item, dest / item.name)]
 
     def satisfied() -> bool:
         return not missing()
 
     def apply() -> None:
-        dest = ctx.root.local_resolved(host_dir)
+        base, dest = dirs()
+        safefs.check(dest, anchor=base)  # before the rollback notes what to take away
         load_rollback.note_firmware(ctx, dest)  # undone if the load fails
         try:
             for item in missing():
-                dest.mkdir(parents=True, exist_ok=True)
-                write_atomic(dest / item.name, item.read_bytes(), 0o644)
-                os.utime(dest / item.name, ns=(item.stat().st_atime_ns, item.stat().st_mtime_ns))
+                safefs.make_dirs(dest, anchor=base)
+                safefs.write_atomic(dest / item.name, item.read_bytes(), 0o644, anchor=base)
+                os.utime(dest / item.name, ns=(item.stat().st_atime_ns, item.stat().st_mtime_ns),
+                         follow_symlinks=False)
         except OSError as exc:
             raise InstallFailed(
                 f"could not put the GSP firmware of {ctx.target.version} into {host_dir} on the "
@@ -151,7 +183,7 @@ def firmware_step(ctx: Context) -> Step:
 
 def _same_file(source: Path, dest: Path) -> bool:
     try:
-        a, b = source.stat(), dest.stat()
+        a, b = source.stat(), os.lstat(dest)  # a link there is never our file
     except OSError:
         return False
     return a.st_size == b.st_size and a.st_mtime_ns == b.st_mtime_ns

@@ -76,7 +76,7 @@ def install_step(ctx: Context) -> Step:
         listed = ctx.runner.run(cmd.rpm_files_argv(ctx.root, [name]), timeout=120).output
         files = [PurePosixPath(line.strip()) for line in listed.splitlines()
                  if line.startswith("/")]
-        with scratch(layout.tmp) as tmp:
+        with scratch(layout.tmp, within=layout.cache_anchor) as tmp:
             tree = tmp / "fabricmanager"
             package_tree(files, {f: ctx.root.local(f) for f in files}, tree)
             daemon = tree / "bin" / fm_archive.binary(layout, version).name
@@ -91,7 +91,8 @@ def install_step(ctx: Context) -> Step:
                     f"{name} {version}'s nv-fabricmanager says it is {said or '(no version)'}: "
                     "it would refuse the driver", hint=hint)
             placed = fm_archive.install(tree, layout.version_dir(version),
-                                        fm_archive.config_dir(layout, version), version)
+                                        fm_archive.config_dir(layout, version), version,
+                                        within=layout.install_local)
         log.info("Fabric Manager %s from %s into %s: %s", version, name,
                  layout.version_dir(version), ", ".join(placed))
 

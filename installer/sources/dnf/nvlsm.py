@@ -86,7 +86,7 @@ def install_step(ctx: Context) -> Step:
         listed = ctx.runner.run(cmd.rpm_files_argv(ctx.root, [PACKAGE]), timeout=120).output
         files = [PurePosixPath(line.strip()) for line in listed.splitlines()
                  if line.startswith("/")]
-        with scratch(layout.tmp) as tmp:
+        with scratch(layout.tmp, within=layout.cache_anchor) as tmp:
             tree = tmp / PACKAGE
             package_tree(files, {f: ctx.root.local(f) for f in files}, tree)
             daemon = tree / "sbin" / "nvlsm"

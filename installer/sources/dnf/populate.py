@@ -60,7 +60,7 @@ def _package_files(ctx: Context, names: list[str]) -> list[PurePosixPath]:
 
 
 def _fill_version_dir(ctx: Context, files: list[PurePosixPath], final: Path, version: str) -> None:
-    with staged_dir(final) as staging:
+    with staged_dir(final, within=ctx.layout.anchor_for(final)) as staging:
         (staging / "bin").mkdir()
         (staging / "lib64").mkdir()
         count = 0
@@ -93,7 +93,7 @@ def _fill_module_dir(ctx: Context, build: Path) -> None:
             hint="DKMS builds for the running kernel; check `dkms status` on the node and "
             "that kernel-devel matches the kernel.",
         )
-    with staged_dir(build) as staging:
+    with staged_dir(build, within=ctx.layout.anchor_for(build)) as staging:
         for name, path in found.items():
             dest = staging / f"{name}.ko"
             if path.name.endswith(".ko.xz"):

@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from installer import safefs
 from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
 from installer.errors import (
     ArtifactInvalid,
@@ -191,7 +192,7 @@ def use(ctx: Context, artifact: Artifact) -> Path:
     assert settings is not None
     t = ctx.target
     final = _build_dir(ctx)
-    with staged_dir(final, suffix=".pull") as staging:
+    with staged_dir(final, suffix=".pull", within=ctx.layout.anchor_for(final)) as staging:
         registry.pull(settings, artifact, staging)
         names = sorted(p.name for p in staging.iterdir())
         if not set(names) <= MODULE_NAMES or "nvidia.ko" not in names:
@@ -251,5 +252,6 @@ def publish(ctx: Context) -> Artifact:
                                   "modules built")
     signer = load_signer(ctx.config.module_publisher_key)
     artifact = registry.push(settings, artifact_key(ctx), sorted(built.glob("*.ko")), signer)
-    (built / PUBLISHED_MARKER).write_text(f"{artifact.reference}\n")
+    safefs.write_atomic(built / PUBLISHED_MARKER, f"{artifact.reference}\n",
+                        anchor=ctx.layout.anchor_for(built))
     return artifact

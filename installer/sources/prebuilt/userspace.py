@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from installer import safefs
 from installer.dirs import is_complete, mark_complete, scratch, staged_dir
 from installer.errors import ArtifactInvalid, InstallerError, RegistryUnavailable, TrustRootInvalid
 from installer.plan import Context, Decision, Step
@@ -140,7 +141,7 @@ def install(ctx: Context, artifact: UserspaceArtifact) -> Path:
     assert settings is not None
     version = ctx.target.version
     final = ctx.layout.version_dir(version)
-    with staged_dir(final, suffix=".pull") as staging:
+    with staged_dir(final, suffix=".pull", within=ctx.layout.anchor_for(final)) as staging:
         size = pull(settings, artifact, staging)
         if not (staging / "lib64" / f"libnvidia-ml.so.{version}").is_file():
             raise ArtifactInvalid(f"{artifact.reference} holds no lib64/libnvidia-ml.so."
@@ -170,7 +171,8 @@ def publish_steps(ctx: Context) -> list[Step]:
 
     def push() -> None:
         reference = publish(ctx, final)
-        (final / PUBLISHED_MARKER).write_text(f"{reference}\n")
+        safefs.write_atomic(final / PUBLISHED_MARKER, f"{reference}\n",
+                            anchor=ctx.layout.anchor_for(final))
 
     return [_tried_once(
         "publish-userspace", "push the user space to the registry, signed with the publisher "
@@ -227,7 +229,8 @@ def publish_for_prebuild(ctx: Context,
                 return present
         if is_complete(final) and read_listing(final) is not None:
             return publish(ctx, final)
-        with scratch(ctx.layout.cache_local / "userspace-publish") as work:
+        with scratch(ctx.layout.cache_local / "userspace-publish",
+                     within=ctx.layout.cache_anchor) as work:
             tree = work / "tree"
             tree.mkdir()
             place_userspace(ctx, tree)

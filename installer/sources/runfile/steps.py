@@ -10,7 +10,7 @@ import re
 import shutil
 from pathlib import Path
 
-from installer import steps
+from installer import safefs, steps
 from installer.dirs import mark_complete, remove_tree, scratch, staged_dir
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
 from installer.headers import steps as header_steps
@@ -98,13 +98,13 @@ def extract_step(ctx: Context) -> Step:
 
         runfile = ctx.runfile or layout.downloads / name
         remove_tree(directory)
-        with staged_dir(directory, create=False) as staging:
+        with staged_dir(directory, create=False, within=layout.anchor_for(directory)) as staging:
             # Read as text, never run: only a .run that names the planned version and arch
             # in its makeself header is executed (its digest was verified when fetched).
             problems = archive_problems(header_identity(runfile), t.version, ctx.facts.arch)
             if problems:
                 raise refuse(runfile, problems)
-            with scratch(layout.tmp) as tmp:
+            with scratch(layout.tmp, within=layout.cache_anchor) as tmp:
                 try:
                     ctx.runner.run(extract_argv(runfile, staging, tmp), timeout=600)
                 except CommandFailed as exc:
@@ -151,17 +151,22 @@ def build_step(ctx: Context) -> Step:
     def apply() -> None:
         assert t.headers is not None
         if cross.is_cross(ctx):
-            with staged_dir(final) as staging, scratch(layout.tmp) as tmp:
+            with staged_dir(final, within=layout.anchor_for(final)) as staging, \
+                    scratch(layout.tmp, within=layout.cache_anchor) as tmp:
                 cross.build(ctx, staging, tmp)
                 _check_built(staging, t.version)
                 mark_complete(staging, f"{t.version} {t.kernel} {t.flavour}\n")
             log.info("built %s", ", ".join(p.name for p in sorted(final.glob("*.ko"))))
             return
         log_file = layout.install_local / "nvidia-installer-build.log"
+        # nvidia-installer opens its log with fopen("w"): a link planted in its place would
+        # be truncated as root, so it is refused before the tool runs.
+        safefs.check(log_file, anchor=layout.install_local)
         chosen = header_steps.build_compiler(ctx)
         env, note = chosen.env, chosen.note
         log.info("building %s modules for kernel %s (%s)", t.flavour, t.kernel, note)
-        with staged_dir(final) as staging, scratch(layout.tmp) as tmp:
+        with staged_dir(final, within=layout.anchor_for(final)) as staging, \
+                scratch(layout.tmp, within=layout.cache_anchor) as tmp:
             request = BuildRequest(
                 extracted=layout.extracted(t.version),
                 version=t.version,
@@ -239,7 +244,7 @@ def userspace_step(ctx: Context) -> Step:
         return _userspace_done(ctx)
 
     def apply() -> None:
-        with staged_dir(final) as staging:
+        with staged_dir(final, within=layout.anchor_for(final)) as staging:
             place_userspace(ctx, staging)
             mark_complete(staging, t.version + "\n")
         log.info("installed user-space files of %s into %s", t.version, final)
@@ -254,7 +259,8 @@ def place_userspace(ctx: Context, staging: Path) -> None:
     artifact of this user space holds)."""
     t, layout = ctx.target, ctx.layout
     extracted = layout.extracted(t.version)
-    with scratch(layout.tmp) as tmp:
+    safefs.check(layout.installer_log, anchor=layout.install_local)  # as the build log
+    with scratch(layout.tmp, within=layout.cache_anchor) as tmp:
         argv = install_userspace_argv(extracted, staging, layout.installer_log, tmp)
         try:
             ctx.runner.run(argv, stream=True, timeout=1800)
