@@ -45,6 +45,7 @@ from installer.errors.cross import (
     KbuildToolsWrongArch,
 )
 from installer.errors.delivery import (
+    ArchiveTooLarge,
     ArchiveUnsafe,
     ArtifactInvalid,
     ArtifactUntrusted,
@@ -119,6 +120,7 @@ __all__ = [
     "AmazonDkmsMissing",
     "AmazonDriverMissing",
     "AmazonKernelDevelMissing",
+    "ArchiveTooLarge",
     "ArchiveUnsafe",
     "ArtifactInvalid",
     "ArtifactUntrusted",
