@@ -27,6 +27,7 @@ from kit.rpm import (
     KERNEL,
     KERNEL8,
     SIGNER,
+    SIGNING_KEY,
     V565,
     V575,
     V580A,
@@ -611,3 +612,33 @@ def test_the_hosts_signed_repo_file_is_never_replaced_by_a_fetched_one(
     assert "gpgcheck=1" in own.read_text()
     assert rpms(root) == driver_rpms(V580A)
     assert imported_keys(root) == [f"{SIGNER} public key"]
+
+
+def test_the_hosts_repo_naming_its_key_and_ca_as_local_files_installs(
+    root: Path, repo: Path, repo_files: dict[str, str]
+) -> None:
+    """How EL hosts and in-house mirrors name keys: `gpgkey=file:///etc/pki/rpm-gpg/...` and
+    `sslcacert=/etc/pki/...`, paths of the host. dnf --installroot reads them from this
+    process's filesystem, so the transaction must reach them inside the host root, as the
+    header fetch does."""
+    key = root / "etc/pki/rpm-gpg/RPM-GPG-KEY-cuda"
+    key.parent.mkdir(parents=True)
+    shutil.copyfile(repo / SIGNING_KEY, key)
+    ca = root / "etc/pki/tls/certs/mirror-ca.pem"
+    ca.parent.mkdir(parents=True)
+    shutil.copyfile(repo_files["ca"], ca)
+    base = repo_files["https"].rsplit("/", 1)[0]
+    own = root / "etc/yum.repos.d/cuda-rhel9.repo"
+    write_repo_file(own, f"{base}/repo", REPO_ID)
+    text = re.sub(r"gpgkey=.*", "gpgkey=file:///etc/pki/rpm-gpg/RPM-GPG-KEY-cuda",
+                  own.read_text())
+    own.write_text(text + "sslcacert=/etc/pki/tls/certs/mirror-ca.pem\n")
+    assert not Path("/etc/pki/rpm-gpg/RPM-GPG-KEY-cuda").exists()  # only inside the root
+    before = repos_dir(root)
+
+    result = ok(run_installer(env_for(root, "", V580A, NVIDIA_DRIVER_SOURCE="dnf"), "run"))
+
+    assert "Traceback" not in result.stderr
+    assert rpms(root) == driver_rpms(V580A)
+    assert imported_keys(root) == [f"{SIGNER} public key"]
+    assert repos_dir(root) == before  # the host's files are read, never rewritten
