@@ -37,7 +37,7 @@ from kit.rpm import (
     precompiled_kmod,
     write_repo_file,
 )
-from lib.dnfroots import make_root
+from lib.dnfroots import host_has_files_of, make_root
 from lib.hostkit import GCC_LINE, INSTALL_DIR_HOST, installer_env, run_installer
 from lib.hosttrees import CLASS_BRIDGE, add_pci_device
 from lib.tlskit import serve_directory_tls
@@ -88,6 +88,7 @@ def _repo_urls(www: Path, repo: Path, base: str, ca: Path) -> dict[str, str]:
         www / "dead" / "cuda-rhel9.repo", f"https://127.0.0.1:{_closed_port()}/r", REPO_ID
     )
     return {
+        "www": str(www),
         "https": f"{base}/cuda-rhel9.repo",
         "ca": str(ca),
         "file": f"file://{local}",
@@ -103,8 +104,13 @@ def _closed_port() -> int:
 
 
 @pytest.fixture
-def root(tmp_path: Path, extras: Path) -> Path:
-    return make_root(tmp_path, extras)
+def root(tmp_path: Path, extras: Path, repo_files: dict[str, str]) -> Path:
+    host = make_root(tmp_path, extras)
+    # The repo files name the kit's key and the test CA by their paths here: the host has them.
+    host_has_files_of(host, *(Path(url[len("file://"):]) for key, url in repo_files.items()
+                              if key in ("file", "dead")),
+                      Path(repo_files["www"]) / "cuda-rhel9.repo")
+    return host
 
 
 def env_for(
@@ -282,6 +288,7 @@ def test_rocky8_dkms_without_precompiled_kmod_and_uncompressed_modules(
     tmp_path: Path, extras: Path, repo_files: dict[str, str]
 ) -> None:
     root = make_root(tmp_path, extras, major=8)
+    host_has_files_of(root, Path(repo_files["file"][len("file://"):]))
     env = env_for(root, repo_files["file"], "580")
     env["NVIDIA_KERNEL_RELEASE"] = KERNEL8
     result = ok(run_installer(env, "run"))
