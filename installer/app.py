@@ -15,7 +15,7 @@ from installer.cluster import upgrade_gate
 from installer.config import Config
 from installer.errors import InstallerError
 from installer.hostroot import HostRoot
-from installer.layout import LD_DROP_IN, READY_FILE, Layout
+from installer.layout import GPUS_READY_FILE, LD_DROP_IN, READY_FILE, Layout
 from installer.plan import Plan
 from installer.release import catalog
 from installer.release.download import fetch_bytes_for, fetch_runfile_for
@@ -253,6 +253,7 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
         with components.paused(root, layout, config, when=not holders):
             modules.unload(root, runner, holders)
         removed += modules.remove_nodes(layout.dev_dir)
+        root.local(GPUS_READY_FILE).unlink(missing_ok=True)
         ready = root.local(READY_FILE)
         if ready.exists():
             ready.unlink()

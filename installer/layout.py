@@ -12,6 +12,11 @@ from installer.hostroot import HostRoot
 LD_DROP_IN = PurePosixPath("/etc/ld.so.conf.d/nvidia-driver-installer.conf")
 NOUVEAU_BLACKLIST = PurePosixPath("/etc/modprobe.d/blacklist-nouveau.conf")
 READY_FILE = PurePosixPath("/run/nvidia-driver-installer/driver-ready")
+# "The GPUs are usable": the driver verified and loaded and every component container up for it
+# (on a board with an NVLink fabric, Fabric Manager and NVLSM registered the GPUs): exactly when
+# the scheduling gate would open. What a GPU consumer (device plugin, workload) waits for;
+# driver-ready alone is written while a fabric is still coming up.
+GPUS_READY_FILE = READY_FILE.parent / "gpus-ready"
 MODULES_SUBDIR = "updates/nvidia-driver-installer"
 
 

@@ -11,7 +11,7 @@ from installer.config import Config
 from installer.errors import SchedulingGateUnavailable
 from installer.host import readiness
 from installer.hostroot import HostRoot
-from installer.layout import READY_FILE, Layout
+from installer.layout import GPUS_READY_FILE, READY_FILE, Layout
 from installer.plan import Context, Step
 
 log = logging.getLogger(__name__)
@@ -94,5 +94,6 @@ def close_before_unload(config: Config, root: HostRoot, why: str, *,
         return
     from installer.cluster import gate
 
+    root.local(GPUS_READY_FILE).unlink(missing_ok=True)
     root.local(READY_FILE).unlink(missing_ok=True)
     gate.close(config, why, drop_label=drop_label)

@@ -163,7 +163,7 @@ def locate(config: Config, version: str, arch: str, *,
         if found is not None and not trusted:
             continue
         try:
-            data = delivery.fetch_bytes(url, settings, max_bytes=4 << 20, https_only=trusted)
+            data, trusted = delivery.fetch_listing(url, settings, max_bytes=4 << 20)
         except (DownloadNotFound, DownloadForbidden) as exc:
             tried.append(f"{delivery.redact_url(url)} ({exc.message.rsplit(': ', 1)[-1]})")
             continue

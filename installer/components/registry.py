@@ -140,7 +140,8 @@ def serve(name: str, config: Config) -> None:
     signal.signal(signal.SIGINT, on_signal)
     try:
         Supervisor(daemon, root, config.daemon_restarts, stop,
-                   lock_file=Layout.from_config(config, root).lock_file).run()
+                   lock_file=Layout.from_config(config, root).lock_file,
+                   components=names()).run()
     finally:
         close = getattr(daemon, "close", None)
         if close is not None:

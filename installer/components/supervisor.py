@@ -19,7 +19,7 @@ from installer import host, safefs
 from installer.errors import InstallerError, PlantedLink
 from installer.host import readiness
 from installer.hostroot import HostRoot
-from installer.layout import READY_FILE
+from installer.layout import GPUS_READY_FILE, READY_FILE
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,26 @@ def restarts_file(name: str) -> PurePosixPath:
     return READY_FILE.parent / f"{name}-restarts"
 
 
+def sync_gpus_ready(root: HostRoot, components: tuple[str, ...]) -> bool:
+    """Write GPUS_READY_FILE (`DRIVER_VERSION=<v>`) when nothing keeps the node from GPU work
+    (readiness.pending(root, components) is empty: the same rule as the scheduling gate), and
+    remove it otherwise. Every component container calls it on each look, so the file follows
+    the last one to change. Returns whether the file is there now."""
+    version = None if readiness.pending(root, components) else readiness.verified_version(root)
+    if version is None:
+        path = root.local(GPUS_READY_FILE)
+        if path.exists():
+            path.unlink()
+            log.info("GPUs not ready: removed %s", GPUS_READY_FILE)
+        return False
+    text = f"DRIVER_VERSION={version}\n"
+    if root.read_text(GPUS_READY_FILE) != text:
+        root.write_atomic(GPUS_READY_FILE, text)
+        log.info("GPUs ready (driver %s and every component up): wrote %s", version,
+                 GPUS_READY_FILE)
+    return True
+
+
 def read_restarts(root: HostRoot, name: str) -> int:
     text = (root.read_text(restarts_file(name)) or "").strip()
     return int(text) if text.isdigit() else 0
@@ -135,6 +155,9 @@ class Supervisor:
     backoff: float = 1.0
     clock: Callable[[], float] = time.monotonic
     lock_file: Path | None = None
+    # Every component's name (registry.names()): with them, each look also keeps
+    # GPUS_READY_FILE true (sync_gpus_ready).
+    components: tuple[str, ...] = ()
 
     def run(self) -> None:
         """Until `stop` is set (then the daemon is stopped and this returns). Raises the
@@ -149,6 +172,7 @@ class Supervisor:
         ready = False
         try:
             while not self.stop.is_set():
+                self._sync()
                 driver = verified_driver(self.root)
                 if paused(self.root, self.lock_file):
                     driver = None
@@ -211,6 +235,10 @@ class Supervisor:
                 running.stop(15.0)
             self._clear(marker)
 
+    def _sync(self) -> None:
+        if self.components:
+            sync_gpus_ready(self.root, self.components)
+
     def _delay(self, failures: int) -> float:
         return float(min(BACKOFF_MAX, self.backoff * 2.0 ** (failures - 1)))
 
@@ -222,8 +250,10 @@ class Supervisor:
     def _write(self, marker: PurePosixPath, content: str) -> None:
         if self.root.read_text(marker) != content:
             self.root.write_atomic(marker, content)
+        self._sync()
 
     def _clear(self, marker: PurePosixPath) -> None:
         path = self.root.local(marker)
         if path.exists():
             path.unlink()
+        self._sync()

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from installer.delivery.settings import DownloadSettings, Fetched, VerifiedBy
     from installer.delivery.small import fetch_bytes
     from installer.delivery.urls import SUPPORTED_SCHEMES, redact_url
-    from installer.delivery.vouch import find_vouched
+    from installer.delivery.vouch import fetch_listing, find_vouched
 
 # name -> the module of this package that defines it
 _EXPORTS = {
@@ -26,6 +26,7 @@ _EXPORTS = {
     "parse_sha256sum": "checksums",
     "fetch_file": "fetch",
     "find_vouched": "vouch",
+    "fetch_listing": "vouch",
     "DownloadSettings": "settings",
     "Fetched": "settings",
     "VerifiedBy": "settings",
@@ -41,6 +42,7 @@ __all__ = [
     "VerifiedBy",
     "fetch_bytes",
     "fetch_file",
+    "fetch_listing",
     "find_cached",
     "find_vouched",
     "parse_sha256sum",

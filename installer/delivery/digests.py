@@ -99,3 +99,10 @@ def is_trusted(url: str, origins: Sequence[str]) -> bool:
     origin. Plain http, file:// and any other host serve bytes only."""
     origin = origin_of(url)
     return origin is not None and origin in {normalize_origin(o) for o in origins}
+
+
+def every_hop_trusted(hops: Sequence[str], origins: Sequence[str]) -> bool:
+    """Whether every URL a fetch went through is https on a trusted origin: a trusted origin
+    that redirects elsewhere (an open redirect, a CDN nobody named, even over https) hands the
+    answer to a server the operator never trusted, so the bytes vouch for nothing."""
+    return bool(hops) and all(is_trusted(hop, origins) for hop in hops)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from installer.delivery.part import CHUNK_SIZE
 from installer.delivery.retry import with_retries
 from installer.delivery.settings import DownloadSettings
@@ -18,6 +20,14 @@ from installer.errors import DownloadFailed
 DEFAULT_MAX_BYTES = 16 << 20
 
 
+class Body(NamedTuple):
+    """A small file's content and every URL the fetch went through (redirects in order, the
+    one that answered last): who sent the bytes is the whole chain, not the first URL."""
+
+    data: bytes
+    hops: tuple[str, ...]
+
+
 def fetch_bytes(
     url: str,
     settings: DownloadSettings | None = None,
@@ -27,6 +37,20 @@ def fetch_bytes(
     _next_source: bool = False,
     https_only: bool = False,
 ) -> bytes:
+    """fetch_body's content alone (see there)."""
+    return fetch_body(url, settings, max_bytes=max_bytes, _http=_http,
+                      _next_source=_next_source, https_only=https_only).data
+
+
+def fetch_body(
+    url: str,
+    settings: DownloadSettings | None = None,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    _http: Http | None = None,
+    _next_source: bool = False,
+    https_only: bool = False,
+) -> Body:
     """The content of a small file (catalog, checksum file) over http(s) or file://.
 
     Touches nothing on the host. Raises DownloadNotFound (404/410 or missing file),
@@ -48,16 +72,16 @@ def fetch_bytes(
                 raise DownloadFailed(f"{red}: {exc.strerror or exc}") from None
         if len(data) > max_bytes:
             raise DownloadFailed(f"{red}: larger than {max_bytes} bytes")
-        return data
+        return Body(data, (url,))
 
     http = _http or Http(settings)
     errors = read_errors()
 
-    def attempt() -> bytes:
+    def attempt() -> Body:
         resp = http.get(url, {})
         with resp:
+            hops = (*(r.url for r in resp.history), resp.url)
             if https_only:
-                hops = [r.url for r in resp.history] + [resp.url]
                 plain = [h for h in hops if scheme_of(h) != "https"]
                 if plain:
                     raise DownloadFailed(f"{red}: redirected to {redact_url(plain[0])}, not "
@@ -84,7 +108,7 @@ def fetch_bytes(
                 raise DownloadFailed(f"{red}: larger than {max_bytes} bytes")
             if length is not None and length.isdigit() and got < int(length):
                 raise Transient(f"short body: {got} of {length} bytes")
-            return b"".join(chunks)
+            return Body(b"".join(chunks), hops)
 
     try:
         return with_retries(attempt, settings, red, next_source=_next_source)

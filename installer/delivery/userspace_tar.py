@@ -213,7 +213,11 @@ def _octal(field: bytes) -> int:
 
 
 def _text(field: bytes) -> str:
-    return field.split(b"\0", 1)[0].decode("utf-8")
+    text, _, rest = field.partition(b"\0")
+    if rest.strip(b"\0"):
+        # Read up to the NUL, `x\0.orig` would pass for the listed `x`.
+        raise ValueError(f"a NUL byte inside the name or link {text!r}")
+    return text.decode("utf-8")
 
 
 class Unpacker:

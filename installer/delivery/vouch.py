@@ -10,9 +10,9 @@ from pathlib import Path
 
 from installer.delivery.cache import find_cached
 from installer.delivery.checksums import Expected, normalize_pin, parse_sha256sum
-from installer.delivery.digests import is_trusted, listed_in
+from installer.delivery.digests import every_hop_trusted, is_trusted, listed_in
 from installer.delivery.settings import DownloadSettings, Fetched
-from installer.delivery.small import fetch_bytes
+from installer.delivery.small import fetch_body
 from installer.delivery.transport import Http
 from installer.delivery.urls import redact_url, scheme_of
 from installer.errors import DownloadFailed, DownloadForbidden, DownloadNotFound
@@ -52,7 +52,7 @@ def published(
                      "(NVIDIA_DRIVER_TRUSTED_ORIGINS)", red)
             continue
         try:
-            text = fetch_bytes(
+            body = fetch_body(
                 url, settings, max_bytes=1 << 20, _http=http, _next_source=next_source,
                 https_only=not local,
             )
@@ -60,7 +60,14 @@ def published(
             # S3 answers 403, not 404, for a missing key when listing is not allowed.
             log.info("no checksum file at %s (%s)", red, exc.message.rsplit(": ", 1)[-1])
             continue
-        digest = parse_sha256sum(text.decode("utf-8", "replace"), name)
+        if not local and not every_hop_trusted(body.hops, settings.trusted_origins):
+            elsewhere = next(h for h in body.hops
+                             if not is_trusted(h, settings.trusted_origins))
+            log.warning("the checksum file %s was redirected to %s, not a trusted origin "
+                        "(NVIDIA_DRIVER_TRUSTED_ORIGINS): it vouches for nothing", red,
+                        redact_url(elsewhere))
+            continue
+        digest = parse_sha256sum(body.data.decode("utf-8", "replace"), name)
         if digest is None:
             raise DownloadFailed(f"{red}: no SHA-256 for {name} in the checksum file")
         return Expected(digest, "local-sha256sum" if local else "trusted-origin",
@@ -91,3 +98,17 @@ def find_vouched(dest_dir: Path, filename: str, pin: str | None,
     if expected is not None:
         return replace(cached, verified_by=expected.verified_by)
     return cached if still_vouched(cached, settings) else None
+
+
+def fetch_listing(url: str, settings: DownloadSettings, *, max_bytes: int) -> tuple[bytes, bool]:
+    """A small file that may vouch (a redistrib JSON) and whether it does: it came over TLS
+    from a trusted origin at every hop. A URL on a trusted origin must stay https through
+    every redirect (DownloadFailed otherwise); one that redirects to another https host is
+    read as a mirror's, vouching for nothing. Raises the errors of fetch_bytes."""
+    first = is_trusted(url, settings.trusted_origins)
+    body = fetch_body(url, settings, max_bytes=max_bytes, https_only=first)
+    trusted = first and every_hop_trusted(body.hops, settings.trusted_origins)
+    if first and not trusted:
+        log.warning("%s was redirected off the trusted origins (%s): what it lists vouches "
+                    "for nothing", redact_url(url), " -> ".join(redact_url(h) for h in body.hops))
+    return body.data, trusted

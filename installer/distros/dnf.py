@@ -4,6 +4,7 @@ vars and keys with a private config, cache and rpm database (the host's are neve
 from __future__ import annotations
 
 import configparser
+import contextlib
 import io
 import re
 from dataclasses import dataclass
@@ -52,16 +53,53 @@ def _parser() -> configparser.ConfigParser:
     return parser
 
 
-def rewrite_repos(text: str, root: HostRoot, mirror: str | None) -> str:
-    """A repo file for our private dnf: key and certificate paths re-rooted, unreachable repos
-    skipped rather than fatal, and every baseurl replaced by `<mirror>/<repo id>/` when set."""
-    parser = _parser()
-    parser.read_string(text)
+def reroot_repos(parser: configparser.ConfigParser, root: HostRoot) -> None:
+    """The key and certificate paths of every repo (`gpgkey=file:///etc/pki/...`,
+    `sslcacert=/etc/pki/...`) as this process reaches them. dnf reads them from its own
+    filesystem even under --installroot, so every dnf run on the host's repo files (the
+    header fetch, the driver transaction) needs them re-rooted, here and only here."""
     for section in parser.sections():
         repo = parser[section]
         for key in _PATH_KEYS:
             if key in repo:
                 repo[key] = _reroot(root, repo[key])
+
+
+def rerooted_repo_file(text: str, root: HostRoot) -> str:
+    """A host repo file with only its key and certificate paths re-rooted (reroot_repos).
+    Raises configparser.Error for a file that is not one."""
+    parser = _parser()
+    parser.read_string(text)
+    reroot_repos(parser, root)
+    out = io.StringIO()
+    parser.write(out)
+    return out.getvalue()
+
+
+def write_rerooted_repos(root: HostRoot, dest: Path) -> Path:
+    """Copies of the host's repo files in `dest` (emptied first), paths re-rooted: a reposdir
+    for dnf --installroot. Reads the host only; a file that does not parse is copied as it
+    is (dnf then names what is wrong with it). Returns `dest`."""
+    if dest.is_dir():
+        for old in dest.iterdir():
+            old.unlink()
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in repo_files(root):
+        text = root.local_resolved(path).read_text(errors="replace")
+        with contextlib.suppress(configparser.Error):
+            text = rerooted_repo_file(text, root)
+        (dest / path.name).write_text(text)
+    return dest
+
+
+def rewrite_repos(text: str, root: HostRoot, mirror: str | None) -> str:
+    """A repo file for our private dnf: key and certificate paths re-rooted, unreachable repos
+    skipped rather than fatal, and every baseurl replaced by `<mirror>/<repo id>/` when set."""
+    parser = _parser()
+    parser.read_string(text)
+    reroot_repos(parser, root)
+    for section in parser.sections():
+        repo = parser[section]
         repo["skip_if_unavailable"] = "1"
         if mirror:
             for key in ("mirrorlist", "metalink"):

@@ -49,6 +49,7 @@ from installer.errors.cross import (
     KbuildToolsWrongArch,
 )
 from installer.errors.delivery import (
+    ArchiveTooLarge,
     ArchiveUnsafe,
     ArtifactInvalid,
     ArtifactUntrusted,
@@ -127,6 +128,7 @@ __all__ = [
     "AmazonDkmsMissing",
     "AmazonDriverMissing",
     "AmazonKernelDevelMissing",
+    "ArchiveTooLarge",
     "ArchiveUnsafe",
     "ArtifactInvalid",
     "ArtifactUntrusted",

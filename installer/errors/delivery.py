@@ -161,3 +161,15 @@ class ArchiveUnsafe(InstallerError):
         "name, a link out of it, a device file): it is not what the publisher ships. Nothing was "
         "unpacked; replace the archive in the mirror or cache with the publisher's own."
     )
+
+
+class ArchiveTooLarge(InstallerError):
+    reference = "archive-too-large"
+    exit_code = 124
+    default_hint = (
+        "The archive unpacks to more than its cap (20 times its own size, at least 16 MiB, a "
+        "header block counted for each member): far beyond what a publisher's compressed "
+        "archive holds, so it is not the publisher's (a decompression bomb fills the disk). "
+        "Nothing was left unpacked; replace the archive in the mirror or cache with the "
+        "publisher's own."
+    )

@@ -7,7 +7,7 @@ import logging
 
 from installer import modules, state
 from installer.errors import ModuleLoadFailed
-from installer.layout import READY_FILE
+from installer.layout import GPUS_READY_FILE, READY_FILE
 from installer.plan import Context, Step
 from installer.steps import coherent
 from installer.steps import rollback as load_rollback
@@ -109,6 +109,8 @@ def _ready_matches(ctx: Context) -> bool:
 
 
 def remove_ready_file(ctx: Context) -> None:
+    """driver-ready and gpus-ready (the GPUs are no more usable than the driver is)."""
+    ctx.root.local(GPUS_READY_FILE).unlink(missing_ok=True)
     path = ctx.root.local(READY_FILE)
     if path.exists():
         path.unlink()

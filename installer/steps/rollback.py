@@ -16,7 +16,7 @@ from pathlib import Path
 
 from installer import host, state
 from installer.dirs import remove_tree
-from installer.layout import LD_DROP_IN, READY_FILE
+from installer.layout import GPUS_READY_FILE, LD_DROP_IN, READY_FILE
 from installer.plan import Context
 from installer.steps import ldcache
 
@@ -104,6 +104,7 @@ def undo(ctx: Context, restore_module_files: RestoreModules) -> list[str]:
         if ctx.memo.get(DROP_IN) is True:
             ldcache.remove(ctx.root, ctx.runner)
             done.append(f"{LD_DROP_IN} removed")
+        ctx.root.local(GPUS_READY_FILE).unlink(missing_ok=True)
         ready = ctx.root.local(READY_FILE)
         if ready.exists():
             ready.unlink()

@@ -61,7 +61,7 @@ from installer.errors import (
 )
 from installer.host import readiness
 from installer.hostroot import HostRoot
-from installer.layout import READY_FILE, Layout
+from installer.layout import GPUS_READY_FILE, READY_FILE, Layout
 from installer.plan import Context, Plan, Step, Target
 from installer.verify.report import VerifyReport
 
@@ -660,7 +660,7 @@ def _supervise(daemon: object, env: Gate) -> tuple[threading.Event, list[BaseExc
     def loop() -> None:
         try:
             supervisor.Supervisor(daemon, HostRoot(env.root), 5, stop,  # type: ignore[arg-type]
-                                  poll=0.02).run()
+                                  poll=0.02, components=components.names()).run()
         except BaseException as error:  # handed to the test
             errors.append(error)
 
@@ -714,8 +714,12 @@ def test_elsewhere_the_idle_fabric_manager_container_lets_the_gate_open(
             readiness.component_file("fabricmanager")) or ""))
         time.sleep(0.2)
         assert env.tainted()  # persistenced has not reported
+        gpus_ready = HostRoot(env.root).local(GPUS_READY_FILE)
+        assert not gpus_ready.exists()  # the file says what the gate says
         env.component_up("persistenced", NEW)
         wait_for(lambda: not env.tainted())
+        wait_for(gpus_ready.exists)
+        assert gpus_ready.read_text() == f"DRIVER_VERSION={NEW}\n"
         assert env.label() == NEW and not errors
     finally:
         stop.set()
@@ -758,6 +762,7 @@ def test_an_upgrade_closes_the_gate_then_stops_our_daemons_then_unloads(
     env.component_up("fabricmanager", OLD, "not-applicable")
     env.component_up("persistenced", OLD)
     root = HostRoot(env.root)
+    assert supervisor.sync_gpus_ready(root, components.names())  # as the containers keep it
     order: list[str] = []
     pause = lifecycle.pause
 
@@ -771,7 +776,8 @@ def test_an_upgrade_closes_the_gate_then_stops_our_daemons_then_unloads(
         if not order or not order[-1].startswith("rmmod"):
             order.append(f"rmmod (paused: {root.local(supervisor.PAUSE_FILE).exists()}, "
                          f"persistenced-ready: "
-                         f"{root.local(readiness.component_file('persistenced')).exists()})")
+                         f"{root.local(readiness.component_file('persistenced')).exists()}, "
+                         f"gpus-ready: {root.local(GPUS_READY_FILE).exists()})")
         if argv[-1] == "nvidia":
             env.loaded(None)
 
@@ -780,7 +786,7 @@ def test_an_upgrade_closes_the_gate_then_stops_our_daemons_then_unloads(
     run(ctx, [steps.unload_old_step(ctx), load_step(env, NEW)])
 
     assert order == ["pause (tainted: True)",
-                     "rmmod (paused: True, persistenced-ready: False)"]
+                     "rmmod (paused: True, persistenced-ready: False, gpus-ready: False)"]
     assert not root.local(supervisor.PAUSE_FILE).exists()  # resumed after the unload
     assert env.tainted()  # verified, but the containers have not reported for NEW yet
     env.component_up("fabricmanager", NEW, "not-applicable")

@@ -23,6 +23,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 INSTALLER_CONTAINER = "nvidia-driver-installer"
 READY_FILE = str(layout.READY_FILE)
+GPUS_READY_FILE = str(layout.GPUS_READY_FILE)
 READY_DIR = READY_FILE.rpartition("/")[0]
 
 # The oldest and newest Kubernetes schemas kubernetes-validate ships that we check against.

@@ -14,6 +14,7 @@ import yaml
 from deploy.manifests import (
     CRD_GROUPS,
     DAEMONSET_DIR,
+    GPUS_READY_FILE,
     K8S_VERSIONS,
     POLICY_KINDS,
     POLICY_MIN_VERSION,
@@ -207,7 +208,12 @@ def test_device_plugin_waits_for_the_driver_and_uses_the_install_dir() -> None:
     spec = pod_spec(plugin)
     volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
     (wait,) = spec["initContainers"]
-    assert READY_FILE in " ".join(wait["command"])
+    # gpus-ready, not driver-ready: on a fabric board (HGX, NVL72) the driver is verified
+    # before Fabric Manager and NVLSM register the GPUs, and a plugin started then advertises
+    # GPUs whose CUDA answers 802.
+    script = " ".join(wait["command"])
+    assert f"until [ -f {GPUS_READY_FILE} ]" in script
+    assert READY_FILE not in script
     assert {volumes[m["name"]] for m in wait["volumeMounts"]} == {READY_DIR}
     (ctr,) = spec["containers"]
     mounts = {m["mountPath"]: volumes[m["name"]] for m in ctr["volumeMounts"]}
@@ -221,6 +227,21 @@ def test_device_plugin_waits_for_the_driver_and_uses_the_install_dir() -> None:
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert plugin_term["matchExpressions"][: len(our_term["matchExpressions"])] == \
         our_term["matchExpressions"]
+
+
+def test_every_documented_wait_for_the_gpus_waits_for_gpus_ready() -> None:
+    """A consumer waits for one file, the same on every board: each wait in the manifests and
+    docs names gpus-ready (driver-ready alone is there during a fabric bring-up)."""
+    waits = []
+    for path in [*sorted(DAEMONSET_DIR.rglob("*.yaml")), *sorted((REPO / "docs").glob("*.md")),
+                 REPO / "README.md"]:
+        for line in path.read_text().splitlines():
+            if "until [ -f " in line or "until test -f " in line:
+                waits.append((path.name, line.strip()))
+    assert waits, "no wait found: the device plugin's and readiness.md's are expected"
+    assert {name for name, _ in waits} >= {"device-plugin.yaml", "readiness.md"}
+    for name, line in waits:
+        assert GPUS_READY_FILE in line, (name, line)
 
 
 def test_smoke_test_pod_requests_one_gpu() -> None:

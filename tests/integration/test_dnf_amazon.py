@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import pytest
 from kit.rpm import V570, V580A, V580B, Release, RepoSpec, build_extras, install_base
 from lib.amazonrepo import kernel_packages, nvidia_repo, nvidia_repo_file
+from lib.dnfroots import host_has_files_of
 from lib.headerrepos import make_key, publish_dnf
 from lib.hostkit import GCC_LINE, INSTALL_DIR_HOST, RUNNING_KERNEL, installer_env, run_installer
 from lib.hostshapes import amazon_repos
@@ -99,10 +100,10 @@ def make_root(path: Path, archive: Archive) -> Path:
     (root / "etc/dnf/vars/awsregion").write_text("us-east-1\n")
     (root / "etc/dnf/vars/awsdomain").write_text("amazonaws.com\n")
     # Every AL2023 host has Amazon's key in its rpm database (its own packages were checked
-    # with it). dnf reads a repo's file:// gpgkey outside --installroot, so a key only in the
-    # root's /etc/pki would not be found: the database is where a mounted host's trust lives.
+    # with it) as well as in /etc/pki/rpm-gpg, where its repo file names it.
     subprocess.run(["rpm", "--root", str(root), "--import", str(archive.amazon_key.armored)],
                    check=True)
+    host_has_files_of(root, archive.repo_file, archive.no_dkms_file)
     return root
 
 

@@ -18,7 +18,7 @@ import pytest
 from kit.nvlink5 import hgx_b200_ports, write_cx7_port
 from kit.rpm import KERNEL, V580A, build_extras, build_repo, write_repo_file
 from kit.rpm.nvlsm import VERSIONS
-from lib.dnfroots import make_root
+from lib.dnfroots import host_has_files_of, make_root
 from lib.hostkit import INSTALL_DIR_HOST, installer_env, run_installer
 
 TOOLS = ("dnf", "rpm", "rpmbuild", "rpmsign", "gpg", "createrepo_c", "modifyrepo_c", "busybox")
@@ -47,10 +47,11 @@ def extras() -> Path:
     return build_extras()
 
 
-def b200_root(tmp_path: Path, extras: Path) -> Path:
+def b200_root(tmp_path: Path, extras: Path, repo_file: str) -> Path:
     """Rocky 9.4 with a B200 and the board's ConnectX-7 ports (mlx5_ib loaded: their IB
-    devices, a Limited PF among them)."""
+    devices, a Limited PF among them), and the key `repo_file` names."""
     root = make_root(tmp_path, extras, gpus=(B200,))
+    host_has_files_of(root, Path(repo_file[len("file://"):]))
     for port in hgx_b200_ports():
         write_cx7_port(root, port)
     return root
@@ -72,7 +73,7 @@ def rpm_q(root: Path, *args: str) -> str:
 def test_a_b200_on_rocky_gets_nvlsm_in_the_drivers_transaction(
     tmp_path: Path, extras: Path, repo_file: str
 ) -> None:
-    root = b200_root(tmp_path, extras)
+    root = b200_root(tmp_path, extras, repo_file)
     plan = run(root, repo_file, "plan")
     assert plan.returncode == 0, plan.stderr[-3000:]
     assert re.search(r"nvlink5\s*:?\s+yes", plan.stdout), plan.stdout
@@ -117,7 +118,7 @@ def test_a_b200_on_rocky_gets_nvlsm_in_the_drivers_transaction(
 def test_a_pinned_nvlsm_is_installed_and_one_the_repo_lacks_changes_nothing(
     tmp_path: Path, extras: Path, repo_file: str
 ) -> None:
-    root = b200_root(tmp_path, extras)
+    root = b200_root(tmp_path, extras, repo_file)
     missing = run(root, repo_file, "run", NVIDIA_NVLSM_VERSION="2024.01.1")
     assert missing.returncode == 47, missing.stderr[-4000:]
     assert "error[nvlsm-package-unavailable]: this NVLink5 node needs NVLSM, but dnf found no " \

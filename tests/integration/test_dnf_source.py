@@ -27,6 +27,7 @@ from kit.rpm import (
     KERNEL,
     KERNEL8,
     SIGNER,
+    SIGNING_KEY,
     V565,
     V575,
     V580A,
@@ -36,7 +37,7 @@ from kit.rpm import (
     precompiled_kmod,
     write_repo_file,
 )
-from lib.dnfroots import make_root
+from lib.dnfroots import host_has_files_of, make_root
 from lib.hostkit import GCC_LINE, INSTALL_DIR_HOST, installer_env, run_installer
 from lib.hosttrees import CLASS_BRIDGE, add_pci_device
 from lib.tlskit import serve_directory_tls
@@ -87,6 +88,7 @@ def _repo_urls(www: Path, repo: Path, base: str, ca: Path) -> dict[str, str]:
         www / "dead" / "cuda-rhel9.repo", f"https://127.0.0.1:{_closed_port()}/r", REPO_ID
     )
     return {
+        "www": str(www),
         "https": f"{base}/cuda-rhel9.repo",
         "ca": str(ca),
         "file": f"file://{local}",
@@ -102,8 +104,13 @@ def _closed_port() -> int:
 
 
 @pytest.fixture
-def root(tmp_path: Path, extras: Path) -> Path:
-    return make_root(tmp_path, extras)
+def root(tmp_path: Path, extras: Path, repo_files: dict[str, str]) -> Path:
+    host = make_root(tmp_path, extras)
+    # The repo files name the kit's key and the test CA by their paths here: the host has them.
+    host_has_files_of(host, *(Path(url[len("file://"):]) for key, url in repo_files.items()
+                              if key in ("file", "dead")),
+                      Path(repo_files["www"]) / "cuda-rhel9.repo")
+    return host
 
 
 def env_for(
@@ -281,6 +288,7 @@ def test_rocky8_dkms_without_precompiled_kmod_and_uncompressed_modules(
     tmp_path: Path, extras: Path, repo_files: dict[str, str]
 ) -> None:
     root = make_root(tmp_path, extras, major=8)
+    host_has_files_of(root, Path(repo_files["file"][len("file://"):]))
     env = env_for(root, repo_files["file"], "580")
     env["NVIDIA_KERNEL_RELEASE"] = KERNEL8
     result = ok(run_installer(env, "run"))
@@ -611,3 +619,33 @@ def test_the_hosts_signed_repo_file_is_never_replaced_by_a_fetched_one(
     assert "gpgcheck=1" in own.read_text()
     assert rpms(root) == driver_rpms(V580A)
     assert imported_keys(root) == [f"{SIGNER} public key"]
+
+
+def test_the_hosts_repo_naming_its_key_and_ca_as_local_files_installs(
+    root: Path, repo: Path, repo_files: dict[str, str]
+) -> None:
+    """How EL hosts and in-house mirrors name keys: `gpgkey=file:///etc/pki/rpm-gpg/...` and
+    `sslcacert=/etc/pki/...`, paths of the host. dnf --installroot reads them from this
+    process's filesystem, so the transaction must reach them inside the host root, as the
+    header fetch does."""
+    key = root / "etc/pki/rpm-gpg/RPM-GPG-KEY-cuda"
+    key.parent.mkdir(parents=True)
+    shutil.copyfile(repo / SIGNING_KEY, key)
+    ca = root / "etc/pki/tls/certs/mirror-ca.pem"
+    ca.parent.mkdir(parents=True)
+    shutil.copyfile(repo_files["ca"], ca)
+    base = repo_files["https"].rsplit("/", 1)[0]
+    own = root / "etc/yum.repos.d/cuda-rhel9.repo"
+    write_repo_file(own, f"{base}/repo", REPO_ID)
+    text = re.sub(r"gpgkey=.*", "gpgkey=file:///etc/pki/rpm-gpg/RPM-GPG-KEY-cuda",
+                  own.read_text())
+    own.write_text(text + "sslcacert=/etc/pki/tls/certs/mirror-ca.pem\n")
+    assert not Path("/etc/pki/rpm-gpg/RPM-GPG-KEY-cuda").exists()  # only inside the root
+    before = repos_dir(root)
+
+    result = ok(run_installer(env_for(root, "", V580A, NVIDIA_DRIVER_SOURCE="dnf"), "run"))
+
+    assert "Traceback" not in result.stderr
+    assert rpms(root) == driver_rpms(V580A)
+    assert imported_keys(root) == [f"{SIGNER} public key"]
+    assert repos_dir(root) == before  # the host's files are read, never rewritten

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 from lib.httpfaults import FaultServer
+from lib.tlskit import Tls, make_tls
 
 from installer.delivery import DownloadSettings, fetch_file
-from installer.errors import DownloadFailed, DownloadTooLarge
+from installer.errors import DownloadFailed, DownloadTooLarge, UnverifiedDownload
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "NVIDIA-Linux-x86_64-580.95.05.run"
@@ -369,3 +370,117 @@ def test_a_body_announced_larger_than_the_cap_is_refused_unread(tmp_path: Path) 
 
     assert f"announces {5 << 30} bytes" in info.value.message
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------- a trusted origin's redirect to another host
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
+    return make_tls(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+def two_origins(tls: Tls, monkeypatch: pytest.MonkeyPatch
+                ) -> Iterator[tuple[FaultServer, FaultServer]]:
+    """Two HTTPS servers the client verifies (a test CA): the first is the trusted origin, the
+    second a host on the same CA (any public https host) that nobody named."""
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls.ca_file))
+    with FaultServer(tls=tls.context) as trusted, FaultServer(tls=tls.context) as other:
+        yield trusted, other
+
+
+def test_a_trusted_origins_checksum_redirected_to_another_https_host_vouches_for_nothing(
+    two_origins: tuple[FaultServer, FaultServer], tmp_path: Path
+) -> None:
+    """An open redirect on the trusted origin hands the digest to another host: that host's
+    checksum for its own bytes must not count as the origin's word."""
+    trusted, other = two_origins
+    evil = b"#!/bin/sh\necho owned\n" * 1000
+    other.add(PATH, evil)
+    other.add_sha256sum(PATH, evil)
+    trusted.add(PATH + ".sha256sum", status=302,
+                headers={"Location": other.url(PATH + ".sha256sum")})
+    settings = replace(FAST, trusted_origins=(trusted.base_url,))
+
+    with pytest.raises(UnverifiedDownload):
+        fetch_file([other.url(PATH)], tmp_path, NAME,
+                   checksum_urls=[trusted.url(PATH + ".sha256sum")], settings=settings)
+
+    assert other.count(PATH + ".sha256sum") == 1  # followed, and then not believed
+    assert other.count(PATH) == 0 and sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_redirect_within_the_trusted_origin_still_vouches(
+    two_origins: tuple[FaultServer, FaultServer], tmp_path: Path
+) -> None:
+    trusted, other = two_origins
+    data = os.urandom(4096)
+    other.add(PATH, data)
+    trusted.add("/current.sha256sum", status=302,
+                headers={"Location": trusted.url(PATH + ".sha256sum")})
+    trusted.add_sha256sum(PATH, data)
+    settings = replace(FAST, trusted_origins=(trusted.base_url,))
+
+    got = fetch_file([other.url(PATH)], tmp_path, NAME,
+                     checksum_urls=[trusted.url("/current.sha256sum")], settings=settings)
+
+    assert (got.sha256, got.verified_by) == (sha(data), "trusted-origin")
+
+
+def fm_listing(version: str, archive: bytes) -> bytes:
+    from installer.components import fm_archive
+
+    name = fm_archive.archive_name(version, "x86_64")
+    return json.dumps({"fabricmanager": {"version": version, "linux-x86_64": {
+        "relative_path": f"fabricmanager/linux-x86_64/{name}",
+        "sha256": sha(archive), "size": str(len(archive))}}}).encode()
+
+
+def test_a_redistrib_json_redirected_off_the_trusted_origin_vouches_for_nothing(
+    two_origins: tuple[FaultServer, FaultServer], tmp_path: Path
+) -> None:
+    """Fabric Manager's (and NVLSM's, IMEX's) archive digest comes from the redistrib JSON:
+    the same rule, every hop a trusted origin, or the archive is refused unfetched."""
+    from installer.components import fm_archive
+    from installer.config import from_env
+    from installer.hostroot import HostRoot
+    from installer.layout import Layout
+
+    trusted, other = two_origins
+    version = "580.95.05"
+    evil = b"not nvidia's archive"
+    other.add(f"/redist/redistrib_{version}.json", fm_listing(version, evil))
+    other.add(f"/redist/fabricmanager/linux-x86_64/{fm_archive.archive_name(version, 'x86_64')}",
+              evil)
+    trusted.add(f"/redist/redistrib_{version}.json", status=301,
+                headers={"Location": other.url(f"/redist/redistrib_{version}.json")})
+    config = from_env({"NVIDIA_FABRICMANAGER_REDIST": trusted.url("/redist"),
+                       "NVIDIA_DRIVER_TRUSTED_ORIGINS": trusted.base_url,
+                       "NVIDIA_INSTALLER_RETRIES": "1"})
+    layout = Layout.from_config(config, HostRoot(tmp_path))
+
+    with pytest.raises(UnverifiedDownload):
+        fm_archive.fetch(config, layout, version, "x86_64")
+
+    listed, _ = fm_archive.locate(config, version, "x86_64")
+    assert listed.trusted is False
+    assert other.count(f"/redist/fabricmanager/linux-x86_64/"
+                       f"{fm_archive.archive_name(version, 'x86_64')}") == 0
+
+
+def test_a_redistrib_json_on_the_trusted_origin_vouches(
+    two_origins: tuple[FaultServer, FaultServer]
+) -> None:
+    from installer.components import fm_archive
+    from installer.config import from_env
+
+    trusted, _ = two_origins
+    version = "580.95.05"
+    trusted.add(f"/redist/redistrib_{version}.json", fm_listing(version, b"archive"))
+    config = from_env({"NVIDIA_FABRICMANAGER_REDIST": trusted.url("/redist"),
+                       "NVIDIA_DRIVER_TRUSTED_ORIGINS": trusted.base_url})
+
+    listed, _ = fm_archive.locate(config, version, "x86_64")
+
+    assert listed.trusted is True and listed.sha256 == sha(b"archive")

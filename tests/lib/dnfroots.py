@@ -41,3 +41,23 @@ def make_root(path: Path, extras: Path, major: int = 9, epel: bool = True,
         write_repo_file(root / "etc/yum.repos.d/epel.repo", f"file://{extras / 'epel'}", "epel",
                         signed=False)
     return root
+
+
+def host_has_files_of(root: Path, *repo_files: Path) -> None:
+    """The key and certificate files `repo_files` name (gpgkey=file://..., sslcacert=...) also
+    at the same path inside `root`. Those are paths of the host, which the installer reaches
+    inside the root (as dnf --installroot would not on its own); the test's repo files name
+    the kit's key and the test CA where they lie on this machine, so a host that uses such a
+    repo file has them there too."""
+    import re
+    import shutil
+
+    for repo_file in repo_files:
+        text = repo_file.read_text()
+        named = [m.group(1) for m in re.finditer(r"^gpgkey\s*=\s*file://(\S+)", text, re.M)]
+        named += [m.group(1) for m in
+                  re.finditer(r"^ssl(?:cacert|clientcert|clientkey)\s*=\s*(/\S+)", text, re.M)]
+        for path in named:
+            inside = root / path.lstrip("/")
+            inside.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, inside)

@@ -81,6 +81,40 @@ def test_dnf_base_acts_on_the_host_root(tmp_path: Path) -> None:
     assert "--setopt=module_platform_id=platform:el10" not in cmd.dnf_base(root, EL10, CACHE)
 
 
+def test_the_transaction_reads_the_hosts_repo_files_with_their_paths_rerooted(
+        tmp_path: Path) -> None:
+    """dnf --installroot reads gpgkey=file:// and sslcacert= from this process's filesystem:
+    the transaction's reposdir holds the host's files with those paths inside the host root
+    (the same re-rooting as the header fetch), and the host's own files stay as they are."""
+    host = tmp_path / "host"
+    repos = host / "etc/yum.repos.d"
+    repos.mkdir(parents=True)
+    own = ("[cuda-rhel9-x86_64]\nname=cuda\nbaseurl=https://mirror.example/cuda/\n"
+           "enabled=1\ngpgcheck=1\ngpgkey=file:///etc/pki/rpm-gpg/RPM-GPG-KEY-cuda\n"
+           "sslcacert=/etc/pki/tls/certs/mirror-ca.pem\n")
+    (repos / "cuda-rhel9.repo").write_text(own)
+    (repos / "broken.repo").write_text("not an ini file\n")
+    (repos / "notes.txt").write_text("not a repo\n")
+    cache = tmp_path / "cache/dnf"
+    (cache / "repos.d").mkdir(parents=True)
+    (cache / "repos.d/stale.repo").write_text("[gone]\n")
+    root = HostRoot(host)
+
+    made = cmd.host_repos_dir(root, cache)
+
+    assert made == cache / "repos.d"
+    assert sorted(p.name for p in made.iterdir()) == ["broken.repo", "cuda-rhel9.repo"]
+    text = (made / "cuda-rhel9.repo").read_text()
+    assert f"gpgkey = file://{host}/etc/pki/rpm-gpg/RPM-GPG-KEY-cuda" in text
+    assert f"sslcacert = {host}/etc/pki/tls/certs/mirror-ca.pem" in text
+    assert "baseurl = https://mirror.example/cuda/" in text
+    assert "skip_if_unavailable" not in text  # the transaction keeps a dead repo fatal
+    assert (made / "broken.repo").read_text() == "not an ini file\n"
+    assert (repos / "cuda-rhel9.repo").read_text() == own
+    assert f"--setopt=reposdir={made}" in cmd.dnf_base(root, EL9, cache, made)
+    assert cmd.host_repos_dir(HostRoot(Path("/")), cache) is None
+
+
 def test_dnf_base_is_plain_dnf_on_a_bare_host() -> None:
     assert cmd.dnf_base(HostRoot(Path("/")), EL8, CACHE) == [
         "dnf", "--setopt=install_weak_deps=False", "--setopt=skip_if_unavailable=False",

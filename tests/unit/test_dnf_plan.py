@@ -213,7 +213,8 @@ def test_transaction_runs_the_exact_argv_and_maps_a_conflict(tmp_path: Path) -> 
             "dnf",
             f"--installroot={tmp_path}",
             "--releasever=9.4",
-            f"--setopt=reposdir={tmp_path}/etc/yum.repos.d",
+            # the host's repo files, paths re-rooted, in the install dir's cache
+            f"--setopt=reposdir={tmp_path}/var/lib/nvidia/cache/dnf/repos.d",
             f"--setopt=cachedir={tmp_path}/var/lib/nvidia/cache/dnf",
             "--setopt=module_platform_id=platform:el9",
             "--setopt=install_weak_deps=False",

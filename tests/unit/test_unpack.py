@@ -11,13 +11,13 @@ import os
 import stat
 import tarfile
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
 from installer.components import fm_archive
 from installer.delivery import unpack
-from installer.errors import ArchiveUnsafe, FabricManagerMismatch
+from installer.errors import ArchiveTooLarge, ArchiveUnsafe, FabricManagerMismatch
 
 TOP = "fabricmanager-linux-x86_64-580.105.08-archive"
 ROADS = [
@@ -224,3 +224,124 @@ def test_an_unreadable_archive_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ArchiveUnsafe, match="cannot be unpacked"):
         unpack.extract(source, tmp_path / "u", TOP)
     assert list((tmp_path / "u").iterdir()) == []
+
+
+# --------------------------------------------------------------- NUL in names, unpacked size
+
+
+def with_nul(tmp_path: Path, members: list[Member], fmt: int = tarfile.GNU_FORMAT) -> Path:
+    """The archive with every `^` of its raw tar stream turned into a NUL byte (in a header's
+    name or link field, a GNU long-name record or a pax record), header checksums made right
+    again: what a crafted archive holds, which tarfile cuts at the NUL."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=fmt) as tar:
+        for add in members:
+            add(tar)
+    data = bytearray(raw.getvalue().replace(b"^", b"\0"))
+    for start in range(0, len(data), 512):
+        block = data[start:start + 512]
+        if block[257:262] == b"ustar":
+            block[148:156] = b" " * 8
+            block[148:156] = b"%06o\0 " % sum(block)
+            data[start:start + 512] = block
+    path = tmp_path / "mirror" / f"{TOP}.tar.xz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    import lzma
+
+    path.write_bytes(lzma.compress(bytes(data)))
+    return path
+
+
+LONG = "x" * 120  # past ustar's 100-character name field: a GNU long-name record or pax path
+NUL_NAMES: dict[str, tuple[list[Member], int]] = {
+    # tarfile reads `nv-fabricmanager^.orig` as `nv-fabricmanager`: a member the listing never
+    # showed lands under the daemon's name.
+    "ustar-name": ([d(TOP), d(f"{TOP}/bin"), f(f"{TOP}/bin/nv-fabricmanager^.orig")],
+                   tarfile.USTAR_FORMAT),
+    "ustar-link": ([d(TOP), sym(f"{TOP}/lib", "real^/../../OUTSIDE")], tarfile.USTAR_FORMAT),
+    "gnu-long-name": ([d(TOP), f(f"{TOP}/{LONG}^/../pwned.txt")], tarfile.GNU_FORMAT),
+    "gnu-long-link": ([d(TOP), sym(f"{TOP}/l", f"{LONG}^/../../OUTSIDE")], tarfile.GNU_FORMAT),
+    "pax-path": ([d(TOP), f(f"{TOP}/{LONG}^.txt")], tarfile.PAX_FORMAT),
+}
+
+
+@pytest.mark.parametrize("data_filter", ROADS)
+@pytest.mark.parametrize("case", sorted(NUL_NAMES))
+def test_a_name_with_a_nul_byte_is_refused_not_cut_short(
+        tmp_path: Path, case: str, data_filter: bool) -> None:
+    members, fmt = NUL_NAMES[case]
+    dest = nest(tmp_path)
+    source = with_nul(tmp_path / "a", members, fmt)
+    before = snapshot(tmp_path)
+    with pytest.raises(ArchiveUnsafe, match="NUL") as info:
+        unpack.extract(source, dest, TOP, data_filter=data_filter)
+    assert info.value.reference == "archive-unsafe" and source.name in info.value.message
+    assert snapshot(tmp_path) == before
+
+
+def test_names_without_nul_in_every_format_still_unpack(tmp_path: Path) -> None:
+    """The NUL check reads the raw fields: padding NULs after a name, GNU long names and pax
+    paths of a real archive must pass."""
+    for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        members = [d(TOP), d(f"{TOP}/bin"), f(f"{TOP}/bin/nv-fabricmanager", b"#!/bin/sh\n")]
+        if fmt != tarfile.USTAR_FORMAT:
+            members += [d(f"{TOP}/{LONG}"), f(f"{TOP}/{LONG}/{LONG}"),
+                        sym(f"{TOP}/l", f"{LONG}/{LONG}")]
+        tree = unpack.extract(with_nul(tmp_path / str(fmt), members, fmt),
+                              tmp_path / f"u{fmt}", TOP)
+        assert (tree / "bin/nv-fabricmanager").read_bytes() == b"#!/bin/sh\n"
+        if fmt != tarfile.USTAR_FORMAT:
+            assert (tree / "l").resolve() == (tree / LONG / LONG).resolve()
+
+
+def zeros(name: str, size: int) -> Member:
+    def add(tar: tarfile.TarFile) -> None:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = size, 0o644
+
+        class Zeros(io.RawIOBase):
+            def readable(self) -> bool:
+                return True
+
+            def readinto(self, b: Any) -> int:
+                b[:] = bytes(len(b))
+                return len(b)
+
+        tar.addfile(info, io.BufferedReader(Zeros()))
+    return add
+
+
+@pytest.mark.parametrize("data_filter", ROADS)
+def test_an_archive_unpacking_past_the_cap_is_refused_and_nothing_is_left(
+        tmp_path: Path, data_filter: bool) -> None:
+    """A few KiB of xz that unpack to far more than any real archive of its size: refused
+    before the member that crosses the cap is written, and the partial tree removed."""
+    size = unpack.MIN_UNPACKED + 1
+    source = archive(tmp_path / "a", d(TOP), f(f"{TOP}/first"), zeros(f"{TOP}/bomb", size))
+    assert source.stat().st_size * unpack.UNPACK_RATIO < unpack.MIN_UNPACKED
+    dest = tmp_path / "u"
+    with pytest.raises(ArchiveTooLarge) as info:
+        unpack.extract(source, dest, TOP, data_filter=data_filter)
+    assert info.value.reference == "archive-too-large" and info.value.exit_code == 124
+    assert f"member '{TOP}/bomb'" in info.value.message and info.value.hint
+    assert list(dest.iterdir()) == []
+
+
+def test_the_cap_is_a_multiple_of_the_archive_with_a_floor(tmp_path: Path) -> None:
+    assert unpack.unpacked_cap(1000) == unpack.MIN_UNPACKED
+    big = unpack.MIN_UNPACKED  # an archive this large may unpack to RATIO times it
+    assert unpack.unpacked_cap(big) == big * unpack.UNPACK_RATIO
+    # Many empty members count too (each costs a header block): no inode flood.
+    members = [d(TOP)] + [f(f"{TOP}/{i}", b"") for i in range(50)]
+    source = archive(tmp_path, *members)
+    with pytest.raises(ArchiveTooLarge):
+        unpack.extract(source, tmp_path / "u", TOP, max_unpacked=20 * 512)
+    tree = unpack.extract(source, tmp_path / "v", TOP, max_unpacked=60 * 512)
+    assert len(list(tree.iterdir())) == 50
+
+
+def test_fm_archive_unpack_applies_the_cap(tmp_path: Path) -> None:
+    source = archive(tmp_path, *good_members(),
+                     zeros(f"{TOP}/share/bomb", unpack.MIN_UNPACKED + 1))
+    with pytest.raises(ArchiveTooLarge):
+        fm_archive.unpack(source, tmp_path / "u")

@@ -138,6 +138,23 @@ def test_pax_headers_are_refused(dest: Path) -> None:
         _unpack(dest, entries, gzip.compress(raw.getvalue()))
 
 
+@pytest.mark.parametrize("field", ["name", "link"])
+def test_a_name_or_link_with_a_nul_byte_is_refused_not_cut_short(dest: Path, field: str) -> None:
+    """`x\\0.orig` must not be read as the listed `x`, nor a link `t\\0/..` as `t`."""
+    entries = [_file("x", b"abc"), Entry("l", LINK, target="x")]
+    raw = bytearray(gzip.decompress(_tar([
+        (_info("x^.orig" if field == "name" else "x", size=3), b"abc"),
+        (_info("l", tarfile.SYMTYPE, link="x^/../.." if field == "link" else "x"), None)])))
+    raw = raw.replace(b"^", b"\0")
+    for start in range(0, len(raw), 512):
+        if raw[start + 257:start + 262] == b"ustar":
+            raw[start + 148:start + 156] = b" " * 8
+            raw[start + 148:start + 156] = b"%06o\0 " % sum(raw[start:start + 512])
+    with pytest.raises(ArtifactInvalid, match="NUL"):
+        _unpack(dest, entries, gzip.compress(bytes(raw)))
+    assert not (dest / "l").is_symlink()
+
+
 def test_other_bytes_than_listed_are_refused(dest: Path) -> None:
     entries = [_file("x", b"genuine")]
     blob = _tar([(_info("x", size=7), b"forgery")])

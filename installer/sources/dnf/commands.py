@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from installer import distros
+from installer.distros.dnf import write_rerooted_repos
 from installer.distros.rhel import Rhel
 from installer.host import Distro
 from installer.hostroot import HostRoot
@@ -196,11 +197,14 @@ class Choice:
 # --- argv --------------------------------------------------------------------------------
 
 
-def dnf_base(root: HostRoot, distro: Distro, cache_dir: Path) -> list[str]:
+def dnf_base(root: HostRoot, distro: Distro, cache_dir: Path,
+             repos_dir: Path | None = None) -> list[str]:
     """dnf acting on the host's rpm database: through --installroot unless the root is `/`.
 
-    dnf takes a cachedir given on the command line as a path of this process (not under the
-    installroot), so `cache_dir` is the install dir cache as reached here.
+    dnf takes a cachedir, a reposdir and the key and certificate paths in repo files as paths
+    of this process (not under the installroot), so `cache_dir` is the install dir cache as
+    reached here and `repos_dir` the host's repo files with those paths re-rooted
+    (host_repos_dir; the host's own directory when not given).
     """
     # The `local` plugin (enabled by default where dnf-plugins-core ships it, e.g. Debian's)
     # would copy every package into its own repo and check that repo's GPG signatures.
@@ -216,13 +220,23 @@ def dnf_base(root: HostRoot, distro: Distro, cache_dir: Path) -> list[str]:
     argv = root.tool_argv(
         "dnf",
         f"--releasever={rhel.dnf_releasever(root, distro)}",
-        f"--setopt=reposdir={root.local(REPOS_DIR)}",
+        f"--setopt=reposdir={repos_dir or root.local(REPOS_DIR)}",
         f"--setopt=cachedir={cache_dir}",
     )
     platform = rhel.module_platform(distro)
     if platform is not None:
         argv.append(f"--setopt=module_platform_id={platform}")
     return argv + common
+
+
+def host_repos_dir(root: HostRoot, cache_dir: Path) -> Path | None:
+    """The reposdir for dnf_base: on a host root, copies of the host's repo files under
+    `cache_dir` with their gpgkey=/sslcacert= paths re-rooted (the one re-rooting the header
+    fetch uses too), rewritten before each use; None on a bare host, where dnf reads the
+    host's own. Writes only below `cache_dir`."""
+    if root.is_bare:
+        return None
+    return write_rerooted_repos(root, cache_dir / "repos.d")
 
 
 def kernel_packages(kernel: str, distro: Distro | None = None) -> list[str]:

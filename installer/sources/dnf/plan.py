@@ -146,4 +146,7 @@ def choose(dt: DnfTarget, kernel: str, streams: dnf_metadata.Streams) -> Choice:
 
 
 def base_argv(ctx: Context) -> list[str]:
-    return cmd.dnf_base(ctx.root, ctx.facts.distro, ctx.layout.cache_local / "dnf")
+    """The dnf argv every change to the host's packages starts with; writes the re-rooted
+    copies of the host's repo files it names (only steps' apply calls it, never a plan)."""
+    cache = ctx.layout.cache_local / "dnf"
+    return cmd.dnf_base(ctx.root, ctx.facts.distro, cache, cmd.host_repos_dir(ctx.root, cache))
