@@ -540,7 +540,10 @@ class Cluster:
             return
         from cluster.admission import Authorizer, check, request, user_info
 
-        req = request(operation, resource, name, user_info(self.username, self.token_node),
+        bound = self.nodes.get(self.token_node or "")
+        user = user_info(self.username, self.token_node) if bound is None else user_info(
+            self.username, self.token_node, node_uid=bound["metadata"]["uid"])
+        req = request(operation, resource, name, user,
                       namespace=namespace, subresource=subresource,
                       obj=_public(obj) if obj is not None else None,
                       old=_public(old) if old is not None else None)

@@ -242,7 +242,24 @@ def test_the_condition_of_another_node_is_denied(env: Signals) -> None:
     ({"status": {"capacity": {"nvidia.com/gpu": "0"}}}, "no node status field"),
     ({"status": {"runtimeHandlers": [{"name": "nvidia", "features": {
         "recursiveReadOnlyMounts": True, "userNamespaces": True}}]}}, "no node status field"),
-    ({"metadata": {"labels": {"team": "x"}}}, "labels or annotations"),
+    ({"metadata": {"labels": {"team": "x"}}}, "no node metadata"),
+    # The status strategy keeps what metadata a nodes/status write sends: an owner that does not
+    # exist lets the garbage collector delete the Node (and with it every pod on it), and a
+    # finalizer holds its deletion forever.
+    ({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+                                        "name": "ghost", "uid": "0b1c2d3e-0000-4000-8000-1"}]},
+      "status": {"conditions": [{"type": "NvidiaDriverReady", "status": "True"}]}},
+     r"no node metadata through nodes/status \(changed: ownerReferences\)"),
+    ({"metadata": {"finalizers": ["example.com/hold"]}}, r"\(changed: finalizers\)"),
+    ({"metadata": {"annotations": {"node.alpha.kubernetes.io/ttl": "0"}}},
+     r"\(changed: annotations\)"),
+    # Status fields of newer Kubernetes versions (features, declaredFeatures), which the policy
+    # never names: frozen as much as the ones every version has.
+    ({"status": {"features": {"supplementalGroupsPolicy": False}}},
+     r"no node status field but its NvidiaDriverReady condition \(changed: features\)"),
+    ({"status": {"declaredFeatures": ["InPlacePodVerticalScaling"],
+                 "conditions": [{"type": "NvidiaDriverReady", "status": "True"}]}},
+     r"\(changed: declaredFeatures\)"),
 ])
 def test_anything_else_through_nodes_status_is_denied(env: Signals, patch: dict,
                                                       why: str) -> None:
@@ -281,6 +298,52 @@ def test_an_event_about_another_node_is_denied_and_never_raises(
     other.event(env.node(OTHER)["metadata"]["uid"], "DriverVerified", "forged")
     assert env.events() == []
     assert "may post events only about its own node" in caplog.text
+
+
+def own_event(env: Signals, **change: object) -> dict:
+    """The Event the installer posts about its node (client.event's body), changed."""
+    body = {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{NODE}.1", "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": NODE,
+                               "uid": env.node()["metadata"]["uid"]},
+            "reason": "DriverVerified", "message": "m", "type": "Normal",
+            "source": {"component": "nvidia-driver-installer", "host": NODE},
+            "reportingComponent": "nvidia-driver-installer",
+            "reportingInstance": f"nvidia-driver-installer-{NODE}", "action": "Verify"}
+    body.update(change)
+    return body
+
+
+def post(env: Signals, body: dict) -> None:
+    raw(env)._call("POST", "/api/v1/namespaces/default/events", body=body, what="post")
+
+
+def test_the_installers_own_event_shape_is_admitted(env: Signals) -> None:
+    post(env, own_event(env))
+    assert [r for _, r, _ in env.events()] == ["DriverVerified"]
+
+
+@pytest.mark.parametrize("change", [
+    {"reportingComponent": "kubelet"},
+    {"reportingInstance": f"kubelet-{OTHER}"},
+    {"source": {"component": "kubelet", "host": NODE}},
+    {"source": {"component": "nvidia-driver-installer", "host": OTHER}},
+    {"source": {"component": "nvidia-driver-installer"}},
+    {"related": {"apiVersion": "v1", "kind": "Node", "name": OTHER}},
+    {"related": {"apiVersion": "v1", "kind": "Pod", "namespace": "kube-system",
+                 "name": "coredns-1"}},
+    {"involvedObject": {"apiVersion": "v1", "kind": "Node", "name": NODE,
+                        "uid": "6e1f6b62-0000-4000-8000-000000000000"}},
+    {"involvedObject": {"apiVersion": "v1", "kind": "Node", "name": NODE,
+                        "namespace": "kube-system"}},
+])
+def test_an_event_claiming_another_source_or_relation_is_denied(env: Signals,
+                                                               change: dict) -> None:
+    """A stolen token may tell something false about its own node, but not as the kubelet,
+    another node's host or about another object."""
+    with pytest.raises(ClusterApiForbidden, match="may post events only"):
+        post(env, own_event(env, **change))
+    assert env.events() == []
 
 
 def test_a_lost_event_never_fails_a_run(env: Signals,
