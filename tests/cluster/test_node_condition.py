@@ -8,6 +8,7 @@ node), and a refused event never fails anything."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from cluster.apiserver import ApiServer, Cluster, cluster_role_rules
 from cluster.nodes import NodeHost
 from installer import state
 from installer.cluster import client as client_module
-from installer.cluster import condition, events, gate, signals
+from installer.cluster import condition, driver_labels, events, gate, signals
 from installer.cluster.client import NodeClient
 from installer.components import registry
 from installer.errors import (
@@ -136,8 +137,8 @@ def test_a_cold_run_says_installing_then_verified_with_its_events(env: Signals) 
     assert f"driver {VERSION} (open)" in ours["message"] and f"kernel {KERNEL}" in ours["message"]
     assert ours["lastTransitionTime"] and ours["lastHeartbeatTime"]
     managers = [e["manager"] for e in env.node()["metadata"]["managedFields"]
-                if "k:{\"type\":\"NvidiaDriverReady\"}" in e["fieldsV1"]["f:status"]
-                ["f:conditions"]]
+                if "k:{\"type\":\"NvidiaDriverReady\"}" in e["fieldsV1"].get("f:status", {})
+                .get("f:conditions", {})]
     assert managers == [client_module.CONDITION_MANAGER]
     assert [(t, r) for t, r, _ in env.events()] == [
         ("Normal", "DriverInstallStarted"), ("Normal", "DriverModulesCompiled"),
@@ -275,9 +276,27 @@ def test_spec_through_nodes_status_is_dropped_as_the_api_server_does(env: Signal
     assert "unschedulable" not in env.node()["spec"]
 
 
-def test_the_node_object_itself_is_not_writable_with_this_role(env: Signals) -> None:
-    with pytest.raises(ClusterApiForbidden, match="cannot patch resource \"nodes\""):
-        raw(env).patch_node({"metadata": {"labels": {"team": "x"}}})
+@pytest.mark.parametrize(("patch", "says"), [
+    ({"metadata": {"labels": {"team": "x"}}}, "may not change the labels team"),
+    ({"metadata": {"labels": {"nvidia.com/gpu.deploy.device-plugin": "false"}}},
+     "may not change the labels nvidia.com/gpu.deploy.device-plugin"),
+    ({"metadata": {"annotations": {"cloud.google.com/gke-accelerator": "x"}}},
+     "may not change the annotations cloud.google.com/gke-accelerator"),
+    ({"spec": {"unschedulable": True}}, "only with the upgrade protocol's role"),
+    ({"metadata": {"finalizers": ["example.com/hold"]}}, "owner references or finalizers"),
+])
+def test_on_the_node_itself_only_the_driver_version_keys(env: Signals, patch: dict,
+                                                         says: str) -> None:
+    """The signals' role may patch nodes (server-side apply is a patch); the policy holds it
+    to the driver version's keys on its own node."""
+    before = env.node()
+    with pytest.raises(ClusterApiForbidden, match=re.escape(says)):
+        raw(env).patch_node(patch)
+    assert env.node() == before
+    with pytest.raises(ClusterApiForbidden, match=f"not {OTHER}"):
+        raw(env, OTHER).apply_node({"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": OTHER, "labels": {driver_labels.PRESENT: "true"}}})
+    assert driver_labels.PRESENT not in env.node(OTHER)["metadata"]["labels"]
 
 
 def test_a_refusal_is_node_condition_forbidden_and_a_run_only_warns(
