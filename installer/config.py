@@ -410,8 +410,24 @@ class Config:
     cluster_signals: bool = setting(
         "NVIDIA_INSTALLER_CLUSTER_SIGNALS", "false", parse.switch,
         "Set the node's NvidiaDriverReady condition after every run (kept up to date by "
-        "`installer gate`) and post an Event on the node for each install outcome (needs "
-        "NODE_NAME and the API; see docs/cluster-signals.md).",
+        "`installer gate`), post an Event on the node for each install outcome, and publish "
+        "the verified driver version as node labels (nvidia.com/gpu.present, "
+        "nvidia.com/cuda.driver-version.*) and annotations (needs NODE_NAME and the API; see "
+        "docs/cluster-signals.md).",
+        switch=True,
+    )
+    gke_driver_annotations: bool = setting(
+        "NVIDIA_INSTALLER_GKE_DRIVER_ANNOTATIONS", "false", parse.switch,
+        "With the cluster signals on, also publish the verified driver version as GKE's "
+        "cloud.google.com/cuda.driver-version.{full,major,minor,revision} annotations on the "
+        "node (beside the installer's own; see docs/cluster-signals.md).",
+        switch=True,
+    )
+    gpu_feature_discovery: bool = setting(
+        "NVIDIA_INSTALLER_GPU_FEATURE_DISCOVERY", "false", parse.switch,
+        "GPU Feature Discovery runs on the nodes: with the cluster signals on, leave the "
+        "nvidia.com/cuda.driver-version.* labels to it (the installer still sets "
+        "nvidia.com/gpu.present=true).",
         switch=True,
     )
 

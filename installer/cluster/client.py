@@ -36,6 +36,11 @@ FIELD_MANAGER = "nvidia-driver-installer"
 # The NvidiaDriverReady condition's own manager: managedFields tell it apart from the kubelet's
 # conditions and from the protocol's writes.
 CONDITION_MANAGER = "nvidia-driver-installer-condition"
+# The driver version's labels and annotations (cluster/driver_labels.py): applied server-side,
+# so the API server tracks exactly which keys are the installer's and removes one it stops
+# sending.
+DRIVER_VERSION_MANAGER = "nvidia-driver-installer-driver-version"
+APPLY_PATCH = "application/apply-patch+yaml"
 # Seconds to connect, then to wait for each answer: a hung API server must not hang the upgrade.
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 30.0
@@ -68,6 +73,17 @@ class NodeClient:
         return self._call("PATCH", f"/api/v1/nodes/{quote(self.node)}",
                           {"fieldManager": FIELD_MANAGER}, body=patch, content_type=MERGE_PATCH,
                           what=f"patch node {self.node}", node=self.node)[1]
+
+    def apply_node(self, body: Json) -> Json:
+        """A server-side apply of the node (JSON is YAML) under DRIVER_VERSION_MANAGER, forced:
+        the installer is the authority on the keys it sends, whoever set them before (a
+        controller that labelled them by hand gives them up, as Kubernetes' guidance for
+        controllers says)."""
+        return self._call("PATCH", f"/api/v1/nodes/{quote(self.node)}",
+                          {"fieldManager": DRIVER_VERSION_MANAGER, "force": "true"},
+                          body=body, content_type=APPLY_PATCH,
+                          what=f"apply the driver version to node {self.node}",
+                          node=self.node)[1]
 
     def patch_status(self, patch: Json) -> Json:
         """A strategic merge patch of the node's status subresource (nodes/status): the

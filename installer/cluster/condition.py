@@ -107,14 +107,17 @@ def installing(version: str, source: str) -> Reading:
     return Reading("Unknown", "Installing", f"installing driver {version} from {source}")
 
 
-def set_condition(config: Config, reading: Reading, client: ClientFactory = _client) -> bool:
+def set_condition(config: Config, reading: Reading, client: ClientFactory = _client,
+                  node: Json | None = None) -> bool:
     """Give the node `reading` as its NvidiaDriverReady condition through nodes/status
-    (lastTransitionTime moves only when the status does). Writes nothing when the node
-    already says the same. Returns whether it wrote. Raises NodeConditionForbidden on a
-    refusal (RBAC, policy), ClusterApiUnavailable, NodeNotFound."""
+    (lastTransitionTime moves only when the status does; `node`: the Node as just read, to
+    spare a read). Writes nothing when the node already says the same. Returns whether it
+    wrote. Raises NodeConditionForbidden on a refusal (RBAC, policy), ClusterApiUnavailable,
+    NodeNotFound."""
     api = client(config)
     try:
-        node = api.get_node()
+        if node is None:
+            node = api.get_node()
         old = current(node)
         if old is not None and (old.get("status"), old.get("reason"), old.get("message")) == \
                 tuple(reading):
@@ -133,6 +136,15 @@ def set_condition(config: Config, reading: Reading, client: ClientFactory = _cli
     return True
 
 
+def read_node(config: Config, client: ClientFactory = _client) -> Json | None:
+    """The Node, or None when it cannot be read now (each write reads it again and says what
+    failed)."""
+    try:
+        return client(config).get_node()
+    except InstallerError:
+        return None
+
+
 def current(node: Json) -> Json | None:
     """The node's NvidiaDriverReady condition as the API server holds it, or None."""
     for condition in (node.get("status") or {}).get("conditions") or []:
@@ -141,11 +153,12 @@ def current(node: Json) -> Json | None:
     return None
 
 
-def report(config: Config, reading: Reading, client: ClientFactory = _client) -> None:
+def report(config: Config, reading: Reading, client: ClientFactory = _client,
+           node: Json | None = None) -> None:
     """set_condition for a run: a failure is a warning (the driver is what the run is for;
     `installer gate` writes the condition again)."""
     try:
-        set_condition(config, reading, client)
+        set_condition(config, reading, client, node)
     except InstallerError as error:
         log.warning("could not set the %s condition of node %s: %s", TYPE, config.node_name,
                     error.message)

@@ -51,11 +51,19 @@ class Told:
         condition.report(self._config, condition.installing(version, target.source))
 
     def succeeded(self, steps: Sequence[StepOutcome], version: str, total: float) -> None:
-        from installer.cluster import condition, events
+        """The condition, then the verified driver's labels and annotations (one read of the
+        Node for both: a warm run that finds both in place writes nothing)."""
+        from installer.cluster import condition, driver_labels, events
+        from installer.host import readiness
 
         self._events.post(events.outcomes(
             [events.StepTime(s.name, s.status, s.seconds) for s in steps], version, total))
-        condition.report(self._config, condition.after_run(self._root, self._components, None))
+        node = condition.read_node(self._config)
+        condition.report(self._config, condition.after_run(self._root, self._components, None),
+                         node=node)
+        verified = readiness.verified_version(self._root)
+        if verified is not None:
+            driver_labels.report(self._config, verified, node)
 
     def failed(self, error: InstallerError) -> None:
         from installer.cluster import condition, events

@@ -124,9 +124,14 @@ def load_policies(path: Path) -> list[tuple[Json, str]]:
             if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] in bound]
 
 
-def user_info(username: str = SERVICE_ACCOUNT, node: Optional[str] = None) -> Json:
+NODE_UID = "6e1f6b62-0d0e-4a3b-9e1c-2b3c4d5e6f70"
+
+
+def user_info(username: str = SERVICE_ACCOUNT, node: Optional[str] = None,
+              node_uid: str = NODE_UID) -> Json:
     """What the API server puts in request.userInfo for a pod-bound ServiceAccount token
-    (Kubernetes >= 1.30 adds the pod's node to `extra`)."""
+    (Kubernetes >= 1.30 adds the pod's node, its name and the uid the Node had when the token
+    was issued, to `extra`)."""
     info: Json = {"username": username,
                   "uid": "0b6c5e52-6d1b-4c5e-9d1f-3a4b5c6d7e8f",
                   "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system",
@@ -135,7 +140,7 @@ def user_info(username: str = SERVICE_ACCOUNT, node: Optional[str] = None) -> Js
         info["extra"] = {
             "authentication.kubernetes.io/credential-id": ["JTI=5d3c1e9a-1b2c-4d5e-8f90"],
             NODE_CLAIM: [node],
-            "authentication.kubernetes.io/node-uid": ["6e1f6b62-0d0e-4a3b-9e1c-2b3c4d5e6f70"],
+            "authentication.kubernetes.io/node-uid": [node_uid],
             "authentication.kubernetes.io/pod-name": ["nvidia-driver-installer-x2k9q"],
             "authentication.kubernetes.io/pod-uid": ["a1b2c3d4-e5f6-4789-8abc-def012345678"],
         }

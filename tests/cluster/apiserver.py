@@ -4,7 +4,15 @@ Semantics follow the API reference (kubernetes.io/docs/reference/kubernetes-api)
 - PATCH /api/v1/nodes/{name}/status: strategic merge patch (conditions merged by type) or JSON
   merge patch; spec changes dropped as the status strategy drops them; managedFields name the
   field manager of each condition written.
-- GET/PATCH /api/v1/nodes/{name}: JSON merge patch (RFC 7386) only; a patch carrying
+- PATCH /api/v1/nodes/{name} with application/apply-patch+yaml (server-side apply; the body as
+  JSON, YAML's subset) of metadata.labels and metadata.annotations only: `fieldManager`
+  required (422); the keys sent are owned by that manager (its managedFields entry, operation
+  Apply); a key it owned and no longer sends is removed unless another manager owns it too; a
+  key another manager owns with another value is a 409 conflict unless `force=true`, which
+  takes it over; the same value is shared. A merge patch that sets a label or annotation makes
+  its manager the key's only owner (operation Update); one that removes it leaves it no owner.
+  The node must exist (no apply-create).
+- GET/PATCH /api/v1/nodes/{name}: JSON merge patch (RFC 7386); a patch carrying
   metadata.resourceVersion that is not the current one is refused with 409 Conflict; a no-op patch
   leaves resourceVersion alone; label values are validated (422 Invalid).
 - GET /api/v1/pods?fieldSelector=spec.nodeName=<n>: only that field selector (others: 400).
@@ -341,6 +349,76 @@ class Cluster:
                            {"name": name, "kind": "nodes"})
         return _public(self.nodes[name])
 
+    def apply_node(self, name: str, body: Any, manager: str, force: bool) -> Json:
+        """Server-side apply of a node's labels and annotations (see the module's docstring)."""
+        node = self.nodes.get(name)
+        if node is None:
+            self.get_node(name)
+        if not manager:
+            raise ApiError(422, "Invalid", "PatchOptions.meta.k8s.io \"\" is invalid: "
+                           "fieldManager: Required value: is required for apply patch")
+        if not isinstance(body, dict) or body.get("apiVersion") != "v1" or \
+                body.get("kind") != "Node":
+            raise ApiError(400, "BadRequest", "an apply patch of a node must name apiVersion v1 "
+                           "and kind Node")
+        meta = body.get("metadata") or {}
+        if meta.get("name", name) != name:
+            raise ApiError(400, "BadRequest", f"the name of the object ({meta.get('name')}) "
+                           f"does not match the name on the URL ({name})")
+        if set(body) - {"apiVersion", "kind", "metadata"} or \
+                set(meta) - {"name", "labels", "annotations"}:
+            raise ApiError(415, "UnsupportedMediaType", "the stand-in applies only "
+                           "metadata.labels and metadata.annotations of a node")
+        sent = {kind: dict(meta.get(kind) or {}) for kind in ("labels", "annotations")}
+        for value in sent["labels"].values():
+            if not isinstance(value, str) or len(value) > 63 or not LABEL_VALUE.match(value):
+                raise ApiError(422, "Invalid", f"Node \"{name}\" is invalid: metadata.labels: "
+                               f"Invalid value: {value!r}")
+        entries = copy.deepcopy(node["metadata"].get("managedFields") or [])
+        mine = [e for e in entries if e["manager"] == manager and e["operation"] == "Apply"]
+        others = [e for e in entries if not (e["manager"] == manager and
+                                            e["operation"] == "Apply")]
+        had = {kind: set().union(*(_owned_keys(e, kind) for e in mine))
+               for kind in ("labels", "annotations")}
+        new = copy.deepcopy(node)
+        conflicts = []
+        for kind, values in sent.items():
+            current = node["metadata"].get(kind) or {}
+            for key, value in values.items():
+                if key in current and current[key] != value:
+                    for entry in others:
+                        if key in _owned_keys(entry, kind):
+                            conflicts.append((entry, kind, key))
+        if conflicts and not force:
+            lines = [f'conflict with "{e["manager"]}": .metadata.{kind}.{key}'
+                     for e, kind, key in conflicts]
+            raise ApiError(409, "Conflict", f"Apply failed with {len(lines)} conflict"
+                           f"{'s' if len(lines) > 1 else ''}: " + "; ".join(lines),
+                           {"name": name, "kind": "nodes"})
+        for entry, kind, key in conflicts:  # forced: the applier takes them over
+            _disown(entry, kind, key)
+        others = [e for e in others if e["fieldsV1"]]
+        for kind, values in sent.items():
+            target = new["metadata"].setdefault(kind, {})
+            target.update(values)
+            for key in had[kind] - set(values):
+                if not any(key in _owned_keys(e, kind) for e in others):
+                    target.pop(key, None)
+        fields = {f"f:{kind}": {f"f:{key}": {} for key in values}
+                  for kind, values in sent.items() if values}
+        if fields:
+            others.append({"manager": manager, "operation": "Apply", "apiVersion": "v1",
+                           "time": _now(), "fieldsType": "FieldsV1",
+                           "fieldsV1": {"f:metadata": fields}})
+        new["metadata"]["managedFields"] = others
+        if _without_times(new) != _without_times(node):
+            self.admit("UPDATE", "nodes", name, obj=new, old=node)
+            new["metadata"]["resourceVersion"] = self.next_rv()
+            self.nodes[name] = new
+            for callback in self.on_node_change:
+                callback(self, copy.deepcopy(new))
+        return _public(self.nodes[name])
+
     def patch_node(self, name: str, content_type: str, patch: Any, manager: str = "") -> Json:
         if content_type != "application/merge-patch+json":
             raise ApiError(415, "UnsupportedMediaType",
@@ -365,6 +443,7 @@ class Cluster:
         if unschedulable is not None and not isinstance(unschedulable, bool):
             raise ApiError(400, "BadRequest", "spec.unschedulable must be a boolean")
         if merged != node:
+            _take_labels(merged, node, manager)
             self.admit("UPDATE", "nodes", name, obj=merged, old=node)
             if (merged.get("spec") or {}).get("unschedulable") != (
                     node.get("spec") or {}).get("unschedulable"):
@@ -540,7 +619,10 @@ class Cluster:
             return
         from cluster.admission import Authorizer, check, request, user_info
 
-        req = request(operation, resource, name, user_info(self.username, self.token_node),
+        bound = self.nodes.get(self.token_node or "")
+        user = user_info(self.username, self.token_node) if bound is None else user_info(
+            self.username, self.token_node, node_uid=bound["metadata"]["uid"])
+        req = request(operation, resource, name, user,
                       namespace=namespace, subresource=subresource,
                       obj=_public(obj) if obj is not None else None,
                       old=_public(old) if old is not None else None)
@@ -561,13 +643,74 @@ class Cluster:
 def _own_unschedulable(node: Json, manager: str, is_set: bool) -> None:
     """managedFields after an Update that changed spec.unschedulable: the manager that made the
     change owns the field (and no one once it is removed)."""
-    entries = [e for e in node["metadata"].get("managedFields") or []
-               if "f:unschedulable" not in (e["fieldsV1"].get("f:spec") or {})]
+    entries = node["metadata"].get("managedFields") or []
+    for entry in entries:
+        spec = entry["fieldsV1"].get("f:spec") or {}
+        spec.pop("f:unschedulable", None)
+        if not spec:
+            entry["fieldsV1"].pop("f:spec", None)
+    entries = [e for e in entries if e["fieldsV1"]]
     if is_set:
-        entries.append({"manager": manager or "unknown", "operation": "Update",
-                        "apiVersion": "v1", "time": _now(), "fieldsType": "FieldsV1",
-                        "fieldsV1": {"f:spec": {"f:unschedulable": {}}}})
+        _updater(entries, manager)["fieldsV1"].setdefault("f:spec", {})["f:unschedulable"] = {}
     node["metadata"]["managedFields"] = entries
+
+
+def _updater(entries: list[Json], manager: str) -> Json:
+    """The managedFields entry of `manager`'s Updates of the object itself (one per manager,
+    operation and subresource, as the API server keeps them), added when missing."""
+    for entry in entries:
+        if entry["manager"] == (manager or "unknown") and entry["operation"] == "Update" and \
+                not entry.get("subresource"):
+            entry["time"] = _now()
+            return entry
+    entry = {"manager": manager or "unknown", "operation": "Update", "apiVersion": "v1",
+             "time": _now(), "fieldsType": "FieldsV1", "fieldsV1": {}}
+    entries.append(entry)
+    return entry
+
+
+def _owned_keys(entry: Json, kind: str) -> set[str]:
+    """The label or annotation keys a managedFields entry owns."""
+    owned = ((entry.get("fieldsV1") or {}).get("f:metadata") or {}).get(f"f:{kind}") or {}
+    return {k[2:] for k in owned if k.startswith("f:")}
+
+
+def _disown(entry: Json, kind: str, key: str) -> None:
+    """Take one label or annotation key from a managedFields entry (an entry left owning
+    nothing has empty fieldsV1, and is dropped)."""
+    meta = entry["fieldsV1"].get("f:metadata") or {}
+    owned = meta.get(f"f:{kind}") or {}
+    owned.pop(f"f:{key}", None)
+    if not owned:
+        meta.pop(f"f:{kind}", None)
+    if not meta:
+        entry["fieldsV1"].pop("f:metadata", None)
+
+
+def _take_labels(merged: Json, node: Json, manager: str) -> None:
+    """managedFields after an Update that changed labels or annotations: each key it set is
+    its manager's alone (taken from appliers and other updaters: the next apply of another
+    value is a conflict unless forced), and a key it removed is no one's."""
+    entries = copy.deepcopy(merged["metadata"].get("managedFields") or [])
+    for kind in ("labels", "annotations"):
+        before = node["metadata"].get(kind) or {}
+        after = merged["metadata"].get(kind) or {}
+        for key in [k for k in set(before) | set(after) if before.get(k) != after.get(k)]:
+            for entry in entries:
+                _disown(entry, kind, key)
+            if key in after:
+                fields = _updater(entries, manager)["fieldsV1"]
+                fields.setdefault("f:metadata", {}).setdefault(f"f:{kind}", {})[f"f:{key}"] = {}
+    if entries or "managedFields" in merged["metadata"]:
+        merged["metadata"]["managedFields"] = [e for e in entries if e["fieldsV1"]]
+
+
+def _without_times(node: Json) -> Json:
+    """The node as a no-op check sees it: managedFields' timestamps left out."""
+    copied = copy.deepcopy(node)
+    for entry in copied["metadata"].get("managedFields") or []:
+        entry.pop("time", None)
+    return copied
 
 
 def _merge_by_type(old: list[Json], patch: list[Json]) -> list[Json]:
@@ -725,6 +868,11 @@ class _Handler(QuietHandler):
             # The API server's default field manager is the User-Agent's product token.
             manager = (query.get("fieldManager") or [""])[0] or (
                 self.headers.get("User-Agent") or "").split("/", 1)[0]
+            if self.headers.get("Content-Type") == "application/apply-patch+yaml" and \
+                    not path.endswith("/status"):
+                return 200, cluster.apply_node(groups[0], body, (query.get("fieldManager")
+                                                                 or [""])[0],
+                                               (query.get("force") or [""])[0] == "true")
             if path.endswith("/status"):
                 return 200, cluster.patch_node_status(
                     groups[0], self.headers.get("Content-Type", ""), body, manager)

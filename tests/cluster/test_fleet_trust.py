@@ -97,8 +97,9 @@ def test_the_token_of_one_node_cannot_touch_another(env: Env) -> None:
                         "metadata": {"name": name, "namespace": namespace}})
         assert evicted.status_code == 403, evicted.text
         assert 'cannot create resource "pods/eviction"' in evicted.json()["message"]
-    own.event("uid", "Probe", "about my own node")
-    other.event("uid", "Forged", "about another node")  # best effort: refused, logged
+    own.event(env.node()["metadata"]["uid"], "Probe", "about my own node")
+    other.event(env.node(OTHER)["metadata"]["uid"], "Forged",
+                "about another node")  # best effort: refused, logged
 
     assert {n: env.cluster.node(n) for n in (OTHER, CONTROL_PLANE)} == before
     assert {("kube-system", "coredns-1"), ("ml", "train-elsewhere")} <= set(env.cluster.pods)

@@ -8,6 +8,7 @@ node), and a refused event never fails anything."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from cluster.apiserver import ApiServer, Cluster, cluster_role_rules
 from cluster.nodes import NodeHost
 from installer import state
 from installer.cluster import client as client_module
-from installer.cluster import condition, events, gate, signals
+from installer.cluster import condition, driver_labels, events, gate, signals
 from installer.cluster.client import NodeClient
 from installer.components import registry
 from installer.errors import (
@@ -136,8 +137,8 @@ def test_a_cold_run_says_installing_then_verified_with_its_events(env: Signals) 
     assert f"driver {VERSION} (open)" in ours["message"] and f"kernel {KERNEL}" in ours["message"]
     assert ours["lastTransitionTime"] and ours["lastHeartbeatTime"]
     managers = [e["manager"] for e in env.node()["metadata"]["managedFields"]
-                if "k:{\"type\":\"NvidiaDriverReady\"}" in e["fieldsV1"]["f:status"]
-                ["f:conditions"]]
+                if "k:{\"type\":\"NvidiaDriverReady\"}" in e["fieldsV1"].get("f:status", {})
+                .get("f:conditions", {})]
     assert managers == [client_module.CONDITION_MANAGER]
     assert [(t, r) for t, r, _ in env.events()] == [
         ("Normal", "DriverInstallStarted"), ("Normal", "DriverModulesCompiled"),
@@ -242,7 +243,24 @@ def test_the_condition_of_another_node_is_denied(env: Signals) -> None:
     ({"status": {"capacity": {"nvidia.com/gpu": "0"}}}, "no node status field"),
     ({"status": {"runtimeHandlers": [{"name": "nvidia", "features": {
         "recursiveReadOnlyMounts": True, "userNamespaces": True}}]}}, "no node status field"),
-    ({"metadata": {"labels": {"team": "x"}}}, "labels or annotations"),
+    ({"metadata": {"labels": {"team": "x"}}}, "no node metadata"),
+    # The status strategy keeps what metadata a nodes/status write sends: an owner that does not
+    # exist lets the garbage collector delete the Node (and with it every pod on it), and a
+    # finalizer holds its deletion forever.
+    ({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+                                        "name": "ghost", "uid": "0b1c2d3e-0000-4000-8000-1"}]},
+      "status": {"conditions": [{"type": "NvidiaDriverReady", "status": "True"}]}},
+     r"no node metadata through nodes/status \(changed: ownerReferences\)"),
+    ({"metadata": {"finalizers": ["example.com/hold"]}}, r"\(changed: finalizers\)"),
+    ({"metadata": {"annotations": {"node.alpha.kubernetes.io/ttl": "0"}}},
+     r"\(changed: annotations\)"),
+    # Status fields of newer Kubernetes versions (features, declaredFeatures), which the policy
+    # never names: frozen as much as the ones every version has.
+    ({"status": {"features": {"supplementalGroupsPolicy": False}}},
+     r"no node status field but its NvidiaDriverReady condition \(changed: features\)"),
+    ({"status": {"declaredFeatures": ["InPlacePodVerticalScaling"],
+                 "conditions": [{"type": "NvidiaDriverReady", "status": "True"}]}},
+     r"\(changed: declaredFeatures\)"),
 ])
 def test_anything_else_through_nodes_status_is_denied(env: Signals, patch: dict,
                                                       why: str) -> None:
@@ -258,9 +276,27 @@ def test_spec_through_nodes_status_is_dropped_as_the_api_server_does(env: Signal
     assert "unschedulable" not in env.node()["spec"]
 
 
-def test_the_node_object_itself_is_not_writable_with_this_role(env: Signals) -> None:
-    with pytest.raises(ClusterApiForbidden, match="cannot patch resource \"nodes\""):
-        raw(env).patch_node({"metadata": {"labels": {"team": "x"}}})
+@pytest.mark.parametrize(("patch", "says"), [
+    ({"metadata": {"labels": {"team": "x"}}}, "may not change the labels team"),
+    ({"metadata": {"labels": {"nvidia.com/gpu.deploy.device-plugin": "false"}}},
+     "may not change the labels nvidia.com/gpu.deploy.device-plugin"),
+    ({"metadata": {"annotations": {"cloud.google.com/gke-accelerator": "x"}}},
+     "may not change the annotations cloud.google.com/gke-accelerator"),
+    ({"spec": {"unschedulable": True}}, "only with the upgrade protocol's role"),
+    ({"metadata": {"finalizers": ["example.com/hold"]}}, "owner references or finalizers"),
+])
+def test_on_the_node_itself_only_the_driver_version_keys(env: Signals, patch: dict,
+                                                         says: str) -> None:
+    """The signals' role may patch nodes (server-side apply is a patch); the policy holds it
+    to the driver version's keys on its own node."""
+    before = env.node()
+    with pytest.raises(ClusterApiForbidden, match=re.escape(says)):
+        raw(env).patch_node(patch)
+    assert env.node() == before
+    with pytest.raises(ClusterApiForbidden, match=f"not {OTHER}"):
+        raw(env, OTHER).apply_node({"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": OTHER, "labels": {driver_labels.PRESENT: "true"}}})
+    assert driver_labels.PRESENT not in env.node(OTHER)["metadata"]["labels"]
 
 
 def test_a_refusal_is_node_condition_forbidden_and_a_run_only_warns(
@@ -281,6 +317,52 @@ def test_an_event_about_another_node_is_denied_and_never_raises(
     other.event(env.node(OTHER)["metadata"]["uid"], "DriverVerified", "forged")
     assert env.events() == []
     assert "may post events only about its own node" in caplog.text
+
+
+def own_event(env: Signals, **change: object) -> dict:
+    """The Event the installer posts about its node (client.event's body), changed."""
+    body = {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{NODE}.1", "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": NODE,
+                               "uid": env.node()["metadata"]["uid"]},
+            "reason": "DriverVerified", "message": "m", "type": "Normal",
+            "source": {"component": "nvidia-driver-installer", "host": NODE},
+            "reportingComponent": "nvidia-driver-installer",
+            "reportingInstance": f"nvidia-driver-installer-{NODE}", "action": "Verify"}
+    body.update(change)
+    return body
+
+
+def post(env: Signals, body: dict) -> None:
+    raw(env)._call("POST", "/api/v1/namespaces/default/events", body=body, what="post")
+
+
+def test_the_installers_own_event_shape_is_admitted(env: Signals) -> None:
+    post(env, own_event(env))
+    assert [r for _, r, _ in env.events()] == ["DriverVerified"]
+
+
+@pytest.mark.parametrize("change", [
+    {"reportingComponent": "kubelet"},
+    {"reportingInstance": f"kubelet-{OTHER}"},
+    {"source": {"component": "kubelet", "host": NODE}},
+    {"source": {"component": "nvidia-driver-installer", "host": OTHER}},
+    {"source": {"component": "nvidia-driver-installer"}},
+    {"related": {"apiVersion": "v1", "kind": "Node", "name": OTHER}},
+    {"related": {"apiVersion": "v1", "kind": "Pod", "namespace": "kube-system",
+                 "name": "coredns-1"}},
+    {"involvedObject": {"apiVersion": "v1", "kind": "Node", "name": NODE,
+                        "uid": "6e1f6b62-0000-4000-8000-000000000000"}},
+    {"involvedObject": {"apiVersion": "v1", "kind": "Node", "name": NODE,
+                        "namespace": "kube-system"}},
+])
+def test_an_event_claiming_another_source_or_relation_is_denied(env: Signals,
+                                                               change: dict) -> None:
+    """A stolen token may tell something false about its own node, but not as the kubelet,
+    another node's host or about another object."""
+    with pytest.raises(ClusterApiForbidden, match="may post events only"):
+        post(env, own_event(env, **change))
+    assert env.events() == []
 
 
 def test_a_lost_event_never_fails_a_run(env: Signals,

@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("celpy", reason="pip install cel-python")
 
 from cluster.admission import (
+    NODE_UID,
     Authorizer,
     Denied,
     check,
@@ -74,6 +75,21 @@ def begin(n: dict[str, Any]) -> None:
         {"from": "580.105.08", "to": "580.126.20", "cordoned": True, "labels": {}})
 
 
+def own_event(**change: Any) -> dict[str, Any]:
+    """An Event as installer.cluster.client.NodeClient.event posts it (the Node's uid: the one
+    the token's node claim carries), changed."""
+    event = {"apiVersion": "v1", "kind": "Event",
+             "metadata": {"name": f"{ME}.1", "namespace": "default"},
+             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": ME,
+                                "uid": NODE_UID},
+             "reason": "DriverUpgradeStarted", "message": "m", "type": "Normal",
+             "source": {"component": "nvidia-driver-installer", "host": ME},
+             "reportingComponent": "nvidia-driver-installer",
+             "reportingInstance": f"nvidia-driver-installer-{ME}", "action": "Upgrade"}
+    event.update(change)
+    return event
+
+
 def test_every_write_of_the_protocol_on_its_own_node_is_admitted() -> None:
     old = node()
     assert update(old, begin) is None
@@ -90,12 +106,8 @@ def test_every_write_of_the_protocol_on_its_own_node_is_admitted() -> None:
     assert update(during, restore) is None
     assert update(during, lambda n: n["metadata"]["labels"].update(
         {protocol.STATE_LABEL: "unloading"})) is None
-    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"{ME}.1",
-                                                               "namespace": "default"},
-             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": ME, "uid": "9c1e"},
-             "reason": "DriverUpgradeStarted"}
     assert check(POLICIES, request("CREATE", "events", f"{ME}.1", TOKEN, namespace="default",
-                                   obj=event), PROTOCOL_ROLE) is None
+                                   obj=own_event()), PROTOCOL_ROLE) is None
     pod = {"metadata": {"name": "train", "namespace": "ml"}, "spec": {"nodeName": ME}}
     assert check(POLICIES, request("DELETE", "pods", "train", TOKEN, namespace="ml",
                                    old=pod), PROTOCOL_ROLE) is None
@@ -173,6 +185,42 @@ def test_pods_and_events_of_other_nodes_are_denied() -> None:
     denied = check(POLICIES, request("CREATE", "events", "x", TOKEN, namespace="default",
                                      obj=event))
     assert denied is not None and "events only about its own node" in denied.message
+
+
+LONG = "gpu-" + "n" * 120  # a node name of 124 characters: reportingInstance cut at 128
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"reportingComponent": "kubelet"}, "only as nvidia-driver-installer on its own node"),
+    ({"reportingInstance": f"kubelet-{ME}"}, "reportingInstance: nvidia-driver-installer-"),
+    ({"source": {"component": "kubelet", "host": ME}}, "source.component"),
+    ({"source": {"component": "nvidia-driver-installer", "host": OTHER}}, f"source.host: {ME}"),
+    ({"related": {"apiVersion": "v1", "kind": "Pod", "namespace": "kube-system",
+                  "name": "coredns-1"}}, "related to nothing else"),
+    ({"involvedObject": {"apiVersion": "v1", "kind": "Node", "name": ME,
+                         "uid": "0000-another-node"}}, "only about its own node"),
+])
+def test_the_protocols_events_carry_its_own_source_and_nothing_else(change: dict[str, Any],
+                                                                    says: str) -> None:
+    """A stolen token may not post as the kubelet, as another node's installer, or about
+    another object through `related`."""
+    denied = check(POLICIES, request("CREATE", "events", "x", TOKEN, namespace="default",
+                                     obj=own_event(**change)), PROTOCOL_ROLE)
+    assert denied is not None and denied.code == 403 and says in denied.message, denied
+
+
+def test_a_long_node_names_cut_reporting_instance_is_its_own() -> None:
+    long_token = user_info(node=LONG)
+    instance = f"nvidia-driver-installer-{LONG}"
+    assert len(instance) > 128
+    event = own_event(involvedObject={"kind": "Node", "name": LONG, "uid": NODE_UID},
+                      source={"component": "nvidia-driver-installer", "host": LONG})
+    for cut, admitted in ((instance[:128], True), (instance[:127], False),
+                          (f"nvidia-driver-installer-{ME}", False)):
+        event["reportingInstance"] = cut
+        denied = check(POLICIES, request("CREATE", "events", "x", long_token,
+                                         namespace="default", obj=event), PROTOCOL_ROLE)
+        assert (denied is None) is admitted, (cut, denied)
 
 
 def test_the_fields_the_installer_writes_are_named_in_one_place() -> None:

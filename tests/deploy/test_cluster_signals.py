@@ -4,7 +4,8 @@ and events create (in default), mounts the base's ServiceAccount token and adds 
 `driver-condition` container; it renders alone and beside the scheduling gate and the upgrade
 protocol; the Karpenter NodePool's startup taint is the gate's key everywhere it is named; the
 Node Readiness Controller's rule waits for the installer's condition type under the
-readiness.k8s.io/ prefix."""
+readiness.k8s.io/ prefix; the driver-on-node example turns GKE's annotations on and moves the
+device plugin onto nodes by the labels the installer publishes."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from deploy.manifests import (
     render,
 )
 from installer import setting_parsers
-from installer.cluster import condition
+from installer.cluster import condition, driver_labels
 from installer.config import from_env
 from installer.errors import ConfigError
 
@@ -52,10 +53,13 @@ def test_the_component_brings_identity_least_rbac_policy_and_the_watcher() -> No
     spec = pod_spec(ds)
     assert spec["automountServiceAccountToken"] is True
     assert spec["serviceAccountName"] == "nvidia-driver-installer"
-    assert _granted(docs) == {("*", "", "nodes", "get"), ("*", "", "nodes/status", "patch"),
+    assert _granted(docs) == {("*", "", "nodes", "get"), ("*", "", "nodes", "patch"),
+                              ("*", "", "nodes", "publish-driver-version"),
+                              ("*", "", "nodes/status", "patch"),
                               ("default", "", "events", "create")}
     assert {d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"} \
-        == {"nvidia-driver-installer-node-condition", "nvidia-driver-installer-node-events"}
+        == {"nvidia-driver-installer-node-condition", "nvidia-driver-installer-node-events",
+            "nvidia-driver-installer-driver-version"}
     init = from_env(container_env(installer_container(ds)))
     assert init.cluster_signals and not init.scheduling_gate
     watcher = _container(ds, "driver-condition")
@@ -125,3 +129,53 @@ def test_node_readiness_rule_waits_for_the_installer_condition() -> None:
     with pytest.raises(ConfigError):
         setting_parsers.taint_key("readiness.k8s.io/nvidia.com/driver-not-ready",
                                   named)  # type: ignore[arg-type]
+
+
+def _selects(terms: list[dict[str, Any]], labels: dict[str, str]) -> bool:
+    """Whether a node with `labels` matches nodeSelectorTerms (the terms ORed, each term's
+    expressions ANDed; NotIn and DoesNotExist match an absent key, Gt and Lt need an integer
+    value), as the scheduler's nodeaffinity plugin decides."""
+    def holds(expression: dict[str, Any]) -> bool:
+        key, operator = expression["key"], expression["operator"]
+        values = expression.get("values") or []
+        if operator in ("Gt", "Lt"):
+            if not labels.get(key, "").isdigit():
+                return False
+            value, bound = int(labels[key]), int(values[0])
+            return value > bound if operator == "Gt" else value < bound
+        return {"In": key in labels and labels[key] in values,
+                "NotIn": key not in labels or labels[key] not in values,
+                "Exists": key in labels, "DoesNotExist": key not in labels}[operator]
+
+    return any(all(holds(e) for e in term.get("matchExpressions") or []) for term in terms)
+
+
+def test_the_driver_on_node_example_selects_by_the_labels_the_installer_publishes() -> None:
+    example = EXAMPLES / "driver-on-node"
+    ds = installer_daemonset(render(example))
+    config = from_env(container_env(installer_container(ds)))
+    assert config.cluster_signals and config.gke_driver_annotations
+    assert not config.gpu_feature_discovery
+    (patch,) = load_all(example / "device-plugin-on-gpu-present.yaml")
+    terms = patch["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+
+    def published(version: str) -> dict[str, str]:
+        wanted = driver_labels.wanted(config, version)
+        assert wanted is not None
+        return wanted[0]
+
+    assert _selects(terms, published("580.105.08"))
+    assert _selects(terms, published("595.91.07"))
+    assert not _selects(terms, published("570.195.03"))  # below the example's floor
+    assert not _selects(terms, {})  # no verified driver yet: no plugin
+    paused = {**published("580.105.08"), "nvidia.com/gpu.deploy.device-plugin":
+              "paused-for-driver-upgrade"}
+    assert not _selects(terms, paused)
+    # The patch keeps the plugin's own pause for the upgrade protocol.
+    (plugin,) = load_all(DAEMONSET_DIR / "extras" / "device-plugin.yaml")
+    (own,) = pod_spec(plugin)["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    pause = [e for e in own["matchExpressions"]
+             if e["key"] == "nvidia.com/gpu.deploy.device-plugin"]
+    assert pause and all(e in terms[0]["matchExpressions"] for e in pause)

@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 import yaml
 
-from deploy.manifests import DAEMONSET_DIR, render
+from deploy.manifests import (
+    DAEMONSET_DIR,
+    container_env,
+    installer_container,
+    installer_daemonset,
+    render,
+)
+from installer.config import from_env
 
 # (kustomization, the chart's values that mean the same)
 CASES = [
@@ -23,6 +30,8 @@ CASES = [
     ("overlays/module-registry", {"moduleRegistry": {"enabled": True}}),
     ("overlays/metrics", {"metrics": {"enabled": True}}),
     ("examples/node-readiness-controller", {"clusterSignals": {"enabled": True}}),
+    ("examples/driver-on-node", {"clusterSignals": {"enabled": True,
+                                                    "gkeDriverAnnotations": True}}),
     ("examples/gate-and-upgrade-protocol", {"schedulingGate": {"enabled": True},
                                             "upgradeProtocol": {"enabled": True}}),
     ("examples/force-eviction", {"upgradeProtocol": {"enabled": True,
@@ -78,6 +87,14 @@ def test_the_comparison_can_fail() -> None:
     assert sorted(gate) != sorted(ubuntu)
 
 
+def test_gpu_feature_discovery_reaches_the_installer() -> None:
+    for gfd in (False, True):
+        docs = chart_render({"clusterSignals": {"enabled": True, "gpuFeatureDiscovery": gfd}})
+        config = from_env(container_env(installer_container(installer_daemonset(docs))))
+        assert config.cluster_signals and config.gpu_feature_discovery is gfd
+        assert not config.gke_driver_annotations
+
+
 def test_every_overlay_and_component_has_a_case() -> None:
     covered = {c[0] for c in CASES}
     overlays = {f"overlays/{p.name}" for p in (DAEMONSET_DIR / "overlays").iterdir()}
@@ -92,7 +109,8 @@ def test_every_overlay_and_component_has_a_case() -> None:
 
 def test_helm_lint_finds_no_error() -> None:
     everything = {"schedulingGate": {"enabled": True}, "metrics": {"enabled": True},
-                  "clusterSignals": {"enabled": True},
+                  "clusterSignals": {"enabled": True, "gkeDriverAnnotations": True,
+                                     "gpuFeatureDiscovery": True},
                   "upgradeProtocol": {"enabled": True, "forceEviction": True},
                   "moduleRegistry": {"enabled": True}, "imex": {"enabled": True}}
     for values in ({}, everything):

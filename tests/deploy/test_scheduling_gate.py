@@ -144,17 +144,18 @@ def test_both_components_share_one_account_and_grant_the_union() -> None:
     assert config.scheduling_gate and config.upgrade_protocol
 
 
-def test_the_two_copies_of_the_node_policy_are_the_same() -> None:
-    """Each Component works alone and both together only because they carry one policy."""
+def test_the_copies_of_the_node_policy_are_the_same() -> None:
+    """Each Component works alone and any together only because they carry one policy."""
     copies = {}
-    for component in ("upgrade-protocol", "scheduling-gate"):
+    components = ("upgrade-protocol", "scheduling-gate", "cluster-signals")
+    for component in components:
         for doc in load_all(COMPONENTS / component / "admission-policy.yaml"):
             if doc["kind"] == "ValidatingAdmissionPolicy" and "gateTaintKey" in str(doc):
                 copies[component] = doc
-    assert set(copies) == {"upgrade-protocol", "scheduling-gate"}
-    assert copies["upgrade-protocol"]["spec"] == copies["scheduling-gate"]["spec"]
-    assert copies["upgrade-protocol"]["metadata"]["name"] != \
-        copies["scheduling-gate"]["metadata"]["name"]
+    assert set(copies) == set(components)
+    for component in components[1:]:
+        assert copies[component]["spec"] == copies["upgrade-protocol"]["spec"], component
+    assert len({c["metadata"]["name"] for c in copies.values()}) == len(components)
 
 
 def _policy_keys(docs: list[dict[str, Any]]) -> set[str]:
