@@ -157,6 +157,13 @@ class Config:
         "(Xid 31) on GPU mappings of 4 GiB or more (open-gpu-kernel-modules #1269).",
         switch=True,
     )
+    allow_below_floor: bool = setting(
+        "NVIDIA_INSTALLER_ALLOW_BELOW_FLOOR", "false", parse.switch,
+        "Install an explicitly requested driver although a floor of this host (kernel, OS "
+        "release, module flavour or GPU; docs/supported-hosts.md) says it cannot build or "
+        "drive it.",
+        switch=True,
+    )
     log_format: str = setting(
         "NVIDIA_INSTALLER_LOG_FORMAT", "text", parse.choice("text", "json"),
         "text or json.",

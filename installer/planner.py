@@ -13,7 +13,7 @@ from installer.headers import platform
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Plan, Step, Target
-from installer.release import catalog, versions
+from installer.release import catalog, floors, versions
 from installer.runner import Runner
 from installer.sources.source import Groundwork, Source
 
@@ -47,9 +47,17 @@ def make_plan(
     blockers: list[str] = []
 
     shipped_or_custom = catalog.load(config.catalog, fetch_bytes)
+    # Floors are checked here, before anything is fetched: a release that cannot build on
+    # this kernel or drive these GPUs is refused (or skipped by auto) rather than compiled.
+    host_floors = floors.applicable(floors.shipped(), floors.HostShape(
+        facts.kernel_release, facts.distro.id, facts.distro.version_id,
+        tuple(g.device_id for g in facts.gpus)))
     resolution = versions.resolve(config.version, shipped_or_custom, facts.gpus,
-                                  module_type=config.module_type, track=config.track)
+                                  module_type=config.module_type, track=config.track,
+                                  floors=host_floors, allow_below_floor=config.allow_below_floor)
     decisions.append(Decision("version", resolution.version, "; ".join(resolution.reasons)))
+    decisions += [Decision("floor", floor.id, floor.describe().split(": ", 1)[1])
+                  for floor in host_floors]
     decisions.append(Decision("kernel-module-type", resolution.flavour,
                               _flavour_reason(config.module_type, resolution.flavour)))
 
