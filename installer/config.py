@@ -275,6 +275,23 @@ class Config:
         "Components <c> whose nvidia.com/gpu.deploy.<c> label is set to paused-for-driver-upgrade"
         " during an upgrade (dra-driver, NVIDIA's DRA kubelet plugin, once the GPU pods left).",
     )
+    # a version per node pool from one DaemonSet (installer/cluster/pools.py)
+    pool_policy: str | None = setting(
+        "NVIDIA_INSTALLER_POOL_POLICY", "", parse.optional_text,
+        "Pool policy file (a mounted ConfigMap): ordered rules, node selector (matchLabels) -> "
+        "version, kernel module type, source and maxUpgrading, one default; its rule replaces "
+        "those settings on the nodes it matches (docs/deploy.md, \"A version per node pool\").",
+    )
+    node_labels_file: str | None = setting(
+        "NVIDIA_INSTALLER_NODE_LABELS_FILE", "", parse.optional_text,
+        "A file of this node's labels (key=value lines, or the kubelet's --node-labels form) "
+        "for the pool policy; unset: the Node is read from the API server (NODE_NAME).",
+    )
+    pool_wait_timeout: float = setting(
+        "NVIDIA_INSTALLER_POOL_WAIT_TIMEOUT", "3600", parse.number,
+        "Seconds an upgrade waits for its pool's maxUpgrading budget (other nodes of the pool "
+        "mid-upgrade) before failing with the old driver kept.",
+    )
 
     # who may publish the modules a node loads
     module_trusted_keys: Path | None = setting(

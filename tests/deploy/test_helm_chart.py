@@ -27,6 +27,10 @@ CASES = [
                                             "upgradeProtocol": {"enabled": True}}),
     ("examples/force-eviction", {"upgradeProtocol": {"enabled": True,
                                                      "forceEviction": True}}),
+    ("examples/node-pools", {"upgradeProtocol": {"enabled": True},
+                             "nodePools": {"enabled": True, "policy": yaml.safe_load(
+                                 (DAEMONSET_DIR / "examples/node-pools/configmap.yaml")
+                                 .read_text())["data"]["policy.yaml"]}}),
 ]
 
 
@@ -84,16 +88,17 @@ def test_every_overlay_and_component_has_a_case() -> None:
     components = {p.name for p in (DAEMONSET_DIR / "components").iterdir()}
     values = yaml.safe_load((DAEMONSET_DIR / "values.yaml").read_text())
     assert {"scheduling-gate", "upgrade-protocol", "force-eviction", "metrics",
-            "cluster-signals"} == components
+            "cluster-signals", "node-pools"} == components
     assert {"schedulingGate", "upgradeProtocol", "metrics", "moduleRegistry",
-            "clusterSignals"} <= set(values)
+            "clusterSignals", "nodePools"} <= set(values)
 
 
 def test_helm_lint_finds_no_error() -> None:
     everything = {"schedulingGate": {"enabled": True}, "metrics": {"enabled": True},
                   "clusterSignals": {"enabled": True},
                   "upgradeProtocol": {"enabled": True, "forceEviction": True},
-                  "moduleRegistry": {"enabled": True}}
+                  "moduleRegistry": {"enabled": True},
+                  "nodePools": {"enabled": True, "policy": "rules: []\n"}}
     for values in ({}, everything):
         report = helm().lint(str(DAEMONSET_DIR), values, strict=True)
         assert report["errors"] == []
