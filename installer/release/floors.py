@@ -6,11 +6,21 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from installer.release.catalog import is_version, version_key, version_major
+from installer.errors import DriverBelowFloor
+from installer.release.catalog import (
+    LTS,
+    PRODUCTION,
+    Branch,
+    Catalog,
+    Release,
+    is_version,
+    version_key,
+    version_major,
+)
 
 SHIPPED = "installer/release/data/floors.json"
 _FLAVOURS = ("open", "proprietary")
@@ -116,6 +126,54 @@ def blocks_every(floors: Iterable[Floor], version: str, flavours: Sequence[str])
         for floor in found:
             seen.setdefault(floor.id, floor)
     return list(seen.values())
+
+
+class FloorGate:
+    """The host's floors against the flavours a release could still be built in (`flavours`:
+    branch major -> flavours the GPUs and settings leave) and the GPUs' branches (`supports`)."""
+
+    def __init__(self, floors: tuple[Floor, ...], flavours: Callable[[int], list[str]],
+                 supports: Callable[[int], bool], allow: bool) -> None:
+        self.floors, self.flavours, self.supports, self.allow = floors, flavours, supports, allow
+
+    def blocking(self, version: str) -> list[Floor]:
+        if not self.floors:
+            return []
+        return blocks_every(self.floors, version, self.flavours(version_major(version)))
+
+    def release_in(self, branch: Branch) -> Release | None:
+        """The newest release of `branch` that meets every floor."""
+        for release in branch.releases:
+            if not self.blocking(release.version):
+                return release
+        return None
+
+    def require(self, version: str, what: str, catalog: Catalog, reasons: list[str]) -> None:
+        """Raise DriverBelowFloor for an explicit request below a floor (with `allow`: a
+        reason saying it goes on anyway)."""
+        stopped = self.blocking(version)
+        if not stopped:
+            return
+        named = "; ".join(f.describe() for f in stopped)
+        if self.allow:
+            reasons.append(f"{what} is below this host's floor: {named}; installing anyway "
+                           "(NVIDIA_INSTALLER_ALLOW_BELOW_FLOOR=true)")
+            return
+        raise DriverBelowFloor(f"{what} is below this host's floor: {named}"
+                               + self._instead(catalog))
+
+    def require_branch(self, branch: Branch, what: str, catalog: Catalog,
+                       reasons: list[str]) -> None:
+        """An explicit branch or alias whose releases all fall below a floor."""
+        if self.release_in(branch) is None:
+            self.require(branch.newest.version, what, catalog, reasons)
+
+    def _instead(self, catalog: Catalog) -> str:
+        for branch in catalog.of_types(PRODUCTION, LTS) + catalog.branches:
+            release = self.release_in(branch)
+            if release is not None and self.supports(branch.major):
+                return f"; the newest release in the catalog that meets them: {release.version}"
+        return ""
 
 
 @functools.lru_cache(maxsize=1)

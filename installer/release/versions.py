@@ -8,7 +8,6 @@ from typing import Literal, NamedTuple, Union
 
 from installer.errors import (
     ConfigError,
-    DriverBelowFloor,
     IncompatibleGpus,
     InvalidVersion,
     NoReleaseMeetsFloors,
@@ -25,7 +24,7 @@ from installer.release.catalog import (
     is_version,
     version_major,
 )
-from installer.release.floors import Floor, blocks_every, violated
+from installer.release.floors import Floor, FloorGate, violated
 from installer.release.gpus import OPEN, PROPRIETARY, Gpu, GpuDatabase, GpuModel, shipped_database
 
 ALIASES = ("auto", "latest", "production", "lts")
@@ -113,7 +112,9 @@ def resolve(
     found = [db.describe(pci) for pci in gpus]
     reasons = _gpu_reasons(found)
     _check_flavours_compatible(found)
-    gate = _Floors(tuple(floors), found, module_type, allow_below_floor)
+    gate = FloorGate(tuple(floors), lambda major: _flavour_options(found, major, module_type),
+                     lambda major: all(g.model.supports_branch(major) for g in found),
+                     allow_below_floor)
 
     in_catalog = True
     if req.kind == "exact":
@@ -152,64 +153,6 @@ def resolve(
     return Resolution(version, major, branch_type, flavour, tuple(reasons), in_catalog)
 
 
-class _Floors:
-    """The host's floors against the flavours a version could still be built in."""
-
-    def __init__(self, floors: tuple[Floor, ...], found: list[Gpu], module_type: str,
-                 allow: bool) -> None:
-        self.floors, self.found, self.module_type, self.allow = floors, found, module_type, allow
-
-    def flavours(self, major: int) -> list[str]:
-        if self.module_type in (OPEN, PROPRIETARY):
-            return [self.module_type]
-        allowed = {OPEN, PROPRIETARY}
-        for gpu in self.found:
-            allowed &= gpu.model.flavours
-        if major < FIRST_OPEN_BRANCH:
-            allowed.discard(OPEN)
-        return sorted(allowed) or [OPEN, PROPRIETARY]
-
-    def blocking(self, version: str) -> list[Floor]:
-        if not self.floors:
-            return []
-        return blocks_every(self.floors, version, self.flavours(version_major(version)))
-
-    def release_in(self, branch: Branch) -> Release | None:
-        """The newest release of `branch` that meets every floor."""
-        for release in branch.releases:
-            if not self.blocking(release.version):
-                return release
-        return None
-
-    def require(self, version: str, what: str, catalog: Catalog, reasons: list[str]) -> None:
-        """Raise DriverBelowFloor for an explicit request below a floor (unless allowed)."""
-        stopped = self.blocking(version)
-        if not stopped:
-            return
-        named = "; ".join(f.describe() for f in stopped)
-        if self.allow:
-            reasons.append(f"{what} is below this host's floor: {named}; installing anyway "
-                           "(NVIDIA_INSTALLER_ALLOW_BELOW_FLOOR=true)")
-            return
-        raise DriverBelowFloor(f"{what} is below this host's floor: {named}"
-                               + self._instead(catalog))
-
-    def require_branch(self, branch: Branch, req: VersionRequest, catalog: Catalog,
-                       reasons: list[str]) -> None:
-        """An explicit branch or alias whose releases all fall below a floor."""
-        if self.release_in(branch) is None:
-            self.require(branch.newest.version, f"{req.raw.strip()!r} (R{branch.major})",
-                         catalog, reasons)
-
-    def _instead(self, catalog: Catalog) -> str:
-        for branch in catalog.of_types(PRODUCTION, LTS) + catalog.branches:
-            release = self.release_in(branch)
-            if release is not None and all(g.model.supports_branch(branch.major)
-                                           for g in self.found):
-                return f"; the newest release in the catalog that meets them: {release.version}"
-        return ""
-
-
 def runfile_url(
     version: str,
     arch: str,
@@ -243,7 +186,7 @@ def runfile_url(
 
 def _choose_branch(
     req: VersionRequest, catalog: Catalog, found: list[Gpu], track: str, reasons: list[str],
-    gate: _Floors,
+    gate: FloorGate,
 ) -> Branch:
     if req.kind == "branch":
         branch = catalog.branch(int(req.value))
@@ -253,13 +196,13 @@ def _choose_branch(
                 f"branch R{req.value} is not in the catalog ({catalog.source}); it lists {known}"
             )
         reasons.append(f"branch R{branch.major} requested ({_describe(branch)})")
-        gate.require_branch(branch, req, catalog, reasons)
+        gate.require_branch(branch, f"{req.raw.strip()!r} (R{branch.major})", catalog, reasons)
         _check_support(found, branch.major, f"branch R{branch.major}")
         return branch
     if req.value == "latest":
         branch, _ = catalog.newest_release()
         reasons.append(f"'latest': the newest release in the catalog is in {_describe(branch)}")
-        gate.require_branch(branch, req, catalog, reasons)
+        gate.require_branch(branch, f"{req.raw.strip()!r} (R{branch.major})", catalog, reasons)
         _check_support(found, branch.major, f"'latest' (R{branch.major})")
         return branch
     if req.value in ("production", "lts"):
@@ -271,14 +214,14 @@ def _choose_branch(
         reasons.append(
             f"'{req.value}': the newest {_track_words(req.value)} is {_describe(branch)}"
         )
-        gate.require_branch(branch, req, catalog, reasons)
+        gate.require_branch(branch, f"{req.raw.strip()!r} (R{branch.major})", catalog, reasons)
         _check_support(found, branch.major, f"'{req.value}' (R{branch.major})")
         return branch
     return _auto_branch(catalog, found, track, reasons, gate)
 
 
 def _auto_branch(catalog: Catalog, found: list[Gpu], track: str, reasons: list[str],
-                 gate: _Floors) -> Branch:
+                 gate: FloorGate) -> Branch:
     legacy = [g for g in found if g.model.legacy_branch and g.model.last_branch is not None]
     if legacy:
         branch = _legacy_branch(catalog, found, legacy, reasons)
@@ -373,6 +316,18 @@ def _check_support(found: list[Gpu], major: int, what: str) -> None:
 # --- flavour choice ----------------------------------------------------------------------
 
 
+def _flavour_options(found: list[Gpu], major: int, module_type: str) -> list[str]:
+    """The flavours a release of `major` could still be built in for these GPUs."""
+    if module_type in (OPEN, PROPRIETARY):
+        return [module_type]
+    allowed = {OPEN, PROPRIETARY}
+    for gpu in found:
+        allowed &= gpu.model.flavours
+    if major < FIRST_OPEN_BRANCH:
+        allowed.discard(OPEN)
+    return sorted(allowed) or [OPEN, PROPRIETARY]
+
+
 def _check_flavours_compatible(found: list[Gpu]) -> None:
     only_open = [g for g in found if g.model.flavours == {OPEN}]
     only_proprietary = [g for g in found if g.model.flavours == {PROPRIETARY}]
@@ -385,7 +340,7 @@ def _check_flavours_compatible(found: list[Gpu]) -> None:
 
 def _choose_flavour(
     found: list[Gpu], major: int, version: str, module_type: str, reasons: list[str],
-    gate: _Floors | None = None,
+    gate: FloorGate | None = None,
 ) -> Flavour:
     allowed: set[Flavour] = {OPEN, PROPRIETARY}
     for gpu in found:
