@@ -157,6 +157,13 @@ class Config:
         "(Xid 31) on GPU mappings of 4 GiB or more (open-gpu-kernel-modules #1269).",
         switch=True,
     )
+    allow_below_floor: bool = setting(
+        "NVIDIA_INSTALLER_ALLOW_BELOW_FLOOR", "false", parse.switch,
+        "Install an explicitly requested driver although a floor of this host (kernel, OS "
+        "release, module flavour or GPU; docs/supported-hosts.md) says it cannot build or "
+        "drive it.",
+        switch=True,
+    )
     log_format: str = setting(
         "NVIDIA_INSTALLER_LOG_FORMAT", "text", parse.choice("text", "json"),
         "text or json.",
@@ -267,6 +274,23 @@ class Config:
         parse.components,
         "Components <c> whose nvidia.com/gpu.deploy.<c> label is set to paused-for-driver-upgrade"
         " during an upgrade (dra-driver, NVIDIA's DRA kubelet plugin, once the GPU pods left).",
+    )
+    # a version per node pool from one DaemonSet (installer/cluster/pools.py)
+    pool_policy: str | None = setting(
+        "NVIDIA_INSTALLER_POOL_POLICY", "", parse.optional_text,
+        "Pool policy file (a mounted ConfigMap): ordered rules, node selector (matchLabels) -> "
+        "version, kernel module type, source and maxUpgrading, one default; its rule replaces "
+        "those settings on the nodes it matches (docs/deploy.md, \"A version per node pool\").",
+    )
+    node_labels_file: str | None = setting(
+        "NVIDIA_INSTALLER_NODE_LABELS_FILE", "", parse.optional_text,
+        "A file of this node's labels (key=value lines, or the kubelet's --node-labels form) "
+        "for the pool policy; unset: the Node is read from the API server (NODE_NAME).",
+    )
+    pool_wait_timeout: float = setting(
+        "NVIDIA_INSTALLER_POOL_WAIT_TIMEOUT", "3600", parse.number,
+        "Seconds an upgrade waits for its pool's maxUpgrading budget (other nodes of the pool "
+        "mid-upgrade) before failing with the old driver kept.",
     )
 
     # who may publish the modules a node loads

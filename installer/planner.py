@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from installer import components, host, sources, steps
 from installer.cluster import gate_steps, upgrade_gate
@@ -13,9 +14,12 @@ from installer.headers import platform
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Plan, Step, Target
-from installer.release import catalog, versions
+from installer.release import catalog, floors, versions
 from installer.runner import Runner
 from installer.sources.source import Groundwork, Source
+
+if TYPE_CHECKING:
+    from installer.cluster.pools import Pool
 
 FetchBytes = Callable[[str], bytes]
 FetchRunfile = Callable[[list[str], Path, str], Path]
@@ -34,6 +38,16 @@ def make_plan(
     Raises the errors of host detection and version resolution (unsupported-distro,
     invalid-version, unsupported-gpu, incompatible-gpus, catalog-unavailable, ...).
     """
+    pool_decision: list[Decision] = []
+    pool: Pool | None = None
+    if config.pool_policy:
+        # The node's pool rule replaces the DaemonSet's version settings: read first, so a bad
+        # policy or an unreadable node stops the run before anything else is looked at.
+        from installer.cluster import pools
+
+        config, pool = pools.apply(config)
+        pool_decision.append(Decision("pool", pool.rule.name if pool.rule else "none",
+                                      pool.reason))
     root = HostRoot(config.root)
     layout = Layout.from_config(config, root)
     # Host symlinks may lead the install dir or cache somewhere make would misread.
@@ -43,13 +57,21 @@ def make_plan(
     facts = host.gather(root, kernel_override=config.kernel_release,
                         free_space_path=layout.install_local, machine=machine)
     running = host.kernel_release(root)
-    decisions: list[Decision] = []
+    decisions: list[Decision] = pool_decision
     blockers: list[str] = []
 
     shipped_or_custom = catalog.load(config.catalog, fetch_bytes)
+    # Floors are checked here, before anything is fetched: a release that cannot build on
+    # this kernel or drive these GPUs is refused (or skipped by auto) rather than compiled.
+    host_floors = floors.applicable(floors.shipped(), floors.HostShape(
+        facts.kernel_release, facts.distro.id, facts.distro.version_id,
+        tuple(g.device_id for g in facts.gpus)))
     resolution = versions.resolve(config.version, shipped_or_custom, facts.gpus,
-                                  module_type=config.module_type, track=config.track)
+                                  module_type=config.module_type, track=config.track,
+                                  floors=host_floors, allow_below_floor=config.allow_below_floor)
     decisions.append(Decision("version", resolution.version, "; ".join(resolution.reasons)))
+    decisions += [Decision("floor", floor.id, floor.describe().split(": ", 1)[1])
+                  for floor in host_floors]
     decisions.append(Decision("kernel-module-type", resolution.flavour,
                               _flavour_reason(config.module_type, resolution.flavour)))
 
@@ -92,7 +114,7 @@ def make_plan(
         packages_own_user_space=source.packages_own_user_space,
     )
     ctx = Context(config, root, layout, runner, facts, target, fetch_runfile,
-                  upgrade_gate=upgrade_gate.choose(config))  # refuse or free a held driver
+                  upgrade_gate=upgrade_gate.choose(config, pool))  # refuse or free a held driver
     decisions = source.decisions(ctx, decisions)
     decisions += platform.decisions(ctx)  # image tag, architecture, flavour, page size
     decisions.append(steps.coherent_memory(config, root, facts.gpus, resolution.branch).decision)

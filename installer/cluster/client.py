@@ -101,6 +101,13 @@ class NodeClient:
         return [pod for pod in answer.get("items") or []
                 if isinstance(pod, dict) and (pod.get("spec") or {}).get("nodeName") == self.node]
 
+    def nodes_labelled(self, label_selector: str) -> list[Json]:
+        """The Nodes a label selector picks (the pool policy's budget counts its pool's nodes
+        mid-upgrade)."""
+        answer = self._call("GET", "/api/v1/nodes", {"labelSelector": label_selector},
+                            what=f"list the nodes labelled {label_selector}")[1]
+        return [node for node in answer.get("items") or [] if isinstance(node, dict)]
+
     def pod_disruption_budgets(self, namespace: str) -> list[Json]:
         """The PodDisruptionBudgets of one namespace, with the status the disruption controller
         keeps."""

@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from installer import host, safefs
 from installer.cluster import disruption, dra
@@ -24,6 +24,9 @@ from installer.errors import (
 )
 from installer.hostroot import HostRoot
 from installer.layout import Layout
+
+if TYPE_CHECKING:
+    from installer.cluster.pools import Pool
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +64,23 @@ def preflight(config: Config, client: ClientFactory = _client) -> None:
 
 
 def make_room(config: Config, root: HostRoot, layout: Layout, old: str, new: str,
-              client: ClientFactory = _client) -> None:
-    """Free the loaded driver for an upgrade: cordon (remembering whether it was cordoned),
-    pause GPU clients by label, evict GPU pods, wait for /dev/nvidia* to be closed.
+              client: ClientFactory = _client, *, pool: Pool | None = None) -> None:
+    """Free the loaded driver for an upgrade: wait for the node's pool budget (a pool policy's
+    maxUpgrading), cordon (remembering whether it was cordoned), pause GPU clients by label,
+    evict GPU pods, wait for /dev/nvidia* to be closed.
 
     On a failure here (eviction or holders timeout, API errors) the node is restored and the
     old driver keeps working. Raises EvictionTimeout, DriverHoldersTimeout, ClusterApi* errors.
     """
     api = client(config)
     node = api.get_node()
+    if pool is not None and pool.rule is not None and _saved(node) is None:
+        # A node that carries an unfinished upgrade already counts against its pool.
+        from installer.cluster import pools
+
+        pools.wait_for_turn(api, pool.policy, pool.rule, STATE_LABEL, config.pool_wait_timeout,
+                            POLL_SECONDS)
+        node = api.get_node()
     safefs.write_atomic(hint_path(layout), f"{old} -> {new}\n")
     saved = _begin(api, config, node, old, new)
     uid = str(node["metadata"].get("uid", ""))

@@ -16,6 +16,7 @@ from installer.errors import InstallerError
 from installer.layout import Layout
 
 if TYPE_CHECKING:
+    from installer.cluster.pools import Pool
     from installer.plan import Context, UpgradeGate
 
 log = logging.getLogger(__name__)
@@ -28,9 +29,10 @@ MID_UPGRADE_MARKER = ".upgrade-protocol"
 class RefusingGate:
     """The upgrade protocol off: a held driver is never taken away from its users."""
 
-    def __init__(self) -> None:
+    def __init__(self, pool: Pool | None = None) -> None:
         self.cleared_to_stage = False
         self.freed = False
+        self.pool = pool
 
     def preflight(self, ctx: Context, holders: Sequence[str]) -> None:
         raise modules.in_use_error(holders, modules.loaded_modules(ctx.root))
@@ -56,9 +58,10 @@ class ClusterGate:
     GPU pods evicted until the driver is free; restored after the run. The cluster code is
     imported only when a method runs."""
 
-    def __init__(self) -> None:
+    def __init__(self, pool: Pool | None = None) -> None:
         self.cleared_to_stage = False
         self.freed = False
+        self.pool = pool
 
     def preflight(self, ctx: Context, holders: Sequence[str]) -> None:
         from installer.cluster import protocol
@@ -72,8 +75,16 @@ class ClusterGate:
                     detail: str = "") -> None:
         from installer.cluster import protocol
 
-        components.pause_for(ctx.root, ctx.layout, ctx.config, lambda: protocol.make_room(
-            ctx.config, ctx.root, ctx.layout, old, new))
+        pool = self.pool
+
+        def make_room() -> None:
+            # The pool only where a pool policy chose one (its budget is waited for first).
+            if pool is None:
+                protocol.make_room(ctx.config, ctx.root, ctx.layout, old, new)
+            else:
+                protocol.make_room(ctx.config, ctx.root, ctx.layout, old, new, pool=pool)
+
+        components.pause_for(ctx.root, ctx.layout, ctx.config, make_room)
         self.freed = True
 
     def finished(self, config: Config, layout: Layout) -> None:
@@ -87,9 +98,10 @@ class ClusterGate:
         protocol.failed(config, layout, error)
 
 
-def choose(config: Config) -> UpgradeGate:
-    """The gate for a run with `config` (the planner's choice, made once per run)."""
-    return ClusterGate() if config.upgrade_protocol else RefusingGate()
+def choose(config: Config, pool: Pool | None = None) -> UpgradeGate:
+    """The gate for a run with `config` (the planner's choice, made once per run); `pool` is
+    the node's rule of a pool policy, whose maxUpgrading budget the upgrade waits for."""
+    return ClusterGate(pool) if config.upgrade_protocol else RefusingGate()
 
 
 def of(ctx: Context) -> UpgradeGate:

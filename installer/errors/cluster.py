@@ -117,3 +117,43 @@ class NodeConditionForbidden(InstallerError):
         "condition), or set NVIDIA_INSTALLER_CLUSTER_SIGNALS=false. The driver itself is "
         "installed and unaffected."
     )
+
+
+class PoolPolicyInvalid(InstallerError):
+    reference = "pool-policy-invalid"
+    exit_code = 81
+    default_hint = (
+        "Fix the pool policy ConfigMap as the message says (docs/deploy.md, \"A version per node "
+        "pool\"); `installer plan` on a node shows the rule it takes. Nothing on the node was "
+        "changed."
+    )
+
+
+class PoolRulesConflict(InstallerError):
+    reference = "pool-rules-conflict"
+    exit_code = 82
+    default_hint = (
+        "Make the two rules' nodeSelectors exclusive (a label only one pool carries), or drop "
+        "one rule. Nothing on the node was changed."
+    )
+
+
+class NodeLabelsUnavailable(InstallerError):
+    reference = "node-labels-unavailable"
+    exit_code = 83
+    default_hint = (
+        "The pool policy needs the node's labels: mount a label file and name it in "
+        "NVIDIA_INSTALLER_NODE_LABELS_FILE, or give the pod NODE_NAME and a token that may get "
+        "its Node (components/upgrade-protocol). Nothing on the node was changed."
+    )
+
+
+class PoolBudgetTimeout(InstallerError):
+    reference = "pool-budget-timeout"
+    exit_code = 84
+    default_hint = (
+        "Other nodes of this pool stayed mid-upgrade for NVIDIA_INSTALLER_POOL_WAIT_TIMEOUT "
+        "seconds (their nvidia-driver-installer/upgrade-state label): look at them, or raise "
+        "the rule's maxUpgrading. The node keeps its driver and is not cordoned; the pod "
+        "retries."
+    )

@@ -100,3 +100,22 @@ class PageSizeRisk(InstallerError):
         "kernels, boot a 4k-page kernel, or set NVIDIA_INSTALLER_ALLOW_64K_PAGE_RISK=true to "
         "install anyway (open-gpu-kernel-modules #1269)."
     )
+
+
+class DriverBelowFloor(InstallerError):
+    reference = "driver-below-floor"
+    exit_code = 79
+    default_hint = (
+        "Ask for a release that meets the floor named above (NVIDIA_DRIVER_VERSION=auto picks "
+        "the newest that meets every floor; `installer plan` lists them), or set "
+        "NVIDIA_INSTALLER_ALLOW_BELOW_FLOOR=true to try it anyway (docs/supported-hosts.md)."
+    )
+
+
+class NoReleaseMeetsFloors(InstallerError):
+    reference = "no-release-meets-floors"
+    exit_code = 80
+    default_hint = (
+        "The catalog lists no release that meets this host's floors: refresh the catalog "
+        "(--catalog) or pin a newer exact version with NVIDIA_DRIVER_DOWNLOAD_URL."
+    )

@@ -10,6 +10,7 @@ from installer.errors import (
     ConfigError,
     IncompatibleGpus,
     InvalidVersion,
+    NoReleaseMeetsFloors,
     UnknownVersion,
     UnsupportedGpu,
 )
@@ -23,6 +24,7 @@ from installer.release.catalog import (
     is_version,
     version_major,
 )
+from installer.release.floors import Floor, FloorGate, violated
 from installer.release.gpus import OPEN, PROPRIETARY, Gpu, GpuDatabase, GpuModel, shipped_database
 
 ALIASES = ("auto", "latest", "production", "lts")
@@ -89,12 +91,17 @@ def resolve(
     module_type: str = "auto",
     track: str = "lts",
     database: GpuDatabase | None = None,
+    floors: Sequence[Floor] = (),
+    allow_below_floor: bool = False,
 ) -> Resolution:
     """Choose version, branch and kernel module flavour for these GPUs. Pure: reads nothing.
 
-    Raises InvalidVersion, UnknownVersion (a branch the catalog lacks), UnsupportedGpu (the
-    choice cannot drive a GPU, or a forced flavour it does not support), IncompatibleGpus
-    (no single driver serves all GPUs), ConfigError (bad module_type/track values).
+    `floors` are the host's (release.floors.applicable): `auto` picks the newest release that
+    meets them all; an explicit request below one raises DriverBelowFloor unless
+    `allow_below_floor`. Raises InvalidVersion, UnknownVersion (a branch the catalog lacks),
+    UnsupportedGpu (the choice cannot drive a GPU, or a forced flavour it does not support),
+    IncompatibleGpus (no single driver serves all GPUs), NoReleaseMeetsFloors, ConfigError
+    (bad module_type/track values).
     """
     req = parse_request(request) if isinstance(request, str) else request
     if module_type not in ("auto", OPEN, PROPRIETARY):
@@ -105,6 +112,9 @@ def resolve(
     found = [db.describe(pci) for pci in gpus]
     reasons = _gpu_reasons(found)
     _check_flavours_compatible(found)
+    gate = FloorGate(tuple(floors), lambda major: _flavour_options(found, major, module_type),
+                     lambda major: all(g.model.supports_branch(major) for g in found),
+                     allow_below_floor)
 
     in_catalog = True
     if req.kind == "exact":
@@ -120,14 +130,26 @@ def resolve(
                 f"version {version} pinned; it is not in the catalog ({catalog.source}), so it "
                 "may be newer than the catalog: used as given"
             )
+        gate.require(version, f"version {version}", catalog, reasons)
         _check_support(found, major, f"version {version}")
         branch_type = branch.type if branch is not None else None
     else:
-        chosen = _choose_branch(req, catalog, found, track, reasons)
+        chosen = _choose_branch(req, catalog, found, track, reasons, gate)
         major, branch_type = chosen.major, chosen.type
-        version = chosen.newest.version
-        reasons.append(f"version {version}: the newest release of R{major} in the catalog")
-    flavour = _choose_flavour(found, major, version, module_type, reasons)
+        release = gate.release_in(chosen)
+        if release is None:
+            # Only an explicit branch or alias gets here: auto skips such branches.
+            release = chosen.newest  # below a floor, allowed (require_branch said so)
+        version = release.version
+        if release is chosen.newest:
+            reasons.append(f"version {version}: the newest release of R{major} in the catalog")
+        else:
+            reasons.append(
+                f"version {version}: the newest release of R{major} in the catalog that meets "
+                f"the floors ({chosen.newest.version} does not: "
+                f"{_floor_ids(gate.blocking(chosen.newest.version))})"
+            )
+    flavour = _choose_flavour(found, major, version, module_type, reasons, gate)
     return Resolution(version, major, branch_type, flavour, tuple(reasons), in_catalog)
 
 
@@ -163,7 +185,8 @@ def runfile_url(
 
 
 def _choose_branch(
-    req: VersionRequest, catalog: Catalog, found: list[Gpu], track: str, reasons: list[str]
+    req: VersionRequest, catalog: Catalog, found: list[Gpu], track: str, reasons: list[str],
+    gate: FloorGate,
 ) -> Branch:
     if req.kind == "branch":
         branch = catalog.branch(int(req.value))
@@ -173,11 +196,13 @@ def _choose_branch(
                 f"branch R{req.value} is not in the catalog ({catalog.source}); it lists {known}"
             )
         reasons.append(f"branch R{branch.major} requested ({_describe(branch)})")
+        gate.require_branch(branch, f"{req.raw.strip()!r} (R{branch.major})", catalog, reasons)
         _check_support(found, branch.major, f"branch R{branch.major}")
         return branch
     if req.value == "latest":
         branch, _ = catalog.newest_release()
         reasons.append(f"'latest': the newest release in the catalog is in {_describe(branch)}")
+        gate.require_branch(branch, f"{req.raw.strip()!r} (R{branch.major})", catalog, reasons)
         _check_support(found, branch.major, f"'latest' (R{branch.major})")
         return branch
     if req.value in ("production", "lts"):
@@ -189,39 +214,65 @@ def _choose_branch(
         reasons.append(
             f"'{req.value}': the newest {_track_words(req.value)} is {_describe(branch)}"
         )
+        gate.require_branch(branch, f"{req.raw.strip()!r} (R{branch.major})", catalog, reasons)
         _check_support(found, branch.major, f"'{req.value}' (R{branch.major})")
         return branch
-    return _auto_branch(catalog, found, track, reasons)
+    return _auto_branch(catalog, found, track, reasons, gate)
 
 
-def _auto_branch(catalog: Catalog, found: list[Gpu], track: str, reasons: list[str]) -> Branch:
+def _auto_branch(catalog: Catalog, found: list[Gpu], track: str, reasons: list[str],
+                 gate: FloorGate) -> Branch:
     legacy = [g for g in found if g.model.legacy_branch and g.model.last_branch is not None]
     if legacy:
-        return _legacy_branch(catalog, found, legacy, reasons)
+        branch = _legacy_branch(catalog, found, legacy, reasons)
+        if gate.release_in(branch) is None:
+            raise NoReleaseMeetsFloors(
+                f"{_describe(branch)}, the only branch for {_labels(legacy)}, has no release "
+                f"in the catalog that meets this host's floor: "
+                + "; ".join(f.describe() for f in gate.blocking(branch.newest.version)))
+        return branch
     types = (LTS,) if track == "lts" else (PRODUCTION, LTS)
     words = _track_words(track)
     in_track = catalog.of_types(*types)
+    floored: list[Floor] = []
     for branch in in_track:
         blockers = [g for g in found if not g.model.supports_branch(branch.major)]
+        if not blockers and gate.release_in(branch) is None:
+            stopped = gate.blocking(branch.newest.version)
+            floored += [f for f in stopped if f not in floored]
+            reasons.append(f"auto: skipped {_describe(branch)}: no release of it meets the "
+                           f"floor {_floor_ids(stopped)}")
+            continue
         if not blockers:
             if found:
                 reasons.append(
                     f"auto (track {track}): {_describe(branch)} is the newest {words} "
-                    "supporting every GPU found"
+                    "supporting every GPU found" + (" and meeting the floors" if floored else "")
                 )
             else:
-                reasons.append(f"auto (track {track}): {_describe(branch)} is the newest {words}")
+                reasons.append(f"auto (track {track}): {_describe(branch)} is the newest {words}"
+                               + (" meeting the floors" if floored else ""))
             return branch
         reasons.append(
             f"auto: skipped {_describe(branch)}: it does not support {_labels(blockers)}"
         )
-    for branch in catalog.branches:
-        if all(g.model.supports_branch(branch.major) for g in found):
+    # Past the track: production branches (NVIDIA's own defaults, as R595 where no LTS
+    # branch builds) before new-feature ones, which get no fixes after their release.
+    for branch in catalog.of_types(PRODUCTION, LTS) + catalog.branches:
+        if all(g.model.supports_branch(branch.major) for g in found) and (
+                gate.release_in(branch) is not None):
+            what = "meets the floors and supports every GPU found" if floored else (
+                "supports every GPU found")
             reasons.append(
-                f"auto: no {words} in the catalog supports every GPU found; using the newest "
-                f"branch that does: {_describe(branch)}"
+                f"auto: no {words} in the catalog {what}; using the newest "
+                f"{'production ' if branch.is_production else ''}branch that does: "
+                f"{_describe(branch)}"
             )
             return branch
+    if floored:
+        raise NoReleaseMeetsFloors(
+            f"no release in the catalog ({catalog.source}) that drives the GPUs found meets "
+            "this host's floors: " + "; ".join(f.describe() for f in floored))
     # No branch at all: either one GPU has no branch in the catalog, or no branch serves all.
     orphans = [
         g for g in found if not any(g.model.supports_branch(b.major) for b in catalog.branches)
@@ -265,6 +316,18 @@ def _check_support(found: list[Gpu], major: int, what: str) -> None:
 # --- flavour choice ----------------------------------------------------------------------
 
 
+def _flavour_options(found: list[Gpu], major: int, module_type: str) -> list[str]:
+    """The flavours a release of `major` could still be built in for these GPUs."""
+    if module_type in (OPEN, PROPRIETARY):
+        return [module_type]
+    allowed = {OPEN, PROPRIETARY}
+    for gpu in found:
+        allowed &= gpu.model.flavours
+    if major < FIRST_OPEN_BRANCH:
+        allowed.discard(OPEN)
+    return sorted(allowed) or [OPEN, PROPRIETARY]
+
+
 def _check_flavours_compatible(found: list[Gpu]) -> None:
     only_open = [g for g in found if g.model.flavours == {OPEN}]
     only_proprietary = [g for g in found if g.model.flavours == {PROPRIETARY}]
@@ -276,7 +339,8 @@ def _check_flavours_compatible(found: list[Gpu]) -> None:
 
 
 def _choose_flavour(
-    found: list[Gpu], major: int, version: str, module_type: str, reasons: list[str]
+    found: list[Gpu], major: int, version: str, module_type: str, reasons: list[str],
+    gate: FloorGate | None = None,
 ) -> Flavour:
     allowed: set[Flavour] = {OPEN, PROPRIETARY}
     for gpu in found:
@@ -314,6 +378,13 @@ def _choose_flavour(
         if has_open
         else f"R{major} predates the open modules"
     )
+    floors = gate.floors if gate is not None else ()
+    stopped = violated(floors, version, default)
+    spare: Flavour = PROPRIETARY if default == OPEN else OPEN
+    if stopped and spare in allowed and not violated(floors, version, spare):
+        reasons.append(f"kernel modules: {spare}: the floor {_floor_ids(stopped)} stops the "
+                       f"{default} ones ({rule})")
+        return spare
     if default in allowed:
         reasons.append(f"kernel modules: {default} ({rule})")
         return default
@@ -364,6 +435,10 @@ def _labels(gpus: Sequence[Gpu]) -> str:
 
 def _ranges(gpus: Sequence[Gpu]) -> str:
     return "; ".join(f"{label}: supported by {m.branch_range()}" for label, m in _groups(gpus))
+
+
+def _floor_ids(floors: Sequence[Floor]) -> str:
+    return ", ".join(f"{f.id} ({f.asks()})" for f in floors)
 
 
 def _describe(branch: Branch) -> str:

@@ -15,6 +15,8 @@ Semantics follow the API reference (kubernetes.io/docs/reference/kubernetes-api)
 - GET/PATCH /api/v1/nodes/{name}: JSON merge patch (RFC 7386); a patch carrying
   metadata.resourceVersion that is not the current one is refused with 409 Conflict; a no-op patch
   leaves resourceVersion alone; label values are validated (422 Invalid).
+- GET /api/v1/nodes?labelSelector=...: equality-based selectors (`key`, `key=value`,
+  `key!=value`, comma-joined), as kube-apiserver filters a NodeList.
 - GET /api/v1/pods?fieldSelector=spec.nodeName=<n>: only that field selector (others: 400).
 - POST /api/v1/namespaces/{ns}/pods/{name}/eviction: policy/v1 Eviction. Terminating, terminal
   and pending pods are evicted without a PodDisruptionBudget check; with one matching budget whose
@@ -495,6 +497,32 @@ class Cluster:
             self.nodes[name] = merged
         return _public(self.nodes[name])
 
+    def list_nodes(self, query: dict[str, list[str]]) -> Json:
+        """Nodes by label selector: `key` (exists), `key=value` and `key!=value` terms joined
+        by commas, as kube-apiserver's equality-based selectors."""
+        terms = [t for s in query.get("labelSelector", []) for t in s.split(",") if t]
+        parsed = []
+        for term in terms:
+            match = re.fullmatch(r"([A-Za-z0-9./_-]+)(?:(!=|==|=)([A-Za-z0-9._-]*))?", term)
+            if not match:
+                raise ApiError(400, "BadRequest", f"unable to parse requirement: {term!r}")
+            parsed.append(match.groups())
+
+        def picked(labels: dict[str, str]) -> bool:
+            for key, op, value in parsed:
+                if op is None and key not in labels:
+                    return False
+                if op in ("=", "==") and labels.get(key) != value:
+                    return False
+                if op == "!=" and labels.get(key) == value:
+                    return False
+            return True
+
+        items = [_public(n) for n in self.nodes.values()
+                 if picked(n["metadata"].get("labels") or {})]
+        return {"apiVersion": "v1", "kind": "NodeList",
+                "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+
     def list_pods(self, query: dict[str, list[str]]) -> Json:
         self.kubelet()
         selectors = query.get("fieldSelector", [])
@@ -747,6 +775,7 @@ def _success(code: int) -> Json:
 
 
 _ROUTES = [
+    ("GET", re.compile(r"^/api/v1/nodes$"), "list", "", "nodes"),
     ("GET", re.compile(r"^/api/v1/nodes/([^/]+)$"), "get", "", "nodes"),
     ("PATCH", re.compile(r"^/api/v1/nodes/([^/]+)$"), "patch", "", "nodes"),
     ("PATCH", re.compile(r"^/api/v1/nodes/([^/]+)/status$"), "patch", "", "nodes/status"),
@@ -864,6 +893,8 @@ class _Handler(QuietHandler):
                   query: dict[str, list[str]], body: Any) -> tuple[int, Json]:
         if self.command == "GET" and path.startswith("/api/v1/nodes/"):
             return 200, cluster.get_node(groups[0])
+        if self.command == "GET" and path == "/api/v1/nodes":
+            return 200, cluster.list_nodes(query)
         if self.command == "PATCH":
             # The API server's default field manager is the User-Agent's product token.
             manager = (query.get("fieldManager") or [""])[0] or (

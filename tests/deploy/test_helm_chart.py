@@ -37,6 +37,10 @@ CASES = [
     ("examples/force-eviction", {"upgradeProtocol": {"enabled": True,
                                                      "forceEviction": True}}),
     ("examples/imex-host-managed", {"imex": {"enabled": True}}),
+    ("examples/node-pools", {"upgradeProtocol": {"enabled": True},
+                             "nodePools": {"enabled": True, "policy": yaml.safe_load(
+                                 (DAEMONSET_DIR / "examples/node-pools/configmap.yaml")
+                                 .read_text())["data"]["policy.yaml"]}}),
 ]
 
 
@@ -102,9 +106,9 @@ def test_every_overlay_and_component_has_a_case() -> None:
     components = {p.name for p in (DAEMONSET_DIR / "components").iterdir()}
     values = yaml.safe_load((DAEMONSET_DIR / "values.yaml").read_text())
     assert {"scheduling-gate", "upgrade-protocol", "force-eviction", "metrics",
-            "cluster-signals", "imex"} == components
+            "cluster-signals", "imex", "node-pools"} == components
     assert {"schedulingGate", "upgradeProtocol", "metrics", "moduleRegistry",
-            "clusterSignals", "imex"} <= set(values)
+            "clusterSignals", "imex", "nodePools"} <= set(values)
 
 
 def test_helm_lint_finds_no_error() -> None:
@@ -112,7 +116,8 @@ def test_helm_lint_finds_no_error() -> None:
                   "clusterSignals": {"enabled": True, "gkeDriverAnnotations": True,
                                      "gpuFeatureDiscovery": True},
                   "upgradeProtocol": {"enabled": True, "forceEviction": True},
-                  "moduleRegistry": {"enabled": True}, "imex": {"enabled": True}}
+                  "moduleRegistry": {"enabled": True}, "imex": {"enabled": True},
+                  "nodePools": {"enabled": True, "policy": "rules: []\n"}}
     for values in ({}, everything):
         report = helm().lint(str(DAEMONSET_DIR), values, strict=True)
         assert report["errors"] == []

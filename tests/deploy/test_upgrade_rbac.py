@@ -72,6 +72,7 @@ def test_the_protocol_overlay_brings_identity_rbac_and_policy() -> None:
         assert binding["subjects"] == subject
     assert _granted(docs) == {
         ("*", "", "nodes", "get"), ("*", "", "nodes", "patch"),
+        ("*", "", "nodes", "list"),  # a pool policy's budget: the pool's nodes mid-upgrade
         ("*", "", "pods", "list"),
         ("*", "", "pods", "delete"),  # its own node's only: the admission policy
         ("*", "policy", "poddisruptionbudgets", "list"),  # checked before a delete

@@ -44,6 +44,13 @@ pytestmark = pytest.mark.skipif(bool(_MISSING) and not os.environ.get("CI"),
                                 reason=f"needs {', '.join(_MISSING)}")
 
 VERSION = "580.105.08"
+# Ubuntu 26.04 and kernel 7.0 take 595.91.07 or newer (the floors of installer/release/data/
+# floors.json): NVIDIA publishes no R580 for 26.04, and 580's modules do not build on 7.0.
+RESOLUTE_VERSION = "595.91.07"
+
+
+def version_of(host: Host) -> str:
+    return RESOLUTE_VERSION if host.distro == "ubuntu-26.04" else VERSION
 UNREACHABLE = "http://127.0.0.1:9"
 
 
@@ -231,7 +238,7 @@ def posed(tmp_path: Path, host: Host, base: str, key: Any) -> Path:
 
 def env_for(root: Path, host: Host, **settings: str) -> dict[str, str]:
     return installer_env(root, host.kernel, **{
-        "NVIDIA_DRIVER_VERSION": VERSION, "NVIDIA_INSTALLER_FETCH_HEADERS": "true",
+        "NVIDIA_DRIVER_VERSION": version_of(host), "NVIDIA_INSTALLER_FETCH_HEADERS": "true",
         "NVIDIA_INSTALLER_ROCKY_VAULT": UNREACHABLE, **settings})
 
 
@@ -268,8 +275,10 @@ def test_plan_names_everything_then_the_family_fetches_the_headers(
     assert said["compiler"][0] == "missing"  # this machine has gcc 12 only
     assert f"gcc-{host.gcc}: use the installer image tag" in said["compiler"][1]
     assert said["architecture"][0] == host.arch
-    assert f"NVIDIA-Linux-{host.arch}-{VERSION}.run" in said["architecture"][1]
-    assert f"/NVIDIA-Linux-{host.arch}-{VERSION}.run" in said["download"][0]
+    version = version_of(host)
+    assert said["version"][0] == version
+    assert f"NVIDIA-Linux-{host.arch}-{version}.run" in said["architecture"][1]
+    assert f"/NVIDIA-Linux-{host.arch}-{version}.run" in said["download"][0]
     assert said["kernel-flavour"][0] == FLAVOURS.get(name, host.kernel.split("-", 2)[-1])
     page = said["page-size"]
     if host.arch == "x86_64":
@@ -321,10 +330,10 @@ def test_an_unsupported_release_is_refused_naming_the_nearest(tmp_path: Path) ->
 
 
 def test_a_590_driver_on_a_64k_kernel_is_refused_unless_accepted(tmp_path: Path) -> None:
-    """GB300's Ubuntu 26.04 on 7.0 -nvidia-64k, its config in /boot: 580 is planned as fine;
+    """Grace on Ubuntu 24.04's -nvidia-64k kernel, its config in /boot: 580 is planned as fine;
     590.48.01 is refused before anything changes (open-gpu-kernel-modules #1269), unless the
-    operator accepts the risk."""
-    host = HOSTS["resolute-nvidia-64k"]
+    operator accepts the risk. (Ubuntu 26.04's 7.0 kernels take 595.91.07 or newer: a floor.)"""
+    host = HOSTS["noble-nvidia-64k"]
     root = pose_host(tmp_path / "host", host.distro, host.kernel, host.arch, host.proc_version)
     (root / "boot").mkdir()
     (root / "boot" / f"config-{host.kernel}").write_text(
@@ -351,7 +360,7 @@ def test_a_590_driver_on_a_64k_kernel_is_refused_unless_accepted(tmp_path: Path)
     assert "installs anyway (NVIDIA_INSTALLER_ALLOW_64K_PAGE_RISK=true)" in (
         accepted["page-size"][1])
     # Past the refusal, with a warning: the run goes on to the next check (this machine has no
-    # gcc-15 for the kernel: compiler-missing, still before any download).
+    # gcc-13 for the kernel: compiler-missing, still before any download).
     went_on = run_installer(accepting, "run")
     assert went_on.returncode == 43, went_on.stderr[-2000:]
     assert "installing anyway (NVIDIA_INSTALLER_ALLOW_64K_PAGE_RISK=true)" in went_on.stderr
@@ -384,3 +393,30 @@ def test_a_2604_node_in_another_image_stops_before_any_download(archive: Any,
     assert "error[compiler-missing]" in result.stderr
     assert "Compiler gcc-15: use the installer image tag ubuntu26.04" in result.stderr
     assert requests == []
+
+
+def test_ubuntu_26_04_on_7_0_refuses_r580_before_any_download_and_auto_takes_595(
+        tmp_path: Path) -> None:
+    """NVIDIA publishes no R580 for Ubuntu 26.04 and 580's modules do not build on 7.0: `plan`
+    and `run` stop with the floor's own error before anything is fetched (the download and
+    mirror point at a closed port), and `auto` picks the newest release that builds there."""
+    kernel = "7.0.0-14-generic"
+    host = HOSTS["resolute-generic"]._replace(
+        kernel=kernel, proc_version=ubuntu_gcc(kernel, RESOLUTE_GCC, "14"))
+    root = pose_host(tmp_path / "host", host.distro, host.kernel, host.arch, host.proc_version)
+    env = env_for(root, host, NVIDIA_DRIVER_VERSION="R580", NVIDIA_DRIVER_MIRRORS=UNREACHABLE,
+                  NVIDIA_INSTALLER_ALLOW_NO_GPU="true")
+    for command in ("plan", "run"):
+        refused = run_installer(env, command)
+        assert refused.returncode == 79, refused.stderr[-2000:]
+        assert ("error[driver-below-floor]: 'R580' (R580) is below this host's floor: "
+                "kernel-7.0: R595 or newer") in refused.stderr
+        assert "ubuntu-26.04: R595 or newer" in refused.stderr
+        assert "the newest release in the catalog that meets them: 595.91.07" in refused.stderr
+        assert not (root / INSTALL_DIR_HOST.lstrip("/")).exists()
+    auto = run_installer({**env, "NVIDIA_DRIVER_VERSION": "auto"}, "plan")
+    assert auto.returncode == 0, auto.stderr[-2000:]
+    said = lines(auto.stdout)
+    assert said["version"][0] == "595.91.07"
+    assert "no release of it meets the floor kernel-7.0" in said["version"][1]
+    assert "  floor: kernel-7.0\n      because R595 or newer" in auto.stdout

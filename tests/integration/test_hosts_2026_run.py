@@ -46,6 +46,8 @@ pytestmark = [needs_headers, pytest.mark.skipif(
     reason="needs " + ", ".join(_TOOLS))]
 
 VERSION = "580.105.08"
+# Ubuntu 26.04 and kernel 7.0 take 595.91.07 or newer (installer/release/data/floors.json).
+RESOLUTE_VERSION = "595.91.07"
 
 
 class Shape(NamedTuple):
@@ -96,7 +98,8 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Archive]:
     for empty in ("repo/OracleLinux/OL9/baseos/latest/x86_64",
                   "repo/OracleLinux/OL9/appstream/x86_64", "rocky/10/BaseOS/x86_64/os"):
         publish_dnf(www / empty, [])
-    kit.build_runfile(VERSION, www / "runfiles" / VERSION)
+    for version in (VERSION, RESOLUTE_VERSION):
+        kit.build_runfile(version, www / "runfiles" / version)
     digests = kit.write_digests(work / "digests", www / "runfiles")
     with serve_directory(www) as (base, requests):
         yield Archive(base, key, digests, requests)
@@ -133,8 +136,9 @@ def vermagic(module: Path) -> str:
 def test_run_fetches_the_familys_headers_and_builds_against_them(
         archive: Archive, tmp_path: Path, name: str) -> None:
     shape = SHAPES[name]
+    version = RESOLUTE_VERSION if shape.distro == "ubuntu-26.04" else VERSION
     root = posed(tmp_path, shape, archive)
-    env = installer_env(root, shape.kernel, NVIDIA_DRIVER_VERSION=VERSION,
+    env = installer_env(root, shape.kernel, NVIDIA_DRIVER_VERSION=version,
                         NVIDIA_DRIVER_MIRRORS=f"{archive.base}/runfiles",
                         NVIDIA_DRIVER_DIGESTS_FILE=str(archive.digests),
                         NVIDIA_INSTALLER_FETCH_HEADERS="true")
@@ -157,7 +161,7 @@ def test_run_fetches_the_familys_headers_and_builds_against_them(
         assert vermagic(install / "drivers" / module).startswith(f"{shape.kernel} SMP"), module
     record = json.loads((install / "state.json").read_text())
     assert (record["version"], record["kernel"], record["source"]) == (
-        VERSION, shape.kernel, "runfile")
+        version, shape.kernel, "runfile")
     assert (install / "bin/nvidia-smi").is_file()
     # The host's package databases were never touched: the fetch used its own.
     for path in ("var/lib/dpkg", "var/lib/apt", "var/lib/rpm", "var/lib/dnf", "var/cache"):

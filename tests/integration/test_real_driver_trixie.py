@@ -41,6 +41,8 @@ from lib.trixie import (
     run_in_image,
 )
 
+from installer.release import floors
+
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 
 
@@ -93,7 +95,10 @@ def trixie(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trixie]:
         make_trixie_host(roots["open"], trees, installed=True, archive=archive, key=key)
         envs = {"proprietary": image_env(roots["proprietary"], kernel, runfile, "proprietary",
                                          NVIDIA_INSTALLER_FETCH_HEADERS="true"),
-                "open": image_env(roots["open"], kernel, runfile, "open")}
+                # The floor debian-13-pci-resize-resource-open-550 refuses this before any
+                # compile; accepted here so the compile that the floor rests on is measured.
+                "open": image_env(roots["open"], kernel, runfile, "open",
+                                  NVIDIA_INSTALLER_ALLOW_BELOW_FLOOR="true")}
         open_before = tree_snapshot(roots["open"])
         # Both compiles at once: one fixture, half the wall time on a multi-core machine.
         procs = {flavour: run_in_image(image, (base,), env, "run")
@@ -182,6 +187,16 @@ def test_open_sources_older_than_trixies_kernel_fail_with_gcc_14s_line(trixie: T
                if not path.startswith(INSTALL_DIR_HOST[1:]) and trixie.open_before.get(path) != info
                and not INSTALL_DIR_HOST[1:].startswith(path + "/")}
     assert outside == set(), sorted(outside)[:20]
+
+
+def test_the_floor_that_this_compile_failure_rests_on_applies_to_trixies_kernel(
+        trixie: Trixie) -> None:
+    """Without NVIDIA_INSTALLER_ALLOW_BELOW_FLOOR the open 550 request stops before the
+    compile (tests/unit/test_floors.py); its data names this kernel."""
+    shape = floors.HostShape(trixie.kernel, "debian", "13")
+    found = {f.id: f for f in floors.applicable(floors.shipped(), shape)}
+    floor = found["debian-13-pci-resize-resource-open-550"]
+    assert not floor.allows(VERSION, "open") and floor.allows(VERSION, "proprietary")
 
 
 def test_nvidias_user_space_and_gsp_firmware_land_on_the_host(proprietary: Run) -> None:
