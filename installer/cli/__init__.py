@@ -102,4 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception:
         traceback.print_exc()
         sys.exit(1)
+    finally:
+        # One command's --termination-log never outlives it (main runs in-process in tests).
+        _termination_log.clear()
     sys.exit(0)

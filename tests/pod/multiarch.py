@@ -28,6 +28,7 @@ from pod.image import (
 from pod.spec import Image
 
 PLATFORMS = ("linux/amd64", "linux/arm64")
+FINISHED = "build-finished"  # in a CachedBuildah's storage
 CACHED = "localhost/installer-ci-layer"  # the tag that keeps a cached step's image
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 # Debian 12's glibc is 2.36; pip takes these tags literally, so each manylinux level is named.
@@ -103,6 +104,14 @@ class CachedBuildah(Buildah):
         except (subprocess.SubprocessError, ValueError, KeyError):
             shutil.rmtree(self.storage, ignore_errors=True)
 
+    def finished_once(self) -> bool:
+        """A build with this storage ran to its end before: every cached step is there (a run
+        killed midway leaves some of them, and the next one runs the rest)."""
+        return (self.storage / FINISHED).is_file()
+
+    def mark_finished(self) -> None:
+        (self.storage / FINISHED).touch()
+
     def has_list(self, ref: str) -> bool:
         """`ref` is a base list holding an image of each platform (an import cut short leaves
         a list without them: that one goes, and the bases are imported again)."""
@@ -157,6 +166,7 @@ class ManifestList:
     images: dict[str, Image]           # platform -> the image's root and OCI config
     seconds: float                     # images/build.sh, both platforms
     cached_steps: int                  # images of cached steps in the storage before the build
+    warm: bool                         # an earlier build with this storage finished
     base_seconds: dict[str, float]     # mmdebstrap per arch (0 where cached)
     log: str
 
@@ -224,4 +234,7 @@ def build_manifest_list(buildah: Buildah, work: Path) -> ManifestList:
     for entry in manifest["manifests"]:
         arch = entry["platform"]["architecture"]
         images[f"linux/{arch}"] = unpack_platform(buildah, ref, entry["digest"], arch)
-    return ManifestList(ref, manifest, images, seconds, cached_steps, base_seconds, log)
+    warm = buildah.finished_once() if isinstance(buildah, CachedBuildah) else False
+    if isinstance(buildah, CachedBuildah):
+        buildah.mark_finished()
+    return ManifestList(ref, manifest, images, seconds, cached_steps, warm, base_seconds, log)

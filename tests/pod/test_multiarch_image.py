@@ -98,8 +98,9 @@ def test_build_sh_made_one_manifest_list_of_both_platforms(built: ManifestList) 
 def test_a_warm_cache_skips_both_platforms_apt_steps(built: ManifestList) -> None:
     """With the cached steps of an earlier run in the storage, neither stage's apt step runs
     again for either platform (the Dockerfile declares the per-commit arguments after them)."""
-    if not built.cached_steps:
-        pytest.skip("a cold cache: this run stored the steps for the next")
+    if not built.warm:
+        pytest.skip("no earlier build finished with this cache: this run stored the steps for "
+                    "the next")
     assert "Reading package lists" not in built.log
     assert len(re.findall(r"^--> Using cache ", built.log, re.M)) >= 4, built.log[-3000:]
 
