@@ -41,14 +41,15 @@ def families(snap: Snapshot) -> list[Any]:
     def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
         return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
 
-    out: list[Any] = []
-    ready = gauge("driver_ready", "1 when the driver the installer verified on this boot is "
-                  "the one loaded")
-    ready.add_metric([], float(snap.driver_ready))
-    node = gauge("node_ready", "1 when the driver and every component that applies are up "
-                 "(what the scheduling gate opens on)")
-    node.add_metric([], float(snap.node_ready))
-    out += [ready, node]
+    # A malformed record on the node cannot vouch for anything: ready is 0 then, and
+    # record_valid says which record, so the alerts fire (an absent series never would).
+    trusted = snap.records_valid
+    out = _ready(gauge, snap.driver_ready and trusted, snap.node_ready and trusted)
+    valid = gauge("record_valid", "1 when the record the installer or a component keeps on "
+                  "the node is well-formed or absent, 0 when a field is malformed", ("record",))
+    for record, problem in sorted(snap.records.items()):
+        valid.add_metric([record], float(not problem))
+    out.append(valid)
     if snap.installed is not None:
         rec = snap.installed
         info = InfoMetricFamily(f"{PREFIX}_driver", "The installed, verified driver",
@@ -70,6 +71,30 @@ def families(snap: Snapshot) -> list[Any]:
     out += _gpus(snap, gauge)
     out += _next_kernel(snap, gauge)
     return out
+
+
+def _ready(gauge: Callable[..., Any], driver: bool, node: bool) -> list[Any]:
+    ready = gauge("driver_ready", "1 when the driver the installer verified on this boot is "
+                  "the one loaded")
+    ready.add_metric([], float(driver))
+    whole = gauge("node_ready", "1 when the driver and every component that applies are up "
+                  "(what the scheduling gate opens on)")
+    whole.add_metric([], float(node))
+    return [ready, whole]
+
+
+def unreadable() -> list[Any]:
+    """What a scrape answers when the node's records could not be turned into metrics at all:
+    not ready, and the record `snapshot` invalid."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
+        return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
+
+    valid = gauge("record_valid", "1 when the record the installer or a component keeps on "
+                  "the node is well-formed or absent, 0 when a field is malformed", ("record",))
+    valid.add_metric(["snapshot"], 0.0)
+    return [*_ready(gauge, False, False), valid]
 
 
 def _last_run(run: dict[str, Any], gauge: Callable[..., Any], counter: Any) -> list[Any]:
@@ -145,11 +170,11 @@ class Collector:
 
     def collect(self) -> Iterator[Any]:
         try:
-            snap = self.take()
-        except Exception:  # a scrape must answer; the log says what broke
+            out = families(self.take())
+        except Exception:  # a scrape must answer, and say so; the log says what broke
             log.exception("metrics: reading the node's state failed")
-            return
-        yield from families(snap)
+            out = unreadable()
+        yield from out
 
 
 def start(take: Callable[[], Snapshot], listen: str) -> Callable[[], None]:

@@ -87,10 +87,11 @@ def test_the_pod_monitor_selects_these_pods_on_the_metrics_port() -> None:
         endpoint["relabelings"]
 
 
-def test_the_rule_ships_the_four_alerts() -> None:
+def test_the_rule_ships_the_five_alerts() -> None:
     rule = of_kind(rendered(), "PrometheusRule")
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
     assert sorted(alerts) == ["NvidiaDriverInstallFailing", "NvidiaDriverNotReady",
-                              "NvidiaFabricManagerFlapping", "NvidiaFabricNotComplete"]
+                              "NvidiaDriverRecordInvalid", "NvidiaFabricManagerFlapping",
+                              "NvidiaFabricNotComplete"]
     assert alerts["NvidiaDriverNotReady"]["for"] == "30m"
     assert all(r["expr"].count("nvidia_driver_installer_") >= 1 for r in alerts.values())
