@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple, Protocol
 
 from installer.errors import MetricsClientMissing, MetricsListenInvalid, MetricsPortUnavailable
+from installer.metrics import server
 from installer.metrics.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -17,6 +18,13 @@ log = logging.getLogger(__name__)
 PREFIX = "nvidia_driver_installer"
 DEFAULT_LISTEN = ":9402"
 MODULE_SOURCES = ("compiled", "pulled", "cached")
+
+
+class Access(Protocol):
+    """Who may read the metrics (cluster.access.ScrapeAccess): (HTTP status, reason) for a
+    request's Authorization header, 200 when admitted."""
+
+    def check(self, authorization: str | None) -> tuple[int, str]: ...
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -177,34 +185,69 @@ class Collector:
         yield from out
 
 
-def start(take: Callable[[], Snapshot], listen: str) -> Callable[[], None]:
-    """Serve /metrics on `listen` in a thread; returns how to stop it. Raises
-    MetricsListenInvalid, MetricsClientMissing, MetricsPortUnavailable."""
+class Limits(NamedTuple):
+    """How much the exporter's HTTP side holds, whatever its clients do."""
+
+    read_timeout: float = server.READ_TIMEOUT
+    max_connections: int = server.MAX_CONNECTIONS
+
+
+def start(take: Callable[[], Snapshot], listen: str, access: Access | None = None,
+          limits: Limits | None = None) -> Callable[[], None]:
+    """Serve /metrics on `listen` in a thread; returns how to stop it. With `access`, only a
+    request whose bearer token it admits gets the metrics. Raises MetricsListenInvalid,
+    MetricsClientMissing, MetricsPortUnavailable."""
     address, port = parse_listen(listen)
+    limits = limits or Limits()
     try:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
     except ImportError as exc:
         raise MetricsClientMissing(f"the Prometheus client library is not installed ({exc})") \
             from None
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector(take))  # type: ignore[arg-type]
+
+    def respond(method: str, path: str, headers: Mapping[str, str]) -> server.Answer:
+        if path.split("?", 1)[0] != "/metrics":
+            return server.Answer(404, b"only /metrics is served here\n")
+        if method not in ("GET", "HEAD"):
+            return server.Answer(405, b"GET /metrics\n")
+        if access is not None:
+            status, reason = access.check(headers.get("authorization"))
+            if status != 200:
+                return server.Answer(status, f"{reason}\n".encode())
+        return server.Answer(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+
     try:
-        server, thread = start_http_server(port, addr=address, registry=registry)
+        http = server.Server(address, port, respond, read_timeout=limits.read_timeout,
+                             max_connections=limits.max_connections)
     except OSError as exc:
         raise MetricsPortUnavailable(f"cannot listen on {address}:{port}: "
                                      f"{exc.strerror or exc}") from None
-    log.info("metrics: serving http://%s:%d/metrics", address, port)
+    stopping = threading.Event()
+    thread = threading.Thread(target=http.serve, args=(stopping,), name="metrics-http",
+                              daemon=True)
+    thread.start()
+    log.info("metrics: serving http://%s/metrics (%s, at most %d connections, %.0f s each "
+             "to send its request)", _host_port(address, port),
+             "scrapers checked with TokenReview and SubjectAccessReview" if access else
+             "no access check", limits.max_connections, limits.read_timeout)
 
     def stop() -> None:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+        stopping.set()
+        http.wake()
+        thread.join(15)
 
     return stop
 
 
-def serve_until(take: Callable[[], Snapshot], listen: str, stop: threading.Event) -> None:
-    shutdown = start(take, listen)
+def _host_port(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def serve_until(take: Callable[[], Snapshot], listen: str, stop: threading.Event,
+                access: Access | None = None, limits: Limits | None = None) -> None:
+    shutdown = start(take, listen, access, limits)
     try:
         stop.wait()
     finally:
