@@ -22,6 +22,7 @@ CASES = [
     ("overlays/upgrade-protocol", {"upgradeProtocol": {"enabled": True}}),
     ("overlays/module-registry", {"moduleRegistry": {"enabled": True}}),
     ("overlays/metrics", {"metrics": {"enabled": True}}),
+    ("examples/metrics-access-check", {"metrics": {"enabled": True, "accessCheck": True}}),
     ("examples/node-readiness-controller", {"clusterSignals": {"enabled": True}}),
     ("examples/gate-and-upgrade-protocol", {"schedulingGate": {"enabled": True},
                                             "upgradeProtocol": {"enabled": True}}),
@@ -84,13 +85,14 @@ def test_every_overlay_and_component_has_a_case() -> None:
     components = {p.name for p in (DAEMONSET_DIR / "components").iterdir()}
     values = yaml.safe_load((DAEMONSET_DIR / "values.yaml").read_text())
     assert {"scheduling-gate", "upgrade-protocol", "force-eviction", "metrics",
-            "cluster-signals"} == components
+            "metrics-auth", "cluster-signals"} == components
     assert {"schedulingGate", "upgradeProtocol", "metrics", "moduleRegistry",
             "clusterSignals"} <= set(values)
 
 
 def test_helm_lint_finds_no_error() -> None:
-    everything = {"schedulingGate": {"enabled": True}, "metrics": {"enabled": True},
+    everything = {"schedulingGate": {"enabled": True},
+                  "metrics": {"enabled": True, "accessCheck": True},
                   "clusterSignals": {"enabled": True},
                   "upgradeProtocol": {"enabled": True, "forceEviction": True},
                   "moduleRegistry": {"enabled": True}}
