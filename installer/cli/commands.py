@@ -227,12 +227,12 @@ def gate(**options: Any) -> None:
 @click.option("--max-connections", type=click.IntRange(min=1), default=64, show_default=True,
               help="Open connections held at most (the oldest still sending its request makes "
               "room for a new one).")
-@click.option("--read-timeout", type=click.FloatRange(min=0.1), default=10.0,
+@click.option("--client-timeout", type=click.FloatRange(min=0.1), default=10.0,
               show_default=True, help="Seconds a client has to send its whole request.")
 @click.option("--nvml-interval", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="Seconds between NVML questions (fabric state, persistence mode).")
 @settings_options
-def metrics(listen: str, access: str, max_connections: int, read_timeout: float,
+def metrics(listen: str, access: str, max_connections: int, client_timeout: float,
             nvml_interval: float, **options: Any) -> None:
     """Serve Prometheus metrics of this node's driver (the metrics container): ready, version,
     install time by phase, failures by reference, fabric, daemons, the next kernel."""
@@ -240,7 +240,7 @@ def metrics(listen: str, access: str, max_connections: int, read_timeout: float,
 
     config = make_config(options)
     exporter.serve(config, listen, nvml_interval, access=access,
-                   max_connections=max_connections, read_timeout=read_timeout)
+                   max_connections=max_connections, read_timeout=client_timeout)
 
 
 def main(args: list[str]) -> None:

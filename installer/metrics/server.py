@@ -85,16 +85,23 @@ class Server:
     def serve(self, stop: threading.Event) -> None:
         try:
             while not stop.is_set():
-                for key, _events in self.selector.select(timeout=0.5):
-                    if key.fileobj is self.sock:
-                        self._accept()
-                    elif key.fileobj is self._wake_r:
-                        self._drain_wake()
-                    else:
-                        self._read(key.fileobj)  # type: ignore[arg-type]
-                self._expire(time.monotonic())
+                try:
+                    self._turn()
+                except Exception:  # a bug must not end the serving: log it, go on
+                    log.exception("metrics: serving a connection failed")
+                    time.sleep(0.1)
         finally:
             self.close()
+
+    def _turn(self) -> None:
+        for key, _events in self.selector.select(timeout=0.5):
+            if key.fileobj is self.sock:
+                self._accept()
+            elif key.fileobj is self._wake_r:
+                self._drain_wake()
+            else:
+                self._read(key.fileobj)  # type: ignore[arg-type]
+        self._expire(time.monotonic())
 
     def close(self) -> None:
         for conn in list(self.reading):
