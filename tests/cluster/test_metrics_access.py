@@ -7,12 +7,17 @@ metrics-auth component ships; answers are kept briefly; an API server that canno
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lib.hosttrees import make_host, root_env
 
 from cluster.apiserver import ApiServer, Cluster, cluster_role_rules
 from installer.cluster.access import ScrapeAccess
@@ -161,3 +166,42 @@ def test_the_stand_in_refuses_a_review_the_real_api_server_refuses(tmp_path: Pat
             client.subject_access_review({"username": ""}, "/metrics", "get")
         answer = client.token_review("made-up-token")
     assert "authenticated" not in answer["status"] and answer["status"]["error"]
+
+
+def test_the_metrics_command_checks_scrapers_with_the_api_server(tmp_path: Path) -> None:
+    """`installer metrics --access tokenreview` as the container runs it, asking the stand-in
+    with the kubeconfig's credentials; without any, it refuses to start (no traceback)."""
+    root = tmp_path / "host"
+    make_host(root, distro="debian-12")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+           **root_env(root, NVIDIA_INSTALL_DIR_HOST="/var/lib/nvidia")}
+    port = free_port()
+    argv = [sys.executable, "-m", "installer", "metrics", "--listen", f"127.0.0.1:{port}",
+            "--access", "tokenreview"]
+    refused = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60,
+                             check=False)
+    assert refused.returncode == 70, refused.stderr
+    assert "error[cluster-api-unavailable]" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    cluster = reader_cluster()
+    with ApiServer(cluster) as api:
+        env["NVIDIA_INSTALLER_KUBECONFIG"] = str(api.kubeconfig(tmp_path))
+        exporter_process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    status, _ = scrape(port)
+                    break
+                except OSError:
+                    assert exporter_process.poll() is None
+                    assert time.monotonic() < deadline
+                    time.sleep(0.2)
+            assert status == 401
+            assert scrape(port, "stranger-token")[0] == 403
+            status, body = scrape(port, "prometheus-token")
+            assert status == 200 and "nvidia_driver_installer_record_valid" in body
+        finally:
+            exporter_process.terminate()
+            exporter_process.wait(15)
