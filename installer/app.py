@@ -216,7 +216,17 @@ def status(config: Config) -> dict[str, Any]:
         "next_kernel": nextkernel.status(config, root, layout, record),
         "daemons": _daemons(root),  # Fabric Manager, persistenced
         "last_run": outcome.read(outcome.outcome_path(layout.install_local)),
+        # What a file on the node holds is untrusted: a malformed record reads as absent
+        # above, and is named here.
+        "invalid_records": _invalid_records(root, layout),
     }
+
+
+def _invalid_records(root: HostRoot, layout: Layout) -> dict[str, str]:
+    from installer.components import names
+    from installer.metrics.snapshot import record_problems
+
+    return {k: v for k, v in record_problems(root, layout, names()).items() if v}
 
 
 def _daemons(root: HostRoot) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,19 +40,64 @@ def outcome_path(install_dir: Path) -> Path:
 
 
 def read(path: Path) -> dict[str, Any] | None:
-    """The record at `path`, or None when absent, unreadable or of another format."""
+    """The record at `path`, or None when absent, unreadable, of another format or malformed."""
+    return load(path)[0]
+
+
+def load(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """The record at `path` and what is wrong with it: (record, "") when well-formed,
+    (None, "") when absent, (None, problem) when it cannot be read or a field is malformed.
+    The file is on the host, where anything may have written it: raises nothing."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("format") != OUTCOME_FORMAT:
-        return None
-    # The file is on the host, where a person may edit it: keep only counts that are counts.
-    failures = data.get("failures")
-    data["failures"] = {str(k): v for k, v in failures.items()
-                        if isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                        } if isinstance(failures, dict) else {}
-    return data
+        text = path.read_text()
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable ({exc})"
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None, "not JSON"
+    problem = _problem(data)
+    return (None, problem) if problem else (data, "")
+
+
+_STR_FIELDS = ("error", "failed_step", "version", "flavour", "kernel", "source", "modules",
+               "finished_at")
+
+
+def _problem(data: object) -> str:
+    """What makes `data` no run-outcome record ("" when it is one). Every field the metrics
+    and `installer status` show is checked for its type: a record is whole or not at all."""
+    if not isinstance(data, dict):
+        return f"not a JSON object but {type(data).__name__}"
+    if data.get("format") != OUTCOME_FORMAT:
+        return f"format {data.get('format')!r} is not {OUTCOME_FORMAT}"
+    if data.get("outcome", "success") not in ("success", "failure"):
+        return "outcome is neither success nor failure"
+    for key in _STR_FIELDS:
+        if not isinstance(data.get(key, ""), str):
+            return f"{key} is not a string"
+    if not _seconds(data.get("seconds", 0)):
+        return "seconds is not a number of seconds"
+    phases = data.get("phases", {})
+    if not isinstance(phases, dict):
+        return "phases is not an object"
+    for phase, seconds in phases.items():
+        if not _seconds(seconds):
+            return f"phases.{phase} is not a number of seconds"
+    failures = data.get("failures", {})
+    if not isinstance(failures, dict):
+        return "failures is not an object"
+    for reference, count in failures.items():
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            return f"failures.{reference} is not a count"
+    return ""
+
+
+def _seconds(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0)
 
 
 def modules_source(done: Sequence[Any]) -> str:

@@ -7,9 +7,9 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from installer import safefs
 from installer.errors import LockTimeout, PlantedLink
@@ -42,17 +42,59 @@ class InstallRecord:
 
 
 def read_record(path: Path) -> InstallRecord | None:
-    """The record at `path`, or None when absent or unreadable (a broken record, or a link
-    in its place, is ignored)."""
+    """The record at `path`, or None when absent, unreadable or malformed (ignored)."""
+    return load_record(path)[0]
+
+
+def load_record(path: Path) -> tuple[InstallRecord | None, str]:
+    """The record at `path` and what is wrong with it: (record, "") when well-formed,
+    (None, "") when absent, (None, problem) when it cannot be read or a field is malformed.
+    The file is on the host, where anything may have written it: raises nothing."""
     try:
-        data = json.loads(safefs.read_bytes(path))
-        if data.get("format") != RECORD_FORMAT:
-            return None
-        for key in ("gpus", "module_files", "firmware_dirs", "kernels"):
-            data[key] = tuple(data.get(key, ()))
-        return InstallRecord(**data)
-    except (OSError, ValueError, TypeError, PlantedLink):
-        return None
+        text = safefs.read_bytes(path).decode()
+    except FileNotFoundError:
+        return None, ""
+    except PlantedLink:
+        return None, "a link stands in its place (never read through)"
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable ({exc})"
+    try:
+        return parse_record(json.loads(text)), ""
+    except ValueError as exc:
+        return None, str(exc)
+
+
+_STR_FIELDS = ("version", "flavour", "kernel", "source", "install_dir")
+_LIST_FIELDS = ("gpus", "module_files", "firmware_dirs", "kernels")
+
+
+def parse_record(data: object) -> InstallRecord:
+    """An install record from its JSON value, every field checked for its type (commands and
+    the metrics take its strings as they are). Raises ValueError naming the malformed field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"not a JSON object but {type(data).__name__}")
+    if data.get("format") != RECORD_FORMAT:
+        raise ValueError(f"format {data.get('format')!r} is not {RECORD_FORMAT}")
+    unknown = sorted(set(data) - {f.name for f in fields(InstallRecord)})
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r}")
+    values: dict[str, Any] = {"format": RECORD_FORMAT}
+    for key in (*_STR_FIELDS, "verified_at"):
+        value = data.get(key, "" if key == "verified_at" else None)
+        if not isinstance(value, str):
+            raise ValueError(f"{key} is {'absent' if value is None else type(value).__name__}"
+                             ", not a string")
+        values[key] = value
+    for key in _LIST_FIELDS:
+        items = data.get(key, [])
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ValueError(f"{key} is not a list of strings")
+        values[key] = tuple(items)
+    extra = data.get("extra", {})
+    if not isinstance(extra, dict) or not all(isinstance(v, str) for v in extra.values()):
+        raise ValueError("extra is not an object of strings")
+    values["extra"] = dict(extra)
+    return InstallRecord(**values)
 
 
 def write_record(path: Path, record: InstallRecord) -> None:

@@ -217,17 +217,30 @@ def gate(**options: Any) -> None:
 
 @cli.command()
 @click.option("--listen", default=":9402", show_default=True,
-              help="[host]:port to serve /metrics on (`:PORT`: every address).")
+              help="[host]:port to serve /metrics on (`:PORT`: every IPv4 address of the host; "
+              "the DaemonSet gives the node's own address, `[$(HOST_IP)]:9402`).")
+@click.option("--access", type=click.Choice(["open", "tokenreview"]), default="open",
+              show_default=True,
+              help="open: any client reads /metrics; tokenreview: only a bearer token the API "
+              "server authenticates (TokenReview) whose user may get the non-resource URL "
+              "/metrics (SubjectAccessReview).")
+@click.option("--max-connections", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Open connections held at most (the oldest still sending its request makes "
+              "room for a new one).")
+@click.option("--client-timeout", type=click.FloatRange(min=0.1), default=10.0,
+              show_default=True, help="Seconds a client has to send its whole request.")
 @click.option("--nvml-interval", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="Seconds between NVML questions (fabric state, persistence mode).")
 @settings_options
-def metrics(listen: str, nvml_interval: float, **options: Any) -> None:
+def metrics(listen: str, access: str, max_connections: int, client_timeout: float,
+            nvml_interval: float, **options: Any) -> None:
     """Serve Prometheus metrics of this node's driver (the metrics container): ready, version,
     install time by phase, failures by reference, fabric, daemons, the next kernel."""
     from installer import metrics as exporter
 
     config = make_config(options)
-    exporter.serve(config, listen, nvml_interval)
+    exporter.serve(config, listen, nvml_interval, access=access,
+                   max_connections=max_connections, read_timeout=client_timeout)
 
 
 def main(args: list[str]) -> None:

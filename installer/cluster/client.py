@@ -187,6 +187,30 @@ class NodeClient:
         except (InstallerError, Conflict) as exc:
             log.warning("could not post the %s event on node %s: %s", reason, self.node, exc)
 
+    def token_review(self, token: str) -> Json:
+        """authentication.k8s.io/v1 TokenReview of a client's bearer token: the API server's
+        answer (status.authenticated, status.user). The token is sent in the body only, and
+        never logged."""
+        body: Json = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                      "spec": {"token": token}}
+        return self._call("POST", "/apis/authentication.k8s.io/v1/tokenreviews", body=body,
+                          what="review a scraper's token")[1]
+
+    def subject_access_review(self, user: Json, path: str, verb: str) -> Json:
+        """authorization.k8s.io/v1 SubjectAccessReview: may the user TokenReview named
+        (username, uid, groups, extra) `verb` the non-resource URL `path`? The API server's
+        answer (status.allowed)."""
+        spec: Json = {"nonResourceAttributes": {"path": path, "verb": verb}}
+        for source, target in (("username", "user"), ("uid", "uid"), ("groups", "groups"),
+                               ("extra", "extra")):
+            if user.get(source):
+                spec[target] = user[source]
+        body: Json = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                      "spec": spec}
+        return self._call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+                          body=body, what=f"ask whether {user.get('username')!r} may {verb} "
+                          f"{path}")[1]
+
     def _call(self, method: str, path: str, query: dict[str, str] | None = None, *,
               body: Json | None = None, content_type: str = "application/json", what: str,
               node: str | None = None, passthrough: tuple[int, ...] = ()) -> tuple[int, Json]:

@@ -111,8 +111,16 @@ def sync_gpus_ready(root: HostRoot, components: tuple[str, ...]) -> bool:
 
 
 def read_restarts(root: HostRoot, name: str) -> int:
+    """The count in `name`'s restarts file; 0 when absent or not a count (see restarts_valid)."""
     text = (root.read_text(restarts_file(name)) or "").strip()
-    return int(text) if text.isdigit() else 0
+    return int(text) if restarts_valid(text) and text else 0
+
+
+def restarts_valid(text: str) -> bool:
+    """Whether a restarts file's stripped text is empty or a count. ASCII digits only, and a
+    bounded number of them: str.isdigit() also takes '²', which int() refuses, and int()
+    refuses more than 4300 digits."""
+    return not text or (text.isascii() and text.isdigit() and len(text) <= 18)
 
 
 class Running(Protocol):

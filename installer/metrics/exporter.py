@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple, Protocol
 
 from installer.errors import MetricsClientMissing, MetricsListenInvalid, MetricsPortUnavailable
+from installer.metrics import server
 from installer.metrics.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -17,6 +18,13 @@ log = logging.getLogger(__name__)
 PREFIX = "nvidia_driver_installer"
 DEFAULT_LISTEN = ":9402"
 MODULE_SOURCES = ("compiled", "pulled", "cached")
+
+
+class Access(Protocol):
+    """Who may read the metrics (cluster.access.ScrapeAccess): (HTTP status, reason) for a
+    request's Authorization header, 200 when admitted."""
+
+    def check(self, authorization: str | None) -> tuple[int, str]: ...
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -41,14 +49,15 @@ def families(snap: Snapshot) -> list[Any]:
     def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
         return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
 
-    out: list[Any] = []
-    ready = gauge("driver_ready", "1 when the driver the installer verified on this boot is "
-                  "the one loaded")
-    ready.add_metric([], float(snap.driver_ready))
-    node = gauge("node_ready", "1 when the driver and every component that applies are up "
-                 "(what the scheduling gate opens on)")
-    node.add_metric([], float(snap.node_ready))
-    out += [ready, node]
+    # A malformed record on the node cannot vouch for anything: ready is 0 then, and
+    # record_valid says which record, so the alerts fire (an absent series never would).
+    trusted = snap.records_valid
+    out = _ready(gauge, snap.driver_ready and trusted, snap.node_ready and trusted)
+    valid = gauge("record_valid", "1 when the record the installer or a component keeps on "
+                  "the node is well-formed or absent, 0 when a field is malformed", ("record",))
+    for record, problem in sorted(snap.records.items()):
+        valid.add_metric([record], float(not problem))
+    out.append(valid)
     if snap.installed is not None:
         rec = snap.installed
         info = InfoMetricFamily(f"{PREFIX}_driver", "The installed, verified driver",
@@ -70,6 +79,30 @@ def families(snap: Snapshot) -> list[Any]:
     out += _gpus(snap, gauge)
     out += _next_kernel(snap, gauge)
     return out
+
+
+def _ready(gauge: Callable[..., Any], driver: bool, node: bool) -> list[Any]:
+    ready = gauge("driver_ready", "1 when the driver the installer verified on this boot is "
+                  "the one loaded")
+    ready.add_metric([], float(driver))
+    whole = gauge("node_ready", "1 when the driver and every component that applies are up "
+                  "(what the scheduling gate opens on)")
+    whole.add_metric([], float(node))
+    return [ready, whole]
+
+
+def unreadable() -> list[Any]:
+    """What a scrape answers when the node's records could not be turned into metrics at all:
+    not ready, and the record `snapshot` invalid."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
+        return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
+
+    valid = gauge("record_valid", "1 when the record the installer or a component keeps on "
+                  "the node is well-formed or absent, 0 when a field is malformed", ("record",))
+    valid.add_metric(["snapshot"], 0.0)
+    return [*_ready(gauge, False, False), valid]
 
 
 def _last_run(run: dict[str, Any], gauge: Callable[..., Any], counter: Any) -> list[Any]:
@@ -145,41 +178,76 @@ class Collector:
 
     def collect(self) -> Iterator[Any]:
         try:
-            snap = self.take()
-        except Exception:  # a scrape must answer; the log says what broke
+            out = families(self.take())
+        except Exception:  # a scrape must answer, and say so; the log says what broke
             log.exception("metrics: reading the node's state failed")
-            return
-        yield from families(snap)
+            out = unreadable()
+        yield from out
 
 
-def start(take: Callable[[], Snapshot], listen: str) -> Callable[[], None]:
-    """Serve /metrics on `listen` in a thread; returns how to stop it. Raises
-    MetricsListenInvalid, MetricsClientMissing, MetricsPortUnavailable."""
+class Limits(NamedTuple):
+    """How much the exporter's HTTP side holds, whatever its clients do."""
+
+    read_timeout: float = server.READ_TIMEOUT
+    max_connections: int = server.MAX_CONNECTIONS
+
+
+def start(take: Callable[[], Snapshot], listen: str, access: Access | None = None,
+          limits: Limits | None = None) -> Callable[[], None]:
+    """Serve /metrics on `listen` in a thread; returns how to stop it. With `access`, only a
+    request whose bearer token it admits gets the metrics. Raises MetricsListenInvalid,
+    MetricsClientMissing, MetricsPortUnavailable."""
     address, port = parse_listen(listen)
+    limits = limits or Limits()
     try:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
     except ImportError as exc:
         raise MetricsClientMissing(f"the Prometheus client library is not installed ({exc})") \
             from None
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector(take))  # type: ignore[arg-type]
+
+    def respond(method: str, path: str, headers: Mapping[str, str]) -> server.Answer:
+        if path.split("?", 1)[0] != "/metrics":
+            return server.Answer(404, b"only /metrics is served here\n")
+        if method not in ("GET", "HEAD"):
+            return server.Answer(405, b"GET /metrics\n")
+        if access is not None:
+            status, reason = access.check(headers.get("authorization"))
+            if status != 200:
+                return server.Answer(status, f"{reason}\n".encode())
+        return server.Answer(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+
     try:
-        server, thread = start_http_server(port, addr=address, registry=registry)
+        http = server.Server(address, port, respond, read_timeout=limits.read_timeout,
+                             max_connections=limits.max_connections)
     except OSError as exc:
         raise MetricsPortUnavailable(f"cannot listen on {address}:{port}: "
                                      f"{exc.strerror or exc}") from None
-    log.info("metrics: serving http://%s:%d/metrics", address, port)
+    stopping = threading.Event()
+    thread = threading.Thread(target=http.serve, args=(stopping,), name="metrics-http",
+                              daemon=True)
+    thread.start()
+    log.info("metrics: serving http://%s/metrics (%s, at most %d connections, %.0f s each "
+             "to send its request)", _host_port(address, port),
+             "scrapers checked with TokenReview and SubjectAccessReview" if access else
+             "no access check", limits.max_connections, limits.read_timeout)
 
     def stop() -> None:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+        stopping.set()
+        http.wake()
+        thread.join(15)
 
     return stop
 
 
-def serve_until(take: Callable[[], Snapshot], listen: str, stop: threading.Event) -> None:
-    shutdown = start(take, listen)
+def _host_port(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def serve_until(take: Callable[[], Snapshot], listen: str, stop: threading.Event,
+                access: Access | None = None, limits: Limits | None = None) -> None:
+    shutdown = start(take, listen, access, limits)
     try:
         stop.wait()
     finally:

@@ -12,12 +12,11 @@ from typing import Any, Optional
 
 from installer import outcome, state
 from installer.components import names as component_names
-from installer.components.supervisor import read_restarts, restarts_file
+from installer.components.supervisor import read_restarts, restarts_file, restarts_valid
 from installer.config import Config
-from installer.errors import InstallerError
 from installer.host import readiness
 from installer.hostroot import HostRoot
-from installer.layout import Layout
+from installer.layout import READY_FILE, Layout
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +39,13 @@ class Snapshot:
     fabric_required: bool
     gpus: tuple[GpuState, ...]
     next_kernel: dict[str, Any] = field(default_factory=dict)
+    # Each record read (state, last-run, driver-ready, <component>-ready, <component>-restarts)
+    # -> what is malformed in it, "" when it is well-formed or absent.
+    records: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def records_valid(self) -> bool:
+        return not any(self.records.values())
 
 
 class CachedGpus:
@@ -78,8 +84,8 @@ def nvml_reader(layout: Layout, runner: Any) -> GpuReader:
 
 
 def take(config: Config, root: HostRoot, layout: Layout, gpus: CachedGpus) -> Snapshot:
-    """Read the node's files once. Read-only; raises nothing a host can cause (a missing or
-    broken file reads as absent)."""
+    """Read the node's files once. Read-only; raises nothing a host can cause: a missing file
+    reads as absent, a malformed one as absent too and named in `records`."""
     from installer import components, nextkernel
 
     names = component_names()
@@ -90,11 +96,14 @@ def take(config: Config, root: HostRoot, layout: Layout, gpus: CachedGpus) -> Sn
                    if root.exists(readiness.component_file(name))
                    or root.exists(restarts_file(name)))
     record = state.read_record(layout.state_file)
-    daemons = {name: readiness_values(root, name) for name in names}
+    records = record_problems(root, layout, names)
+    for key, problem in records.items():
+        if problem:
+            log.warning("metrics: the %s record is malformed: %s", key, problem)
     fabric_required, _switches = components.fabric_required(root)
     try:
         upcoming = nextkernel.status(config, root, layout, record)
-    except (InstallerError, OSError, ValueError) as exc:  # the other metrics still answer
+    except Exception as exc:  # the other metrics still answer
         log.warning("metrics: the next kernel's state is unknown: %s", exc)
         upcoming = {}
     return Snapshot(
@@ -102,14 +111,37 @@ def take(config: Config, root: HostRoot, layout: Layout, gpus: CachedGpus) -> Sn
         node_ready=node_ready,
         installed=record,
         last_run=outcome.read(outcome.outcome_path(layout.install_local)) or {},
-        daemons=daemons,
+        daemons={name: _values(root.read_text(readiness.component_file(name)))
+                 for name in names},
         restarts={name: read_restarts(root, name) for name in names},
         fabric_required=fabric_required,
         gpus=gpus.get(driver_ready),
         next_kernel=upcoming,
+        records=records,
     )
 
 
-def readiness_values(root: HostRoot, name: str) -> dict[str, str]:
-    text = root.read_text(readiness.component_file(name)) or ""
-    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+def record_problems(root: HostRoot, layout: Layout, names: Sequence[str]) -> dict[str, str]:
+    """Each record the installer and its containers keep on the node (state, last-run,
+    driver-ready, and <name>-ready, <name>-restarts for each component) -> what is malformed
+    in it, "" when it is well-formed or absent. Read-only; raises nothing."""
+    problems = {"state": state.load_record(layout.state_file)[1],
+                "last-run": outcome.load(outcome.outcome_path(layout.install_local))[1],
+                "driver-ready": _readiness_problem(root.read_text(READY_FILE))}
+    for name in names:
+        problems[f"{name}-ready"] = _readiness_problem(
+            root.read_text(readiness.component_file(name)))
+        count = (root.read_text(restarts_file(name)) or "").strip()
+        problems[f"{name}-restarts"] = "" if restarts_valid(count) else "not a count"
+    return problems
+
+
+def _readiness_problem(text: str | None) -> str:
+    """A readiness file is absent (nothing reported yet) or names the driver it is for."""
+    if text is None or _values(text).get("DRIVER_VERSION"):
+        return ""
+    return "names no DRIVER_VERSION"
+
+
+def _values(text: str | None) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in (text or "").splitlines() if "=" in line)

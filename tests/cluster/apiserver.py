@@ -40,6 +40,14 @@ Semantics follow the API reference (kubernetes.io/docs/reference/kubernetes-api)
   (status.allocation.devices.results[].driver, status.reservedFor the pod), named by the pod
   in spec.resourceClaims or, from a template, in status.resourceClaimStatuses.
 - POST /api/v1/namespaces/{ns}/events: core/v1 Event; for a Node the namespace must be default.
+- POST /apis/authentication.k8s.io/v1/tokenreviews: authentication.k8s.io/v1 TokenReview of
+  spec.token: status.authenticated and status.user (username, uid, groups, extra) for a token
+  of Cluster.client_tokens (or the installer's own), else status.error with authenticated
+  left out, as the API server answers an unknown token; 201 either way.
+- POST /apis/authorization.k8s.io/v1/subjectaccessreviews: authorization.k8s.io/v1
+  SubjectAccessReview; exactly one of spec.resourceAttributes and spec.nonResourceAttributes
+  (else 422), a user or a group (else 422); status.allowed from Cluster.url_grants for a
+  non-resource URL (RBAC's nonResourceURLs: a trailing * is a prefix, verb * any verb).
 - Bearer-token authentication (401) and, when given, the rules of a ClusterRole (403).
 - When given, ValidatingAdmissionPolicies (their CEL run by cluster.admission, its
   `authorizer` answering from the same ClusterRole rules) on every write, with the token's
@@ -137,6 +145,10 @@ class Cluster:
     # resource.k8s.io versions served, preferred first (status.allocation is the same in each)
     resource_versions: tuple[str, ...] = ("v1",)
     events: list[Json] = field(default_factory=list)
+    # Other clients' bearer tokens (a Prometheus's) -> the user a TokenReview names for them
+    client_tokens: dict[str, Json] = field(default_factory=dict)
+    # (user or group, verb, non-resource URL) that a bound ClusterRole grants
+    url_grants: set[tuple[str, str, str]] = field(default_factory=set)
     requests: list[Request] = field(default_factory=list)
     on_node_change: list[Callable[[Cluster, Json], None]] = field(default_factory=list)
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -639,6 +651,53 @@ class Cluster:
         self.events.append(event)
         return event
 
+    def token_review(self, body: Any) -> Json:
+        if not isinstance(body, dict) or body.get("kind") != "TokenReview" or \
+                body.get("apiVersion") != "authentication.k8s.io/v1":
+            raise ApiError(400, "BadRequest", "the body must be an authentication.k8s.io/v1 "
+                           "TokenReview")
+        token = (body.get("spec") or {}).get("token") or ""
+        user = self.client_tokens.get(token)
+        if user is None and token and token == self.token:
+            user = {"username": self.username, "uid": "installer-uid",
+                    "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system",
+                               "system:authenticated"]}
+        review = {**copy.deepcopy(body), "metadata": {"creationTimestamp": None}}
+        review["status"] = ({"authenticated": True, "user": copy.deepcopy(user),
+                             "audiences": ["https://kubernetes.default.svc"]}
+                            if user is not None else
+                            {"user": {}, "error": "[invalid bearer token, token lookup "
+                             "failed]"})
+        return review
+
+    def subject_access_review(self, body: Any) -> Json:
+        if not isinstance(body, dict) or body.get("kind") != "SubjectAccessReview" or \
+                body.get("apiVersion") != "authorization.k8s.io/v1":
+            raise ApiError(400, "BadRequest", "the body must be an authorization.k8s.io/v1 "
+                           "SubjectAccessReview")
+        spec = body.get("spec") or {}
+        url = spec.get("nonResourceAttributes")
+        if ("resourceAttributes" in spec) == (url is not None):
+            raise ApiError(422, "Invalid", 'SubjectAccessReview.authorization.k8s.io "" is '
+                           "invalid: spec.resourceAttributes: Invalid value: ...: exactly one "
+                           "of nonResourceAttributes or resourceAttributes must be specified")
+        if not spec.get("user") and not spec.get("groups"):
+            raise ApiError(422, "Invalid", 'SubjectAccessReview.authorization.k8s.io "" is '
+                           'invalid: spec.user: Invalid value: "": at least one of user or '
+                           "group must be specified")
+        allowed = False
+        if url is not None:
+            principals = {spec.get("user"), *(spec.get("groups") or [])}
+            path, verb = url.get("path", ""), url.get("verb", "")
+            allowed = any(who in principals and granted_verb in (verb, "*") and (
+                granted == path or (granted.endswith("*") and path.startswith(granted[:-1])))
+                for who, granted_verb, granted in self.url_grants)
+        review = {**copy.deepcopy(body), "metadata": {"creationTimestamp": None}}
+        review["status"] = {"allowed": allowed}
+        if allowed:
+            review["status"]["reason"] = "RBAC: allowed by ClusterRoleBinding"
+        return review
+
     def admit(self, operation: str, resource: str, name: str, *, namespace: str = "",
               subresource: str = "", obj: Optional[Json] = None,
               old: Optional[Json] = None) -> None:
@@ -786,6 +845,10 @@ _ROUTES = [
     ("GET", re.compile(r"^/apis/policy/v1/namespaces/([^/]+)/poddisruptionbudgets$"), "list",
      "policy", "poddisruptionbudgets"),
     ("POST", re.compile(r"^/api/v1/namespaces/([^/]+)/events$"), "create", "", "events"),
+    ("POST", re.compile(r"^/apis/authentication\.k8s\.io/v1/tokenreviews$"), "create",
+     "authentication.k8s.io", "tokenreviews"),
+    ("POST", re.compile(r"^/apis/authorization\.k8s\.io/v1/subjectaccessreviews$"), "create",
+     "authorization.k8s.io", "subjectaccessreviews"),
     ("GET", re.compile(r"^/apis/resource\.k8s\.io/(v1|v1beta[12])/namespaces/([^/]+)/"
                        r"resourceclaims/([^/]+)$"), "get", "resource.k8s.io", "resourceclaims"),
     ("GET", re.compile(r"^/apis/resource\.k8s\.io/(v1|v1beta[12])/namespaces/([^/]+)/"
@@ -917,6 +980,10 @@ class _Handler(QuietHandler):
             return 200, cluster.list_pdbs(groups[0])
         if self.command == "GET":
             return 200, cluster.list_pods(query)
+        if path.endswith("/tokenreviews"):
+            return 201, cluster.token_review(body)
+        if path.endswith("/subjectaccessreviews"):
+            return 201, cluster.subject_access_review(body)
         if path.endswith("/eviction"):
             return 201, cluster.evict(groups[0], groups[1], body)
         if self.command == "DELETE":

@@ -120,18 +120,20 @@ def installer_container(ds: dict[str, Any]) -> dict[str, Any]:
     return inits[0]
 
 
-# What the kubelet puts in an env var taken from the downward API's spec.nodeName.
+# What the kubelet puts in an env var taken from the downward API's spec.nodeName, status.hostIP.
 SAMPLE_NODE_NAME = "gke-gpu-pool-1a2b"
+SAMPLE_HOST_IP = "10.128.0.7"
 
 
 def container_env(container: dict[str, Any]) -> dict[str, str]:
     """The literal env of a container; valueFrom cannot be checked offline, so it is refused
-    (except the node's name from the downward API and Secret values, replaced by samples)."""
+    (except the node's name and address from the downward API and Secret values, replaced by
+    samples)."""
     env: dict[str, str] = {}
     for item in container.get("env", []):
         field = item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-        if field == "spec.nodeName":
-            env[item["name"]] = SAMPLE_NODE_NAME
+        if field in ("spec.nodeName", "status.hostIP"):
+            env[item["name"]] = SAMPLE_NODE_NAME if field == "spec.nodeName" else SAMPLE_HOST_IP
             continue
         secret = item.get("valueFrom", {}).get("secretKeyRef")
         if secret is not None:  # a Secret's value: any text the setting accepts

@@ -29,6 +29,7 @@ CASES = [
     ("overlays/upgrade-protocol", {"upgradeProtocol": {"enabled": True}}),
     ("overlays/module-registry", {"moduleRegistry": {"enabled": True}}),
     ("overlays/metrics", {"metrics": {"enabled": True}}),
+    ("examples/metrics-access-check", {"metrics": {"enabled": True, "accessCheck": True}}),
     ("examples/node-readiness-controller", {"clusterSignals": {"enabled": True}}),
     ("examples/driver-on-node", {"clusterSignals": {"enabled": True,
                                                     "gkeDriverAnnotations": True}}),
@@ -106,13 +107,14 @@ def test_every_overlay_and_component_has_a_case() -> None:
     components = {p.name for p in (DAEMONSET_DIR / "components").iterdir()}
     values = yaml.safe_load((DAEMONSET_DIR / "values.yaml").read_text())
     assert {"scheduling-gate", "upgrade-protocol", "force-eviction", "metrics",
-            "cluster-signals", "imex", "node-pools"} == components
+            "metrics-auth", "cluster-signals", "imex", "node-pools"} == components
     assert {"schedulingGate", "upgradeProtocol", "metrics", "moduleRegistry",
             "clusterSignals", "imex", "nodePools"} <= set(values)
 
 
 def test_helm_lint_finds_no_error() -> None:
-    everything = {"schedulingGate": {"enabled": True}, "metrics": {"enabled": True},
+    everything = {"schedulingGate": {"enabled": True},
+                  "metrics": {"enabled": True, "accessCheck": True},
                   "clusterSignals": {"enabled": True, "gkeDriverAnnotations": True,
                                      "gpuFeatureDiscovery": True},
                   "upgradeProtocol": {"enabled": True, "forceEviction": True},

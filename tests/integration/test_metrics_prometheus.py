@@ -201,6 +201,10 @@ def test_prometheus_scrapes_the_nodes_driver(prom: Prometheus) -> None:
     assert prom.value(f"{P}_last_run_success") == 0
     assert labels_of(prom.query(f"{P}_last_run_info"), "outcome", "error") == [
         ("failure", "lock-timeout")]
+    valid = prom.query(f"{P}_record_valid")
+    assert {r["metric"]["record"]: float(r["value"][1]) for r in valid} == {
+        "state": 1, "last-run": 1, "driver-ready": 1, "fabricmanager-ready": 1,
+        "fabricmanager-restarts": 1, "persistenced-ready": 1, "persistenced-restarts": 1}
     failures = prom.query(f"{P}_failures_total")
     assert {r["metric"]["reference"]: float(r["value"][1]) for r in failures} == {
         "lock-timeout": 2, "download-failed": 1}
@@ -234,8 +238,8 @@ def test_prometheus_loads_the_shipped_alert_rules(prom: Prometheus) -> None:
     with urllib.request.urlopen(f"{prom.base}/api/v1/rules", timeout=10) as answer:
         groups = json.load(answer)["data"]["groups"]
     assert sorted(r["name"] for g in groups for r in g["rules"]) == [
-        "NvidiaDriverInstallFailing", "NvidiaDriverNotReady", "NvidiaFabricManagerFlapping",
-        "NvidiaFabricNotComplete"]
+        "NvidiaDriverInstallFailing", "NvidiaDriverNotReady", "NvidiaDriverRecordInvalid",
+        "NvidiaFabricManagerFlapping", "NvidiaFabricNotComplete"]
     assert all(r["health"] == "ok" for g in groups for r in g["rules"]), groups
 
 
