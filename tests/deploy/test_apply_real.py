@@ -2,7 +2,8 @@
 `kubectl apply --server-side` to a real kube-apiserver (tests/lib/controlplane.py): the server's
 own schemas, defaulting, field ownership and admission judge them, not a schema package. And the
 DaemonSet as shipped, applied for real: kube-controller-manager's DaemonSet controller creates a
-pod for each GPU node only, and kube-scheduler binds each to its node."""
+pod for each GPU node only, kube-scheduler binds each to its node, and with the node agent
+(tests/lib/nodeagent.py) doing the kubelet's part the DaemonSet counts them ready."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from lib.controlplane import ControlPlane
+from lib.nodeagent import NodeAgent
 
 from deploy.manifests import CRD_GROUPS, DAEMONSET_DIR, kustomization_dirs
 from deploy.test_helm_chart import CASES, chart_render
@@ -103,5 +105,16 @@ def test_the_daemonset_controller_creates_a_pod_per_gpu_node_and_the_scheduler_b
         assert pod["metadata"]["ownerReferences"][0]["kind"] == "DaemonSet"
         conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
         assert conditions.get("PodScheduled") == "True"
-    status = cp.get(f"/apis/apps/v1/namespaces/{ns}/daemonsets/{name}").get("status", {})
-    assert status.get("desiredNumberScheduled", 0) >= len(gpu)
+    # The kubelet's part: the pods go Running and Ready, and the DaemonSet controller counts
+    # them (status.numberReady).
+    with NodeAgent(cp, set(gpu)) as agent:
+        while True:
+            status = cp.get(f"/apis/apps/v1/namespaces/{ns}/daemonsets/{name}").get("status", {})
+            if status.get("numberReady") == len(gpu):
+                break
+            assert time.monotonic() < deadline, (status, agent.errors)
+            time.sleep(0.5)
+        leases = {lease["metadata"]["name"] for lease in cp.get(
+            "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")["items"]}
+        assert set(gpu) <= leases
+    assert status["desiredNumberScheduled"] == status["currentNumberScheduled"] == len(gpu)
