@@ -151,8 +151,8 @@ def test_a_cold_run_says_installing_then_verified_with_its_events(env: Signals) 
     assert f"driver {VERSION} (open)" in ours["message"] and f"kernel {KERNEL}" in ours["message"]
     assert ours["lastTransitionTime"] and ours["lastHeartbeatTime"]
     managers = [e["manager"] for e in env.node()["metadata"]["managedFields"]
-                if "k:{\"type\":\"NvidiaDriverReady\"}" in e["fieldsV1"]["f:status"]
-                ["f:conditions"]]
+                if "k:{\"type\":\"NvidiaDriverReady\"}" in
+                e["fieldsV1"].get("f:status", {}).get("f:conditions", {})]
     assert managers == [client_module.CONDITION_MANAGER]
     assert [(t, r) for t, r, _ in env.events()] == [
         ("Normal", "DriverInstallStarted"), ("Normal", "DriverModulesCompiled"),

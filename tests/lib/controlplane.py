@@ -117,7 +117,10 @@ def _pki(d: Path) -> None:
              .sign(ca_key, hashes.SHA256()))
     (d / "admin.crt").write_bytes(pem(admin))
     write_key(d / "admin.key", admin_key)
-    write_key(d / "sa.key", new_key())  # the service-account issuer's signing key (ES256)
+    sa_key = new_key()  # the service-account issuer's signing key (ES256)
+    write_key(d / "sa.key", sa_key)
+    (d / "sa.pub").write_bytes(sa_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
 
 
 def kubeconfig(path: Path, server: str, ca: Path, *, token: str | None = None,
@@ -237,7 +240,7 @@ class ControlPlane:
         """A token from the TokenRequest API bound to a Pod of `account` on `node`: what the
         installer's pod gets projected (the server adds the node's name and uid to it)."""
         self.service_account(namespace, account)
-        pod = pod or f"{account}-{node}"[:63]
+        pod = pod or f"{account}-{node}"[:63].rstrip("-.")
         try:
             obj = self.create(f"/api/v1/namespaces/{namespace}/pods", {
                 "metadata": {"name": pod},
@@ -319,7 +322,7 @@ def start() -> ControlPlane:
             f"--tls-cert-file={d / 'server.crt'}", f"--tls-private-key-file={d / 'server.key'}",
             f"--client-ca-file={d / 'ca.crt'}",
             "--service-account-issuer=https://kubernetes.default.svc",
-            f"--service-account-key-file={d / 'sa.key'}",
+            f"--service-account-key-file={d / 'sa.pub'}",
             f"--service-account-signing-key-file={d / 'sa.key'}",
             "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
             "--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none",
