@@ -124,8 +124,8 @@ class ApiProxy:
                 body = self.rfile.read(length) if length else b""
                 fault = proxy._take(self.command, self.path.split("?")[0])
                 if fault is not None and fault.status == 0:
+                    self._record(0, True, len(body), 0)  # on arrival: the client gives up first
                     time.sleep(fault.hang)
-                    self._record(0, True, len(body), 0)
                     self.close_connection = True
                     return
                 if fault is not None:
