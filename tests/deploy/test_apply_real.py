@@ -69,7 +69,7 @@ def test_a_broken_object_is_refused(control_plane: ControlPlane) -> None:
     done = control_plane.apply("apply", "--server-side", "--dry-run=server", "-f", "-",
                                stdin=yaml.safe_dump(ds))
     assert done.returncode != 0
-    assert "selector does not match template" in done.stderr
+    assert "`selector` does not match template `labels`" in done.stderr
 
 
 def test_the_daemonset_controller_creates_a_pod_per_gpu_node_and_the_scheduler_binds_it(

@@ -217,6 +217,7 @@ class ControlPlane:
         node = self.create("/api/v1/nodes", {
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name,
                                                   "kubernetes.io/os": "linux",
+                                                  "kubernetes.io/arch": "amd64",
                                                   **(labels or {})}},
             "spec": {"taints": taints or []}})
         if ready:
