@@ -26,7 +26,10 @@ def server_side(cp: ControlPlane, docs: list[dict[str, Any]], *extra: str) -> st
     # The Prometheus Operator's kinds need its CRDs, which a bare control plane lacks
     # (tests/deploy/test_metrics_manifests.py checks those objects).
     kept = [d for d in docs if not d["apiVersion"].startswith(CRD_GROUPS)]
-    done = cp.apply("apply", "--server-side", "--field-manager=test", "-f", "-", *extra,
+    # Forced: other tests of the session applied the same objects (the shipped policies) under
+    # another field manager; what is judged here is whether the server accepts them.
+    done = cp.apply("apply", "--server-side", "--force-conflicts", "--field-manager=test",
+                    "-f", "-", *extra,
                     stdin=yaml.safe_dump_all(kept))
     assert done.returncode == 0, done.stderr
     return done.stdout
