@@ -49,6 +49,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         start_in_background()
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    import sys
+
+    if "lib.controlplane" in sys.modules:  # only where a test used it
+        sys.modules["lib.controlplane"].stop_all()
+
+
 @pytest.fixture(scope="session")
 def control_plane() -> Any:
     """The session's real Kubernetes control plane (skips where scripts/control-plane has not

@@ -261,16 +261,17 @@ class ControlPlane:
         return str(answer["status"]["token"])
 
     def stop(self) -> None:
+        """Scheduler, controller manager, API server, then etcd, each given a few seconds to
+        exit (the API server shuts down cleanly only while etcd still answers)."""
         for name in reversed(list(self.procs)):
             proc = self.procs[name]
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -399,10 +400,12 @@ def control_plane() -> ControlPlane:
 
 
 @atexit.register
-def _stop_at_exit() -> None:
+def stop_all() -> None:
+    """Stops the session's control plane (tests/conftest.py at session end: an xdist worker
+    leaves without running atexit handlers)."""
     if _thread is not None:
         _thread.join(START_TIMEOUT)
-    for result in _result:
+    while _result:
+        result = _result.pop()
         if isinstance(result, ControlPlane):
             result.stop()
-
