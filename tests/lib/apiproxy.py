@@ -16,6 +16,7 @@ import re
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -42,6 +43,14 @@ class Fault:
 
 
 @dataclass
+class Hook:
+    method: str
+    path: re.Pattern[str]
+    action: Callable[[], object]
+    times: int
+
+
+@dataclass
 class Seen:
     method: str
     path: str  # with the query
@@ -61,6 +70,7 @@ class ApiProxy:
         self.cp = cp
         self.tls = make_tls(directory)
         self.faults: list[Fault] = []
+        self.hooks: list[Hook] = []
         self.seen: list[Seen] = []
         self.lock = threading.Lock()
         upstream = urlsplit(cp.url)
@@ -92,6 +102,14 @@ class ApiProxy:
             self.faults.append(Fault(method, re.compile(path), status, times, retry_after,
                                      hang, after))
 
+    def before(self, method: str, path: str, action: Callable[[], object], *,
+               times: int = 1) -> None:
+        """Runs `action` (say, an administrator's write) just before the next `times` matching
+        requests are passed on: the real server then answers them as it would after that
+        change (a 409 for a write guarded by the resourceVersion read before it)."""
+        with self.lock:
+            self.hooks.append(Hook(method, re.compile(path), action, times))
+
     def kubeconfig(self, path: Path, token: str) -> Path:
         return kubeconfig(path, self.url, self.tls.ca_file, token=token)
 
@@ -108,6 +126,14 @@ class ApiProxy:
                         return None
                     fault.times -= 1
                     return fault
+        return None
+
+    def _hook(self, method: str, path: str) -> Hook | None:
+        with self.lock:
+            for hook in self.hooks:
+                if hook.times > 0 and hook.method == method and hook.path.match(path):
+                    hook.times -= 1
+                    return hook
         return None
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
@@ -142,6 +168,9 @@ class ApiProxy:
                     self.wfile.write(payload)
                     self._record(fault.status, True, len(body), len(payload))
                     return
+                hook = proxy._hook(self.command, self.path.split("?")[0])
+                if hook is not None:
+                    hook.action()
                 conn = http.client.HTTPSConnection(*proxy._upstream,
                                                    context=proxy._upstream_tls, timeout=60)
                 headers = {k: v for k, v in self.headers.items()
