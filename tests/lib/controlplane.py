@@ -22,6 +22,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -44,6 +45,24 @@ CONTROLLERS = ("disruption-controller", "daemonset-controller", "garbage-collect
                "serviceaccount-controller", "serviceaccount-token-controller",
                "root-ca-certificate-publisher-controller",
                "validatingadmissionpolicy-status-controller", "resourceclaim-controller")
+# Kills the components (and removes their directory) once the test process is gone, however it
+# went (a CI timeout's SIGKILL runs no cleanup): they run in sessions of their own.
+_WATCHDOG = """
+import os, shutil, signal, sys, time
+parent, directory, pids = int(sys.argv[1]), sys.argv[2], [int(p) for p in sys.argv[3:]]
+while True:
+    time.sleep(1)
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        break
+for pid in pids:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+shutil.rmtree(directory, ignore_errors=True)
+"""
 START_TIMEOUT = 180.0  # a loaded 2-core machine; an idle one is ready in seconds
 
 
@@ -147,6 +166,7 @@ class ControlPlane:
     url: str
     bin_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    watchdog: subprocess.Popen[bytes] | None = None
 
     @property
     def ca(self) -> Path:
@@ -272,6 +292,9 @@ class ControlPlane:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+        if self.watchdog is not None:
+            self.watchdog.kill()
+            self.watchdog.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -350,6 +373,10 @@ def start() -> ControlPlane:
             f"--authorization-kubeconfig={cp.admin_kubeconfig}",
             "--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0",
             "--profiling=false"])
+        cp.watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(d),
+             *(str(p.pid) for p in cp.procs.values())], start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait(cp, "the kube-system ServiceAccounts",
               lambda: cp.get("/api/v1/namespaces/kube-system/serviceaccounts/default"),
               deadline)
