@@ -40,6 +40,31 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         compileall.compile_dir(tree, quiet=1, workers=1)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The real control plane (tests/lib/controlplane.py) boots in the background as soon as
+    collection shows a test that wants it, while the tests before it run."""
+    if any("control_plane" in getattr(item, "fixturenames", ()) for item in session.items):
+        from lib.controlplane import start_in_background
+
+        start_in_background()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    import sys
+
+    if "lib.controlplane" in sys.modules:  # only where a test used it
+        sys.modules["lib.controlplane"].stop_all()
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Any:
+    """The session's real Kubernetes control plane (skips where scripts/control-plane has not
+    built it)."""
+    from lib.controlplane import control_plane as running
+
+    return running()
+
+
 @pytest.fixture(autouse=True)
 def network_guard(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def connect(sock: socket.socket, address: Any) -> None:

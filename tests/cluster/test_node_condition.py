@@ -1,10 +1,11 @@
-"""The NvidiaDriverReady condition and the install Events against the stand-in API server,
-which enforces components/cluster-signals' RBAC and admission policies for a token bound to
-NODE: a run's outcome lands in nodes/status (merged by type beside the kubelet's conditions,
-under its own field manager) and as Events on the node; `installer gate` with the signals on
-keeps the condition in step with the readiness files; the policy admits nothing else (another
-node, another condition, another status field, labels through status, events about another
-node), and a refused event never fails anything."""
+"""The NvidiaDriverReady condition and the install Events against a real kube-apiserver
+(tests/lib/controlplane.py, through tests/lib/apiproxy.py), which enforces
+components/cluster-signals' RBAC and admission policies as shipped for a token from the
+TokenRequest API bound to a Pod on NODE: a run's outcome lands in nodes/status (merged by type
+beside the kubelet's conditions, under its own field manager) and as Events on the node;
+`installer gate` with the signals on keeps the condition in step with the readiness files; the
+policy admits nothing else (another node, another condition, another status field, labels
+through status, events about another node), and a refused event never fails anything."""
 
 from __future__ import annotations
 
@@ -13,22 +14,20 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any
 
 import pytest
-
-pytest.importorskip("celpy", reason="pip install cel-python")
-
+from lib.apiproxy import ApiProxy
+from lib.controlplane import ControlPlane
 from lib.hosttrees import H100, make_host, module_line, write_driver_version, write_proc_modules
 
-from cluster.admission import load_policies
-from cluster.apiserver import ApiServer, Cluster, cluster_role_rules
-from cluster.nodes import NodeHost
+from cluster.realcluster import RealNodes, apply_policies, real_nodes
 from installer import state
 from installer.cluster import client as client_module
 from installer.cluster import condition, driver_labels, events, gate, signals
 from installer.cluster.client import NodeClient
 from installer.components import registry
+from installer.config import Config, build_config
 from installer.errors import (
     ClusterApiForbidden,
     DriverInUse,
@@ -51,8 +50,21 @@ KUBELET_READY = {"type": "Ready", "status": "True", "reason": "KubeletReady",
 
 
 @dataclass
-class Signals(NodeHost):
-    switch: ClassVar[str] = "NVIDIA_INSTALLER_CLUSTER_SIGNALS"
+class Signals:
+    real: RealNodes
+    proxy: ApiProxy
+    root: Path
+    kubeconfig: Path
+
+    def config(self, **env: str) -> Config:
+        values = {"NVIDIA_INSTALLER_CLUSTER_SIGNALS": "true", "NODE_NAME": NODE,
+                  "NVIDIA_INSTALLER_KUBECONFIG": str(self.kubeconfig),
+                  "ROOT_MOUNT_DIR": str(self.root),
+                  "NVIDIA_INSTALL_DIR_CONTAINER": str(self.root / "no-container-mount"), **env}
+        return build_config(values, {})
+
+    def node(self, name: str = NODE) -> dict[str, Any]:
+        return self.real.get_node(name)
 
     def conditions(self, name: str = NODE) -> list[dict]:
         return list(self.node(name).get("status", {}).get("conditions") or [])
@@ -60,12 +72,15 @@ class Signals(NodeHost):
     def ours(self) -> dict | None:
         return condition.current(self.node())
 
-    def events(self) -> list[tuple[str, str, str]]:
-        with self.cluster.lock:
-            return [(e["type"], e["reason"], e["message"]) for e in self.cluster.events]
+    def event_objects(self) -> list[dict[str, Any]]:
+        found = self.real.events(NODE) + self.real.events(OTHER)
+        return sorted(found, key=lambda e: int(e["metadata"]["resourceVersion"]))
 
-    def status_writes(self) -> list[str]:
-        return [r.path for r in self.cluster.writes() if r.path.endswith("/status")]
+    def events(self) -> list[tuple[str, str, str]]:
+        return [(e["type"], e["reason"], e["message"]) for e in self.event_objects()]
+
+    def write_paths(self) -> set[str]:
+        return {s.path.split("?")[0] for s in self.proxy.writes()}
 
     def verified(self, version: str = VERSION) -> None:
         """What a passing verify leaves: the modules loaded and the readiness file."""
@@ -76,14 +91,13 @@ class Signals(NodeHost):
         path.write_text(state.ready_text(version, "open", "/var/lib/nvidia", KERNEL))
 
 
-def seed_node(cluster: Cluster, name: str) -> None:
-    node = cluster.add_node(name, {"kubernetes.io/hostname": name})
-    node["status"] = {"conditions": [dict(KUBELET_READY)],
-                      "capacity": {"nvidia.com/gpu": "8", "cpu": "96"},
-                      "nodeInfo": {"kernelVersion": KERNEL},
-                      # As the kubelet reports them (Kubernetes >= 1.30).
-                      "runtimeHandlers": [{"name": "", "features": {
-                          "recursiveReadOnlyMounts": True, "userNamespaces": False}}]}
+def seed_node(real: RealNodes, name: str) -> None:
+    real.node(name, status={"conditions": [dict(KUBELET_READY)],
+                            "capacity": {"nvidia.com/gpu": "8", "cpu": "96"},
+                            "nodeInfo": {"kernelVersion": KERNEL},
+                            # As the kubelet reports them (Kubernetes >= 1.30).
+                            "runtimeHandlers": [{"name": "", "features": {
+                                "recursiveReadOnlyMounts": True, "userNamespaces": False}}]})
 
 
 @pytest.fixture(autouse=True)
@@ -93,16 +107,17 @@ def driver_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[Signals]:
-    cluster = Cluster(rules=cluster_role_rules(SIGNALS / "rbac.yaml"),
-                      policies=load_policies(SIGNALS / "admission-policy.yaml"),
-                      token_node=NODE)
-    seed_node(cluster, NODE)
-    seed_node(cluster, OTHER)
-    root = tmp_path / "host"
-    make_host(root, kernel=KERNEL, gpus=[H100])
-    with ApiServer(cluster) as server:
-        yield Signals(cluster, server, root, server.kubeconfig(tmp_path))
+def env(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Signals]:
+    with real_nodes(control_plane, tmp_path) as (real, proxy):
+        apply_policies(control_plane, SIGNALS / "admission-policy.yaml")
+        real.bind(SIGNALS / "rbac.yaml")
+        real.wait_allowed("patch", "nodes", "status")
+        seed_node(real, NODE)
+        seed_node(real, OTHER)
+        root = tmp_path / "host"
+        make_host(root, kernel=KERNEL, gpus=[H100])
+        yield Signals(real, proxy, root,
+                      proxy.kubeconfig(tmp_path / "kubeconfig", real.token(NODE)))
 
 
 def target(version: str = VERSION) -> Target:
@@ -130,15 +145,16 @@ def test_a_cold_run_says_installing_then_verified_with_its_events(env: Signals) 
     told.succeeded(COLD_RUN, VERSION, 190.0)
 
     conditions = env.conditions()
-    assert conditions[0] == KUBELET_READY  # merged by type: the kubelet's is untouched
+    # Merged by type: the kubelet's is untouched (the server puts the new one first).
+    assert [c for c in conditions if c["type"] == "Ready"] == [KUBELET_READY]
     ours = env.ours()
     assert ours is not None
     assert (ours["status"], ours["reason"]) == ("True", "Verified")
     assert f"driver {VERSION} (open)" in ours["message"] and f"kernel {KERNEL}" in ours["message"]
     assert ours["lastTransitionTime"] and ours["lastHeartbeatTime"]
     managers = [e["manager"] for e in env.node()["metadata"]["managedFields"]
-                if "k:{\"type\":\"NvidiaDriverReady\"}" in e["fieldsV1"].get("f:status", {})
-                .get("f:conditions", {})]
+                if "k:{\"type\":\"NvidiaDriverReady\"}" in
+                e["fieldsV1"].get("f:status", {}).get("f:conditions", {})]
     assert managers == [client_module.CONDITION_MANAGER]
     assert [(t, r) for t, r, _ in env.events()] == [
         ("Normal", "DriverInstallStarted"), ("Normal", "DriverModulesCompiled"),
@@ -150,8 +166,7 @@ def test_a_cold_run_says_installing_then_verified_with_its_events(env: Signals) 
     assert "compiled in 95.5 s" in messages["DriverModulesCompiled"]
     assert "installed in 190.0 s (fetch-runfile 12.0 s, build-modules 95.5 s" in \
         messages["DriverInstalled"]
-    with env.cluster.lock:
-        event = env.cluster.events[0]
+    event = env.event_objects()[0]
     assert event["involvedObject"]["kind"] == "Node" and event["involvedObject"]["name"] == NODE
     assert event["involvedObject"]["uid"] == env.node()["metadata"]["uid"]
     assert event["reportingComponent"] == "nvidia-driver-installer"
@@ -164,11 +179,11 @@ def test_a_warm_run_writes_nothing_when_the_node_already_says_so(env: Signals) -
     told = signals.Told(env.config())
     told.succeeded([], VERSION, 0.1)
     first = env.ours()
-    writes = len(env.cluster.writes())
+    writes = len(env.proxy.writes())
     told = signals.Told(env.config())
     told.started(target())  # verified and loaded: says nothing
     told.succeeded([StepOutcome("verify-driver", "satisfied", 0.0)], VERSION, 0.2)
-    assert len(env.cluster.writes()) == writes and env.ours() == first
+    assert len(env.proxy.writes()) == writes and env.ours() == first
     assert env.events() == []
 
 
@@ -184,7 +199,7 @@ def test_a_failed_run_sets_false_with_the_reference_and_a_warning_event(env: Sig
     assert ours["lastTransitionTime"] >= verified_at
     assert env.events()[-1] == ("Warning", "DriverInstallFailed",
                                 f"error[driver-in-use]: {error.message} Hint: {error.hint}")
-    assert env.conditions()[0] == KUBELET_READY
+    assert [c for c in env.conditions() if c["type"] == "Ready"] == [KUBELET_READY]
 
 
 def test_last_transition_time_moves_only_with_the_status(env: Signals,
@@ -301,14 +316,37 @@ def test_on_the_node_itself_only_the_driver_version_keys(env: Signals, patch: di
 
 def test_a_refusal_is_node_condition_forbidden_and_a_run_only_warns(
         env: Signals, caplog: pytest.LogCaptureFixture) -> None:
-    env.cluster.rules = cluster_role_rules(REPO / "daemonset" / "components" /
-                                           "scheduling-gate" / "rbac.yaml")
+    env.real.unbind()
+    env.real.bind(REPO / "daemonset" / "components" / "scheduling-gate" / "rbac.yaml")
+    env.real.wait_allowed("patch", "nodes", "status", allowed=False)
     reading = condition.Reading("True", "Verified", "x")
     with pytest.raises(NodeConditionForbidden) as caught:
         condition.set_condition(env.config(), reading)
     assert caught.value.exit_code == 101 and "nodes/status" in caught.value.message
     condition.report(env.config(), reading)  # a run: a warning, never an error
     assert "could not set the NvidiaDriverReady condition" in caplog.text
+
+
+def test_a_server_error_or_a_silent_server_only_warns_and_the_next_write_lands(
+        env: Signals, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Faults the real server will not make on cue, injected by the proxy in front of it: a 500
+    on the status write, then an answer that never comes (the client's read timeout)."""
+    monkeypatch.setattr(client_module, "READ_TIMEOUT", 0.5)
+    status_path = f"/api/v1/nodes/{NODE}/status"
+    reading = condition.Reading("True", "Verified", "x")
+    env.proxy.fail("PATCH", status_path, 500)
+    condition.report(env.config(), reading)
+    assert env.ours() is None
+    assert "could not set the NvidiaDriverReady condition of node gpu-node-1" in caplog.text
+    env.proxy.fail("PATCH", status_path, 0, hang=1.0)
+    condition.report(env.config(), reading)
+    assert env.ours() is None
+    condition.report(env.config(), reading)
+    ours = env.ours()
+    assert ours is not None and (ours["status"], ours["reason"]) == ("True", "Verified")
+    statuses = [(s.status, s.injected) for s in env.proxy.writes()
+                if s.path.split("?")[0] == status_path]
+    assert statuses == [(500, True), (0, True), (200, False)]
 
 
 def test_an_event_about_another_node_is_denied_and_never_raises(
@@ -423,7 +461,7 @@ def test_installer_gate_keeps_the_condition_and_tells_each_change(
     assert reasons[2:] and set(reasons[2:]) == {"NodeNotReadyForGpus"}
     assert env.events()[0][0] == "Warning"
     # The gate is off: no taint or label was written, only status and events.
-    assert {r.path for r in env.cluster.writes()} <= {
+    assert env.write_paths() <= {
         f"/api/v1/nodes/{NODE}/status", "/api/v1/namespaces/default/events"}
     assert readiness.driver_pending(HostRoot(env.root))
 
