@@ -13,11 +13,15 @@ import kit
 import pytest
 from kit import fake_host, sandbox
 from kit.fake_host import FakeGpu
+from lib.hostkit import debian_headers
 
 VERSION = "550.54.15"
-HEADERS = Path("/usr/src/linux-headers-6.1.0-56-amd64")
-COMMON = Path("/usr/src/linux-headers-6.1.0-56-common")
-HEADERS_KERNEL = "6.1.0-56-amd64"
+# The kit compiles against whichever Debian headers install-deps put in /usr/src (the ABI that
+# linux-headers-amd64 depends on that day), never a release named here.
+_FOUND = debian_headers()
+HEADERS_KERNEL = _FOUND[0] if _FOUND else "6.1.0-56-amd64"
+HEADERS = Path(f"/usr/src/linux-headers-{HEADERS_KERNEL}")
+COMMON = Path(f"/usr/src/linux-headers-{HEADERS_KERNEL.removesuffix('-amd64')}-common")
 H100 = FakeGpu("0000:3b:00.0", 0x2330, "NVIDIA H100 80GB HBM3")
 V100 = FakeGpu("0000:86:00.0", 0x1DB6, "Tesla V100-PCIE-32GB", minor=1)
 B200 = FakeGpu("0000:17:00.0", 0x2901, "NVIDIA B200")
