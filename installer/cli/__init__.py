@@ -53,8 +53,8 @@ def run_without_click() -> None:
             raise
         from click.utils import PacifyFlushWrapper  # click's end of a command on a closed pipe
 
-        sys.stdout = PacifyFlushWrapper(sys.stdout)  # type: ignore[assignment]
-        sys.stderr = PacifyFlushWrapper(sys.stderr)  # type: ignore[assignment]
+        sys.stdout = PacifyFlushWrapper(sys.stdout)  # type: ignore[assignment, operator]
+        sys.stderr = PacifyFlushWrapper(sys.stderr)  # type: ignore[assignment, operator]
         sys.exit(1)
 
 

