@@ -106,11 +106,11 @@ class OnNode:
                 if s.path.split("?")[0] == f"/api/v1/nodes/{name}"]
 
 
-def labels(node: dict[str, Any]) -> dict[str, str]:
+def labels_of(node: dict[str, Any]) -> dict[str, str]:
     return dict(node["metadata"].get("labels") or {})
 
 
-def annotations(node: dict[str, Any]) -> dict[str, str]:
+def annotations_of(node: dict[str, Any]) -> dict[str, str]:
     return dict(node["metadata"].get("annotations") or {})
 
 
@@ -155,11 +155,11 @@ def test_a_run_applies_the_labels_and_annotations_kubectl_shows_under_its_manage
     before = env.kubectl_node()
     env.run()
     node = env.kubectl_node()
-    assert labels(node) == {**labels(before), driver_labels.PRESENT: "true", **gfd_labels()}
-    assert labels(node)["team"] == "ml"  # a label the installer never sent stays
+    assert labels_of(node) == {**labels_of(before), driver_labels.PRESENT: "true", **gfd_labels()}
+    assert labels_of(node)["team"] == "ml"  # a label the installer never sent stays
     # GKE's annotation shape under the installer's own prefix; cloud.google.com/ only if asked.
-    assert annotations(node) == {**annotations(before), **own_annotations()}
-    assert not [k for k in annotations(node) if k.startswith("cloud.google.com/")]
+    assert annotations_of(node) == {**annotations_of(before), **own_annotations()}
+    assert not [k for k in annotations_of(node) if k.startswith("cloud.google.com/")]
     # The server's record: an Apply entry of the installer's manager owning exactly these keys
     # (and none of the others).
     (entry,) = [e for e in manager_entries(node, DRIVER_VERSION_MANAGER)
@@ -188,26 +188,26 @@ def test_a_new_version_replaces_every_key(env: OnNode, new: str) -> None:
     env.run()
     env.run(new)
     node = env.kubectl_node()
-    assert {k: labels(node)[k] for k in gfd_labels(new)} == gfd_labels(new)
-    assert {k: v for k, v in annotations(node).items()
+    assert {k: labels_of(node)[k] for k in gfd_labels(new)} == gfd_labels(new)
+    assert {k: v for k, v in annotations_of(node).items()
             if k.startswith("nvidia-driver-installer/")} == own_annotations(new)
-    assert labels(node)[driver_labels.PRESENT] == "true"
+    assert labels_of(node)[driver_labels.PRESENT] == "true"
     # 470.57 has no revision: GFD's empty label value, which the server takes as a value.
-    assert labels(node)["nvidia.com/cuda.driver-version.revision"] == parts(new)["revision"]
+    assert labels_of(node)["nvidia.com/cuda.driver-version.revision"] == parts(new)["revision"]
     assert owned(node) == ({driver_labels.PRESENT, *gfd_labels()}, set(own_annotations()))
 
 
 def test_gke_annotations_only_when_asked_and_gone_when_no_longer(env: OnNode) -> None:
     env.run()
-    assert not [k for k in annotations(env.kubectl_node()) if k.startswith("cloud.google.com/")]
+    assert not [k for k in annotations_of(env.kubectl_node()) if k.startswith("cloud.google.com/")]
     env.run(NVIDIA_INSTALLER_GKE_DRIVER_ANNOTATIONS="true")
     node = env.kubectl_node()
-    assert {k: v for k, v in annotations(node).items()
+    assert {k: v for k, v in annotations_of(node).items()
             if "cuda.driver-version" in k} == {**own_annotations(), **gke_annotations()}
     assert owned(node)[1] == {*own_annotations(), *gke_annotations()}
     env.run()
     node = env.kubectl_node()
-    assert not [k for k in annotations(node) if k.startswith("cloud.google.com/")]
+    assert not [k for k in annotations_of(node) if k.startswith("cloud.google.com/")]
     assert owned(node)[1] == set(own_annotations())
 
 
@@ -216,9 +216,9 @@ def test_gfd_mode_drops_exactly_gfds_labels(env: OnNode) -> None:
     before = env.kubectl_node()
     env.run(NVIDIA_INSTALLER_GPU_FEATURE_DISCOVERY="true")
     node = env.kubectl_node()
-    assert labels(node) == {k: v for k, v in labels(before).items() if k not in gfd_labels()}
-    assert labels(node)[driver_labels.PRESENT] == "true"
-    assert annotations(node) == annotations(before)
+    assert labels_of(node) == {k: v for k, v in labels_of(before).items() if k not in gfd_labels()}
+    assert labels_of(node)[driver_labels.PRESENT] == "true"
+    assert annotations_of(node) == annotations_of(before)
     assert owned(node) == ({driver_labels.PRESENT}, set(own_annotations()))
 
 
@@ -233,7 +233,7 @@ def test_gfd_mode_leaves_the_labels_gfd_itself_applied(env: OnNode) -> None:
     assert gfd.returncode == 0, gfd.stderr
     env.run(NVIDIA_INSTALLER_GPU_FEATURE_DISCOVERY="true")
     node = env.kubectl_node()
-    assert {k: labels(node)[k] for k in gfd_labels()} == gfd_labels()
+    assert {k: labels_of(node)[k] for k in gfd_labels()} == gfd_labels()
     assert owned(node) == ({driver_labels.PRESENT}, set(own_annotations()))
     assert owned(node, "gpu-feature-discovery") == (set(gfd_labels()), set())
 
@@ -253,7 +253,7 @@ def _refused(env: OnNode, node: str, body_labels: dict[str, str],
     assert re.search(says, refused.value.message), refused.value.message
     after = env.kubectl_node(node)
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
-    assert (labels(after), annotations(after)) == (labels(before), annotations(before))
+    assert (labels_of(after), annotations_of(after)) == (labels_of(before), annotations_of(before))
 
 
 ANY_LABEL = "may change only the labels its features write"
@@ -296,4 +296,4 @@ def test_another_key_by_merge_patch_is_refused_too(env: OnNode) -> None:
     with pytest.raises(ClusterApiForbidden, match=f"may not change the labels team|{ANY_LABEL}"):
         NodeClient(NODE, str(env.kubeconfig)).patch_node({"metadata": {"labels": {
             "team": None}}})
-    assert labels(env.kubectl_node()) == labels(before)
+    assert labels_of(env.kubectl_node()) == labels_of(before)
