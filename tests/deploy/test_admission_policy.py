@@ -228,8 +228,8 @@ def test_the_fields_the_installer_writes_are_named_in_one_place() -> None:
     (own_node,) = [p for p, _ in POLICIES
                    if p["metadata"]["name"] == "nvidia-driver-installer-own-node"]
     names = [v["name"] for v in own_node["spec"]["variables"]]
-    assert {"writableLabels", "writableLabelPrefixes", "writableAnnotations",
-            "writableTaintKeys", "mayCordon", "gateTaintKey"} <= set(names)
+    assert {"upgradeLabels", "upgradeLabelPrefixes", "upgradeAnnotations", "gateLabels",
+            "gateTaintKey", "driverLabels", "driverAnnotations", "mayCordon"} <= set(names)
     text = POLICY.read_text()
     assert text.count(protocol.STATE_LABEL) == 1 and text.count(protocol.ANNOTATION + "'") == 1
 
