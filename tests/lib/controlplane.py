@@ -64,13 +64,20 @@ for pid in pids:
 shutil.rmtree(directory, ignore_errors=True)
 """
 START_TIMEOUT = 180.0  # a loaded 2-core machine; an idle one is ready in seconds
+# The control plane starts in a background thread while other tests run, among them unit tests
+# whose guard replaces subprocess.Popen to refuse their own processes: this module keeps the real
+# one, taken when it is imported (at collection, before any test).
+_POPEN = subprocess.Popen
 
 
 def paths() -> tuple[Path, Path]:
     """The binaries' directory and etcd, as scripts/control-plane keys them (built or not)."""
-    out = subprocess.run([str(SCRIPT), "--paths"], check=True, capture_output=True,
-                         text=True).stdout.split()
-    return Path(out[0]), Path(out[1])
+    with _POPEN([str(SCRIPT), "--paths"], stdout=subprocess.PIPE, text=True) as proc:
+        out, _ = proc.communicate(timeout=60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"scripts/control-plane --paths exited {proc.returncode}")
+    first, second = out.split()[:2]
+    return Path(first), Path(second)
 
 
 def missing() -> str | None:
@@ -306,7 +313,7 @@ def token_claims(token: str) -> dict[str, Any]:
 def _spawn(cp: ControlPlane, name: str, argv: list[str]) -> None:
     log = open(cp.dir / f"{name}.log", "wb")  # noqa: SIM115 - the process keeps it
     # Low priority: the machine is shared, and a test waits on the server only when it asks.
-    cp.procs[name] = subprocess.Popen(["nice", "-n", "5", *argv], stdout=log,
+    cp.procs[name] = _POPEN(["nice", "-n", "5", *argv], stdout=log,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True)
 
@@ -373,7 +380,7 @@ def start() -> ControlPlane:
             f"--authorization-kubeconfig={cp.admin_kubeconfig}",
             "--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0",
             "--profiling=false"])
-        cp.watchdog = subprocess.Popen(
+        cp.watchdog = _POPEN(
             [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(d),
              *(str(p.pid) for p in cp.procs.values())], start_new_session=True,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
