@@ -249,7 +249,7 @@ def _refused(env: OnNode, node: str, body_labels: dict[str, str],
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": node, "labels": body_labels,
                          "annotations": body_annotations}})
-    assert "403" in refused.value.message and POLICY in refused.value.message
+    assert "403" in refused.value.message and "'nvidia-driver-installer-" in refused.value.message
     assert re.search(says, refused.value.message), refused.value.message
     after = env.kubectl_node(node)
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
