@@ -43,13 +43,17 @@ echo "@@ modules"; grep -c '^updates/probe.ko:' /lib/modules/$(uname -r)/modules
 
 
 def _children_of_this_process() -> list[str]:
+    """This process's qemu children (the worker may also run the test control plane's
+    processes, started by tests/lib/controlplane.py for other tests)."""
     children = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            text = stat.read_text()
         except OSError:
             continue
-        if int(fields[1]) == os.getpid():
+        comm = text.split("(", 1)[1].rsplit(")", 1)[0]
+        fields = text.rsplit(")", 1)[1].split()
+        if int(fields[1]) == os.getpid() and comm.startswith("qemu"):
             children.append(stat.parent.name)
     return children
 
