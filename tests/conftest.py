@@ -92,40 +92,22 @@ def installer_logger_reset() -> Iterator[None]:
     logger.propagate, logger.level = saved[1], saved[2]
 
 
-# CI runs the suite on two xdist workers (`-n 2`, README). Each file is a group (its module
-# fixtures, a vm scenario's boots among them, run once), except NVIDIA's real compile, whose three
-# files share one build (tests/lib/realdriver.py). The longest groups are handed out first, longest
-# first, so that neither worker is left with a long one at the end.
-REAL_DRIVER_FILES = ("integration/test_real_driver.py", "integration/test_real_registry.py",
-                     "vm/test_real_driver_vm.py")
-# The arm64 files (NVIDIA's real arm64 modules cross-built, the arm64 guest) share one worker:
-# lib/arm64kit.py packs the aarch64 .run once per worker.
-ARM64_FILES = ("integration/test_cross_build.py", "vm/test_arm64_vm.py",
-               "vm/test_arm64_node_vm.py")
-LONG_GROUPS = ("vm/test_pod_scenarios.py", "real-driver", "arm64", "pod/test_multiarch_image.py",
-               "integration/test_real_driver_trixie.py",
-               "vm/test_installer_scenarios.py",
-               "vm/test_headers_fetched.py", "vm/test_upgrade_protocol.py",
-               "vm/test_next_kernel_vm.py", "vm/test_dnf_scenario.py", "vm/test_prebuilt_vm.py",
-               "integration/test_hosts_2026_run.py")
-
-
-def xdist_group_of(path: str) -> str:
-    """The xdist group of a test file, given as a path relative to tests/."""
-    if path in ARM64_FILES:
-        return "arm64"
-    return "real-driver" if path in REAL_DRIVER_FILES else path
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the marks into groups
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `-n`, the long groups first (lib/xdist_groups.py): the scheduler hands the groups out
+    in the order the workers collected them."""
     if not hasattr(config, "workerinput"):  # not an xdist worker (they collect, not `-n`'s parent)
         return
-    tests_dir = Path(__file__).parent
-    groups = {}
-    for item in items:
-        group = xdist_group_of(item.path.relative_to(tests_dir).as_posix())
-        item.add_marker(pytest.mark.xdist_group(group))
-        groups[item.nodeid] = group
-    order = {name: index for index, name in enumerate(LONG_GROUPS)}
-    items.sort(key=lambda item: order.get(groups[item.nodeid], len(order)))
+    from lib.xdist_groups import long_first
+
+    rank = {nodeid: index for index, nodeid in enumerate(long_first([i.nodeid for i in items]))}
+    items.sort(key=lambda item: rank[item.nodeid])
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: the suite also runs without xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Each file a group on one worker, NVIDIA's real compile and the arm64 files one group each
+    (lib/xdist_groups.py)."""
+    from lib.xdist_groups import make_scheduler
+
+    return make_scheduler(config, log)
