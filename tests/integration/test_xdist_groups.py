@@ -12,7 +12,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-
 from lib.xdist_groups import group_of_nodeid
 
 REPO = Path(__file__).resolve().parents[2]
