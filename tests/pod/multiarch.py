@@ -3,6 +3,7 @@ by images/build.sh with buildah: both bases from mmdebstrap, the arm64 RUN steps
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -74,9 +75,14 @@ class CachedBuildah(Buildah):
     both stages' apt steps, an hour of arm64 emulation on a cold cache). A new key (a new week's
     bases, an edited Dockerfile, another buildah) starts an empty storage and removes the old.
     A CI run can be killed at its time limit anywhere: each run first takes away what an earlier
-    one left (`repair`)."""
+    one left (`repair`). Two runs on one machine (CI beside a developer's run) take turns: the
+    storage's lock is held from the sweep to `release` (a killed run's lock goes with its
+    process)."""
 
     def __init__(self) -> None:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        self._lock = (cache_dir() / "multiarch-buildah.lock").open("a")
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         dockerfile = (REPO / "images/ubuntu/Dockerfile").read_bytes()
         version = subprocess.run(["buildah", "--version"], capture_output=True, text=True,
                                  check=True, timeout=60).stdout
@@ -103,6 +109,10 @@ class CachedBuildah(Buildah):
             self("rm", self("from", "scratch"))  # a write buildah must be able to undo
         except (subprocess.SubprocessError, ValueError, KeyError):
             shutil.rmtree(self.storage, ignore_errors=True)
+
+    def release(self) -> None:
+        """The next run on this machine may take the storage."""
+        self._lock.close()
 
     def finished_once(self) -> bool:
         """A build with this storage ran to its end before: every cached step is there (a run

@@ -4,6 +4,7 @@ run starts from whatever the killed one left."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ def test_a_killed_runs_manifest_list_and_containers_are_gone_for_the_next(cache:
     killed("from", "scratch")
     base_list = "localhost/installer-ci-base:debian12-half-made"
     killed("manifest", "create", base_list)  # an import of the bases cut short
+    killed.release()  # its process is gone, and its lock with it
 
     next_run = CachedBuildah()
     assert next_run.storage == killed.storage
@@ -47,8 +49,18 @@ def test_a_storage_buildah_cannot_use_starts_afresh(cache: Path) -> None:
     layers = broken.storage / "root/vfs-layers"
     shutil.rmtree(layers)
     layers.write_text("")  # buildah can no longer delete the container, or write a layer
+    broken.release()
 
     next_run = CachedBuildah()
     assert json.loads(next_run("images", "--all", "--json") or "[]") == []
     next_run("rm", next_run("from", "scratch"))
     assert next_run("containers", "--quiet") == ""
+
+
+def test_a_second_run_on_the_machine_waits_for_the_first(cache: Path) -> None:
+    first = CachedBuildah()
+    with (cache / "multiarch-buildah.lock").open("a") as second:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(second, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        first.release()
+        fcntl.flock(second, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -54,6 +54,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManifestList]:
         yield build_manifest_list(buildah, work)
     finally:
         buildah.remove()
+        buildah.release()
 
 
 def machine_of(rootfs: Path, path: str) -> str:
