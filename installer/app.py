@@ -348,7 +348,7 @@ def prebuild(config: Config, runner: Runner | None = None, arch: str | None = No
     from dataclasses import replace
 
     from installer import sources
-    from installer.sources.prebuilt import modules as prebuilt
+    from installer.sources.prebuilt.modules import publish
 
     # Never pull what we are asked to build; the lookup below only reports.
     config = replace(config, allow_no_gpu=True, source=sources.module_builder().name)
@@ -362,18 +362,18 @@ def prebuild(config: Config, runner: Runner | None = None, arch: str | None = No
         built = layout.module_build(t.version, t.kernel, t.flavour)
         if not config.module_registry_push:
             return str(built)
-        artifact = prebuilt.publish(plan.context)
+        artifact = publish(plan.context)
         if plan.context.facts.arch != host.normalise_arch():
             # The user space is placed by the target's nvidia-installer, which cannot run here.
             log.warning("the %s user space is not published by a cross build: the first %s "
                         "node that installs the .run with NVIDIA_MODULE_REGISTRY_PUSH=true "
                         "publishes it", plan.context.facts.arch, plan.context.facts.arch)
             return f"{artifact.reference}"
-        from installer.sources.prebuilt import userspace as prebuilt_userspace
+        from installer.sources.prebuilt.userspace import publish_for_prebuild
         from installer.sources.runfile.steps import place_userspace
 
         # Only warns: the modules come first.
-        prebuilt_userspace.publish_for_prebuild(plan.context, place_userspace)
+        publish_for_prebuild(plan.context, place_userspace)
         return f"{artifact.reference}"
 
 

@@ -51,7 +51,7 @@ def facts(root: HostRoot, components: Sequence[str]) -> str:
     kernel, and each component (Fabric Manager, persistenced) up, idle or down, with the
     NVLink fabric's state where the fabricmanager container reported it; an opt-in component
     (IMEX) only where its container wrote its file."""
-    from installer import components as registered
+    from installer.components import optional
 
     driver = _values(root.read_text(READY_FILE))
     parts = []
@@ -61,7 +61,7 @@ def facts(root: HostRoot, components: Sequence[str]) -> str:
                         if driver.get("KERNEL_MODULE_TYPE") else ""))
     if driver.get("KERNEL_RELEASE"):
         parts.append(f"kernel {driver['KERNEL_RELEASE']}")
-    reported = [name for name in registered.optional() if name not in components
+    reported = [name for name in optional() if name not in components
                 and root.exists(readiness.component_file(name))]
     for name in (*components, *reported):
         text = root.read_text(readiness.component_file(name))

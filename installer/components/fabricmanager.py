@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
 from installer import host, runner
-from installer.components import fabric, fm_archive, nvlink5, nvswitch
+from installer.components import fabric, fm_archive, nvlink5, nvswitch, redist
 from installer.config import Config
 from installer.dirs import scratch
 from installer.errors import ConfigError, FabricManagerFailed, FabricManagerMissing
@@ -137,7 +137,7 @@ def install_step(ctx: Context) -> Step:
 
 
 def keeps_download(name: str, version: str, arch: str) -> bool:
-    return arch in fm_archive.PLATFORMS and name.startswith(
+    return arch in redist.PLATFORMS and name.startswith(
         fm_archive.archive_name(version, arch))
 
 

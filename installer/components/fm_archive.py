@@ -1,32 +1,27 @@
-"""Fabric Manager from NVIDIA's driver redist tree: the redistrib JSON, the archive (through
-installer/delivery: mirrors, retries, checksum, cache) and its files in versions/<ver>/."""
+"""Fabric Manager from NVIDIA's driver redist tree: its entry in the redistrib JSON and its
+archive (through installer/components/redist: mirrors, the trust rules, the cache), and its
+files in versions/<ver>/."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path, PurePosixPath
-from typing import Any, NamedTuple
 
 from installer import safefs
+from installer.components import redist
 from installer.config import Config
 from installer.dirs import mark_complete
 from installer.errors import (
-    DownloadForbidden,
-    DownloadNotFound,
     FabricManagerMismatch,
     FabricManagerUnavailable,
     InstallerError,
-    UnverifiedDownload,
 )
 from installer.layout import Layout
 from installer.runner import Runner
 
 log = logging.getLogger(__name__)
 
-# NVIDIA's redist names for the architectures (aarch64 servers are "sbsa").
-PLATFORMS = {"x86_64": "linux-x86_64", "aarch64": "linux-sbsa"}
 COMPONENT_KEY = "fabricmanager"
 INSTALLED_MARKER = ".fabricmanager-version"
 _ARCHIVE_DIGEST = ".archive-sha256"
@@ -35,11 +30,7 @@ _FM_VERSION = r"Fabric Manager version is\s*:\s*(\S+)"
 
 
 def archive_name(version: str, arch: str) -> str:
-    return f"{COMPONENT_KEY}-{PLATFORMS[arch]}-{version}-archive.tar.xz"
-
-
-def manifest_url(base: str, version: str) -> str:
-    return f"{base.rstrip('/')}/redistrib_{version}.json"
+    return redist.archive_name(COMPONENT_KEY, version, arch)
 
 
 def config_dir(layout: Layout, version: str) -> Path:
@@ -88,128 +79,54 @@ def _source_digest(tree: Path) -> str:
     return recorded
 
 
-class Listed(NamedTuple):
-    """The archive as redistrib_<version>.json lists it."""
-
-    relative_path: str
-    sha256: str
-    size: int
-    manifest: str  # where the JSON came from (redacted)
-    # Fetched over TLS from an origin in NVIDIA_DRIVER_TRUSTED_ORIGINS: its sha256 vouches.
-    # A mirror's JSON only says where the archive lies.
-    trusted: bool = False
-
-
-def parse_manifest(data: bytes, version: str, arch: str, where: str) -> Listed:
+def parse_manifest(data: bytes, version: str, arch: str, where: str) -> redist.Listed:
     """The fabricmanager entry for `arch` of NVIDIA's redistrib JSON, checked: it names this
     version and an archive of the expected name under the tree. Raises FabricManagerUnavailable
     (no entry) or FabricManagerMismatch (an entry that is not this version's archive)."""
-    try:
-        document: Any = json.loads(data)
-    except ValueError as exc:
-        raise FabricManagerMismatch(f"{where} is not JSON: {exc}") from None
-    entry = document.get(COMPONENT_KEY) if isinstance(document, dict) else None
-    platform = PLATFORMS[arch]
-    if not isinstance(entry, dict) or not isinstance(entry.get(platform), dict):
-        raise FabricManagerUnavailable(
-            f"{where} lists no {COMPONENT_KEY} archive for {platform}")
-    if entry.get("version") != version:
-        raise FabricManagerMismatch(
-            f"{where} lists {COMPONENT_KEY} {entry.get('version')!r}, not {version}")
-    item = entry[platform]
-    relative = str(item.get("relative_path", ""))
-    path = PurePosixPath(relative)
-    if path.is_absolute() or ".." in path.parts or path.name != archive_name(version, arch):
-        raise FabricManagerMismatch(
-            f"{where}: {platform} names {relative!r}, not {archive_name(version, arch)} in the "
-            "tree")
-    sha256 = str(item.get("sha256", "")).lower()
-    size = str(item.get("size", ""))
-    if not re.match(_SHA256, sha256) or not size.isdigit():
-        raise FabricManagerMismatch(f"{where}: {platform} has no valid sha256 and size")
-    return Listed(relative, sha256, int(size), where)
 
+    def archive(listed: str, path: PurePosixPath) -> str | None:
+        name = archive_name(listed, arch)
+        return None if path.name == name else f"{name} in the tree"
 
-def download_settings(config: Config) -> Any:
-    from installer.release import download as prefetch
-
-    return prefetch.download_settings(config)
+    return redist.parse(data, COMPONENT_KEY, arch, where, absent=FabricManagerUnavailable,
+                        mismatch=FabricManagerMismatch, archive=archive, version=version)
 
 
 def digest_source(config: Config, version: str, arch: str) -> str:
     """Where the archive's SHA-256 will come from, for `installer plan`."""
-    from installer.release import download as prefetch
+    from installer.release import download
 
-    return prefetch.digest_source(
+    return download.digest_source(
         config, archive_name(version, arch),
-        [manifest_url(base, version) for base in config.fabricmanager_redist], pinned=False)
+        [redist.manifest_url(base, version) for base in config.fabricmanager_redist],
+        pinned=False)
 
 
 def locate(config: Config, version: str, arch: str, *,
-           need_trusted: bool = False) -> tuple[Listed, list[str]]:
+           need_trusted: bool = False) -> tuple[redist.Listed, list[str]]:
     """The listing from the first base of NVIDIA_FABRICMANAGER_REDIST that has one (with
     `need_trusted`, the first on a trusted origin when any base is one), and the archive's URL
     under every base (mirrors hold NVIDIA's layout). Raises FabricManagerUnavailable when no
     base lists it, or the download errors of a base that fails otherwise."""
-    from installer import delivery
-    from installer.delivery import digests
-
-    settings = download_settings(config)
-    tried = []
-    found: Listed | None = None
-    for base in config.fabricmanager_redist:
-        url = manifest_url(base, version)
-        trusted = digests.is_trusted(url, config.trusted_origins)
-        if found is not None and not trusted:
-            continue
-        try:
-            data, trusted = delivery.fetch_listing(url, settings, max_bytes=4 << 20)
-        except (DownloadNotFound, DownloadForbidden) as exc:
-            tried.append(f"{delivery.redact_url(url)} ({exc.message.rsplit(': ', 1)[-1]})")
-            continue
-        listed = parse_manifest(data, version, arch, delivery.redact_url(url))._replace(
-            trusted=trusted)
-        if found is None:
-            found = listed
-        if trusted or not need_trusted:
-            found = listed
-            break
-    if found is None:
+    found = redist.lookup(config, version,
+                          lambda data, where: parse_manifest(data, version, arch, where),
+                          need_trusted=need_trusted)
+    if found.listed is None:
         raise FabricManagerUnavailable(
-            f"no redistrib_{version}.json in the redist tree: tried {'; '.join(tried)}")
-    urls = [f"{b.rstrip('/')}/{found.relative_path}" for b in config.fabricmanager_redist]
-    return found, urls
+            f"no redistrib_{version}.json in the redist tree: tried {found.tried}")
+    return found.listed, redist.urls(config.fabricmanager_redist, found.listed.relative_path)
 
 
 def fetch(config: Config, layout: Layout, version: str, arch: str) -> Path:
-    """The archive in the download cache, verified against the SHA-256 of the digests file, or
-    of a redistrib JSON fetched over TLS from a trusted origin (a cached copy they vouch for is
-    used without a download). A mirror's JSON only says where the archive lies. Raises
-    UnverifiedDownload when nothing vouches (before any archive byte is fetched)."""
-    from installer import delivery
+    """The archive in the download cache, verified as installer.components.redist verifies
+    (the digests file, or a redistrib JSON fetched over TLS from a trusted origin; a mirror's
+    JSON only says where the archive lies). Raises UnverifiedDownload when nothing vouches
+    (before any archive byte is fetched)."""
     from installer.delivery import digests
-    from installer.delivery.checksums import Expected
 
-    name = archive_name(version, arch)
-    settings = download_settings(config)
-    local = digests.listed_in(config.digests_file, name)
-    listed, urls = locate(config, version, arch, need_trusted=local is None)
-    vouched = None
-    if listed.trusted:
-        vouched = Expected(listed.sha256, "trusted-origin", f"listed in {listed.manifest}",
-                           listed.size)
-    elif local is None and config.allow_unverified:
-        log.warning("UNVERIFIED: NVIDIA_DRIVER_ALLOW_UNVERIFIED=true: %s is checked only "
-                    "against %s, which no trusted origin vouches for", name, listed.manifest)
-        vouched = Expected(listed.sha256, "none", f"listed in {listed.manifest}", listed.size)
-    elif local is None:
-        raise UnverifiedDownload(
-            f"{name}: nothing vouches for its SHA-256: it is not in a digests file "
-            f"(NVIDIA_DRIVER_DIGESTS_FILE) and {listed.manifest} is not https on a trusted "
-            "origin (NVIDIA_DRIVER_TRUSTED_ORIGINS); a mirror's redistrib JSON vouches for "
-            "nothing; refusing to download it")
-    fetched = delivery.fetch_file(urls, layout.downloads, name, within=layout.cache_anchor,
-                                  settings=settings, vouched=vouched)
+    local = digests.listed_in(config.digests_file, archive_name(version, arch))
+    listed, _ = locate(config, version, arch, need_trusted=local is None)
+    fetched = redist.fetch(config, layout, listed, config.fabricmanager_redist)
     log.info("Fabric Manager %s: %s (sha256 %s, verified by %s)", version, fetched.path.name,
              fetched.sha256, fetched.verified_by)
     return Path(fetched.path)
@@ -222,7 +139,7 @@ def cached(config: Config, layout: Layout, version: str, arch: str) -> Path | No
     from installer import delivery
 
     found = delivery.find_vouched(layout.downloads, archive_name(version, arch), None,
-                                  download_settings(config))
+                                  redist.download_settings(config))
     return Path(found.path) if found is not None and found.verified_by != "pin" else None
 
 

@@ -4,18 +4,16 @@ DRA driver's compute-domain daemon finds driver binaries; the host's nvidia-imex
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 from pathlib import Path, PurePosixPath
-from typing import Any, NamedTuple
 
 from installer import safefs
-from installer.components import fm_archive, nvswitch
+from installer.components import nvswitch, redist
 from installer.config import Config
 from installer.dirs import mark_complete, scratch
-from installer.errors import DownloadForbidden, DownloadNotFound, ImexMismatch, ImexUnavailable
+from installer.errors import ImexMismatch, ImexUnavailable
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Step
@@ -31,7 +29,6 @@ UNIT_DIRS = ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/sys
 # What the DRA driver's kubelet plugin needs of the loaded driver.
 CHANNELS_DEVICE = "nvidia-caps-imex-channels"
 CHANNEL0 = "/dev/nvidia-caps-imex-channels/channel0"
-_SHA256 = r"^[0-9a-f]{64}$"
 
 
 def wanted(config: Config, gpu_device_ids: tuple[int, ...]) -> tuple[bool, str]:
@@ -68,90 +65,38 @@ def installed(layout: Layout, version: str) -> bool:
             and all((bin_dir / name).is_file() for name in BINARIES))
 
 
-class Listed(NamedTuple):
-    relative_path: str
-    sha256: str
-    size: int
-    where: str
-    trusted: bool = False
-
-
-def parse_entry(data: bytes, version: str, arch: str, where: str) -> Listed:
+def parse_entry(data: bytes, version: str, arch: str, where: str) -> redist.Listed:
     """The imex entry of redistrib_<version>.json for `arch` (its archive's name varies by
     release: taken from the JSON, under imex/). Raises ImexUnavailable (none listed) or
     ImexMismatch (another version, or a path outside the tree)."""
-    try:
-        document: Any = json.loads(data)
-    except ValueError as exc:
-        raise ImexMismatch(f"{where} is not JSON: {exc}") from None
-    entry = document.get(COMPONENT_KEY) if isinstance(document, dict) else None
-    platform = fm_archive.PLATFORMS[arch]
-    if not isinstance(entry, dict) or not isinstance(entry.get(platform), dict):
-        raise ImexUnavailable(f"{where} lists no imex archive for {platform}")
-    if entry.get("version") != version:
-        raise ImexMismatch(f"{where} lists imex {entry.get('version')!r}, not {version}: IMEX "
-                           "aborts on a driver of another version")
-    item = entry[platform]
-    relative = str(item.get("relative_path", ""))
-    path = PurePosixPath(relative)
-    if (path.is_absolute() or ".." in path.parts or path.parts[:1] != (COMPONENT_KEY,)
-            or not path.name.endswith(".tar.xz") or version not in path.name):
-        raise ImexMismatch(f"{where}: {platform} names {relative!r}, not an imex archive of "
-                           f"{version} under imex/")
-    sha256 = str(item.get("sha256", "")).lower()
-    size = str(item.get("size", ""))
-    if not re.match(_SHA256, sha256) or not size.isdigit():
-        raise ImexMismatch(f"{where}: {platform} has no valid sha256 and size")
-    return Listed(relative, sha256, int(size), where)
+
+    def archive(listed: str, path: PurePosixPath) -> str | None:
+        if (path.parts[:1] == (COMPONENT_KEY,) and path.name.endswith(".tar.xz")
+                and listed in path.name):
+            return None
+        return f"an imex archive of {listed} under imex/"
+
+    return redist.parse(data, COMPONENT_KEY, arch, where, absent=ImexUnavailable,
+                        mismatch=ImexMismatch, archive=archive, version=version,
+                        because=": IMEX aborts on a driver of another version")
 
 
 def fetch(config: Config, layout: Layout, version: str, arch: str) -> Path:
     """The archive the first redistrib JSON (trusted-first) that lists imex of `version` names
     (a JSON without it, or of another version, is passed over like a 404), into the download cache,
-    verified as Fabric Manager's is (digests file, or that JSON over TLS from a trusted
-    origin; a mirror's JSON vouches for nothing)."""
-    from installer import delivery
-    from installer.delivery import digests
-    from installer.delivery.checksums import Expected
-
-    settings = fm_archive.download_settings(config)
-    found: Listed | None = None
-    tried = []
-    mismatched = False
-    for base in config.fabricmanager_redist:
-        url = fm_archive.manifest_url(base, version)
-        trusted = digests.is_trusted(url, config.trusted_origins)
-        if found is not None and not trusted:
-            continue
-        try:
-            data, trusted = delivery.fetch_listing(url, settings, max_bytes=4 << 20)
-        except (DownloadNotFound, DownloadForbidden) as exc:
-            tried.append(f"{delivery.redact_url(url)} ({exc.message.rsplit(': ', 1)[-1]})")
-            continue
-        try:
-            listed = parse_entry(data, version, arch, delivery.redact_url(url))
-        except (ImexUnavailable, ImexMismatch) as exc:
-            # A mirror may lag or list another release: the next base may still have it.
-            tried.append(exc.message)
-            mismatched = mismatched or isinstance(exc, ImexMismatch)
-            continue
-        found = listed._replace(trusted=trusted)
-        if trusted:
-            break
-    if found is None:
+    verified as Fabric Manager's is (installer.components.redist: the digests file, or that
+    JSON over TLS from a trusted origin; a mirror's JSON vouches for nothing)."""
+    found = redist.lookup(config, version,
+                          lambda data, where: parse_entry(data, version, arch, where),
+                          pass_over=(ImexUnavailable, ImexMismatch))
+    if found.listed is None:
+        mismatched = any(isinstance(exc, ImexMismatch) for exc in found.passed_over)
         error = ImexMismatch if mismatched else ImexUnavailable
         raise error(f"no base of the redist tree lists imex {version} for {arch}: tried "
-                    f"{'; '.join(tried)}")
-    vouched = None
-    if found.trusted or config.allow_unverified:
-        vouched = Expected(found.sha256, "trusted-origin" if found.trusted else "none",
-                           f"listed in {found.where}", found.size)
-    name = PurePosixPath(found.relative_path).name
-    urls = [f"{b.rstrip('/')}/{found.relative_path}" for b in config.fabricmanager_redist]
-    fetched = delivery.fetch_file(urls, layout.downloads, name, within=layout.cache_anchor,
-                                  checksum_urls=[], settings=settings, vouched=vouched)
-    log.info("IMEX %s: %s (sha256 %s, verified by %s)", version, name, fetched.sha256,
-             fetched.verified_by)
+                    f"{found.tried}")
+    fetched = redist.fetch(config, layout, found.listed, config.fabricmanager_redist)
+    log.info("IMEX %s: %s (sha256 %s, verified by %s)", version, found.listed.name,
+             fetched.sha256, fetched.verified_by)
     return Path(fetched.path)
 
 

@@ -1,25 +1,18 @@
 """NVLSM from NVIDIA's redist trees: which archive (the driver's redistrib JSON, or a pinned
-version), fetched through installer/delivery under the same trust rules as Fabric Manager, and
-its files beside Fabric Manager's in versions/<ver>/."""
+version), fetched through installer/components/redist under the same trust rules as Fabric
+Manager, and its files beside Fabric Manager's in versions/<ver>/."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path, PurePosixPath
-from typing import Any, NamedTuple
 
 from installer import safefs
-from installer.components import fm_archive
+from installer.components import redist
 from installer.config import Config
 from installer.dirs import mark_complete
-from installer.errors import (
-    DownloadForbidden,
-    DownloadNotFound,
-    NvlsmMismatch,
-    NvlsmUnavailable,
-)
+from installer.errors import NvlsmMismatch, NvlsmUnavailable
 from installer.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -28,16 +21,15 @@ COMPONENT_KEY = "nvlsm"
 INSTALLED_MARKER = ".nvlsm-version"
 # NVLSM is versioned by date, apart from the driver (2025.10.12).
 VERSION = r"^\d{4}\.\d{2}\.\d+$"
-_SHA256 = r"^[0-9a-f]{64}$"
 
 
 def archive_name(version: str, arch: str) -> str:
-    return f"{COMPONENT_KEY}-{fm_archive.PLATFORMS[arch]}-{version}-archive.tar.xz"
+    return redist.archive_name(COMPONENT_KEY, version, arch)
 
 
 def relative_path(version: str, arch: str) -> str:
     """Its place under CUDA's redist tree (NVIDIA_NVLSM_REDIST)."""
-    return f"{COMPONENT_KEY}/{fm_archive.PLATFORMS[arch]}/{archive_name(version, arch)}"
+    return f"{COMPONENT_KEY}/{redist.PLATFORMS[arch]}/{archive_name(version, arch)}"
 
 
 def share_dir(layout: Layout, driver: str) -> Path:
@@ -65,79 +57,35 @@ def installed(layout: Layout, driver: str) -> str | None:
     return found.group(1)
 
 
-class Listed(NamedTuple):
-    version: str
-    relative_path: str
-    sha256: str | None  # from a redistrib JSON; None for a pinned version
-    size: int | None
-    bases: tuple[str, ...]  # the trees that hold relative_path
-    where: str  # what named it (for messages)
-    trusted: bool = False
+def parse_entry(data: bytes, arch: str, where: str) -> redist.Listed:
+    """The nvlsm entry for `arch` of a redistrib JSON. Raises NvlsmUnavailable (none listed) or
+    NvlsmMismatch (an entry that is not a well-formed NVLSM archive of its version)."""
 
-
-def parse_entry(data: bytes, arch: str, where: str) -> Listed | None:
-    """The nvlsm entry for `arch` of a redistrib JSON, or None when it lists none. Raises
-    NvlsmMismatch for an entry that is not a well-formed NVLSM archive of its version."""
-    try:
-        document: Any = json.loads(data)
-    except ValueError as exc:
-        raise NvlsmMismatch(f"{where} is not JSON: {exc}") from None
-    entry = document.get(COMPONENT_KEY) if isinstance(document, dict) else None
-    platform = fm_archive.PLATFORMS[arch]
-    if not isinstance(entry, dict) or not isinstance(entry.get(platform), dict):
+    def archive(version: str, path: PurePosixPath) -> str | None:
+        if re.match(VERSION, version) is None or path.name != archive_name(version, arch):
+            return "an NVLSM archive of that version"
         return None
-    version = str(entry.get("version", ""))
-    item = entry[platform]
-    relative = str(item.get("relative_path", ""))
-    path = PurePosixPath(relative)
-    if (re.match(VERSION, version) is None or path.is_absolute() or ".." in path.parts
-            or path.name != archive_name(version, arch)):
-        raise NvlsmMismatch(f"{where}: nvlsm {version!r} for {platform} names {relative!r}, "
-                            "not an NVLSM archive of that version")
-    sha256 = str(item.get("sha256", "")).lower()
-    size = str(item.get("size", ""))
-    if not re.match(_SHA256, sha256) or not size.isdigit():
-        raise NvlsmMismatch(f"{where}: nvlsm for {platform} has no valid sha256 and size")
-    return Listed(version, relative, sha256, int(size), (), where)
+
+    return redist.parse(data, COMPONENT_KEY, arch, where, absent=NvlsmUnavailable,
+                        mismatch=NvlsmMismatch, archive=archive)
 
 
-def locate(config: Config, driver: str, arch: str) -> Listed:
+def locate(config: Config, driver: str, arch: str) -> redist.Listed:
     """NVIDIA_NVLSM_VERSION when set (under NVIDIA_NVLSM_REDIST), else the nvlsm entry of the
     driver's redistrib_<driver>.json (the first base of NVIDIA_FABRICMANAGER_REDIST that
     lists it, a trusted origin preferred). Raises NvlsmUnavailable when neither names one."""
-    from installer import delivery
-    from installer.delivery import digests
-
     if config.nvlsm_version:
         version = config.nvlsm_version
-        return Listed(version, relative_path(version, arch), None, None, config.nvlsm_redist,
-                      "NVIDIA_NVLSM_VERSION")
-    settings = fm_archive.download_settings(config)
-    found: Listed | None = None
-    tried = []
-    for base in config.fabricmanager_redist:
-        url = fm_archive.manifest_url(base, driver)
-        trusted = digests.is_trusted(url, config.trusted_origins)
-        if found is not None and not trusted:
-            continue
-        try:
-            data, trusted = delivery.fetch_listing(url, settings, max_bytes=4 << 20)
-        except (DownloadNotFound, DownloadForbidden) as exc:
-            tried.append(f"{delivery.redact_url(url)} ({exc.message.rsplit(': ', 1)[-1]})")
-            continue
-        listed = parse_entry(data, arch, delivery.redact_url(url))
-        if listed is None:
-            tried.append(f"{delivery.redact_url(url)} (lists no nvlsm)")
-            continue
-        found = listed._replace(trusted=trusted, bases=config.fabricmanager_redist)
-        if trusted:
-            break
-    if found is None:
+        return redist.Listed(version, relative_path(version, arch), None, None,
+                             "NVIDIA_NVLSM_VERSION")
+    found = redist.lookup(config, driver, lambda data, where: parse_entry(data, arch, where),
+                          pass_over=(NvlsmUnavailable,))
+    if found.listed is None:
         raise NvlsmUnavailable(
             f"no NVLSM for driver {driver}: NVIDIA_NVLSM_VERSION is not set and no "
-            f"redistrib_{driver}.json lists nvlsm for {fm_archive.PLATFORMS[arch]} "
-            f"(tried {'; '.join(tried) or 'nothing'})")
-    return found
+            f"redistrib_{driver}.json lists nvlsm for {redist.PLATFORMS[arch]} "
+            f"(tried {found.tried or 'nothing'})")
+    return found.listed
 
 
 def digest_source(config: Config, driver: str) -> str:
@@ -151,30 +99,16 @@ def digest_source(config: Config, driver: str) -> str:
             "https on a trusted origin, else the digests file")
 
 
-def fetch(config: Config, layout: Layout, driver: str, arch: str) -> tuple[Listed, Path]:
+def fetch(config: Config, layout: Layout, driver: str, arch: str) -> tuple[redist.Listed, Path]:
     """The archive in the download cache, verified against NVIDIA_NVLSM_SHA256, the digests
     file, or the SHA-256 of a redistrib JSON fetched over TLS from a trusted origin. Raises
     UnverifiedDownload when nothing vouches (before any archive byte is fetched)."""
-    from installer import delivery
-    from installer.delivery.checksums import Expected
-
     listed = locate(config, driver, arch)
-    name = PurePosixPath(listed.relative_path).name
-    vouched = None
-    if listed.trusted and listed.sha256:
-        vouched = Expected(listed.sha256, "trusted-origin", f"listed in {listed.where}",
-                           listed.size)
-    elif listed.sha256 and config.allow_unverified:
-        vouched = Expected(listed.sha256, "none", f"listed in {listed.where}", listed.size)
-    urls = [f"{b.rstrip('/')}/{listed.relative_path}" for b in listed.bases]
-    # No published .sha256sum beside NVLSM archives: only a pin, the digests file or a trusted
-    # JSON vouch (an empty list asks no checksum URL).
-    fetched = delivery.fetch_file(urls, layout.downloads, name, within=layout.cache_anchor,
-                                  sha256=config.nvlsm_sha256,
-                                  checksum_urls=[], settings=fm_archive.download_settings(config),
-                                  vouched=vouched)
-    log.info("NVLSM %s: %s (sha256 %s, verified by %s)", listed.version, name, fetched.sha256,
-             fetched.verified_by)
+    # A pinned version lies in CUDA's tree; the driver's JSON names one in the driver's.
+    bases = config.nvlsm_redist if config.nvlsm_version else config.fabricmanager_redist
+    fetched = redist.fetch(config, layout, listed, bases, sha256=config.nvlsm_sha256)
+    log.info("NVLSM %s: %s (sha256 %s, verified by %s)", listed.version, listed.name,
+             fetched.sha256, fetched.verified_by)
     return listed, Path(fetched.path)
 
 

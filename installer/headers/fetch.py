@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 from installer import distros
 from installer.config import Config
 from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
-from installer.headers import trees as kernel
+from installer.headers import trees
 from installer.host import HostFacts
 from installer.hostroot import HostRoot
 from installer.layout import Layout
@@ -32,7 +32,7 @@ def cached(layout: Layout, release: str) -> Headers | None:
     final = cache_dir(layout, release)
     if not is_complete(final):
         return None
-    return kernel.find_unpacked_headers(final / "root", release)
+    return trees.find_unpacked_headers(final / "root", release)
 
 
 def shown(url: str) -> str:
@@ -90,7 +90,7 @@ def obtain(root: HostRoot, config: Config, facts: HostFacts, layout: Layout,
     release, family = facts.kernel_release, facts.distro.family
     source = plan_source(root, config, facts)
     if source.tool is None:
-        raise kernel.missing_headers_error(release, family, tried=source.where)
+        raise trees.missing_headers_error(release, family, tried=source.where)
     final = cache_dir(layout, release)
     with staged_dir(final, within=layout.anchor_for(final)) as work:
         try:
@@ -98,9 +98,9 @@ def obtain(root: HostRoot, config: Config, facts: HostFacts, layout: Layout,
             packages = distros.of(facts.distro).fetch_headers(
                 root, config, wanted, work, runner, source.package, source.where)
         except distros.PackageNotFound as exc:
-            raise kernel.missing_headers_error(release, family, tried=exc.detail) from None
-        if kernel.find_unpacked_headers(work / "root", release) is None:
-            raise kernel.missing_headers_error(
+            raise trees.missing_headers_error(release, family, tried=exc.detail) from None
+        if trees.find_unpacked_headers(work / "root", release) is None:
+            raise trees.missing_headers_error(
                 release, family, tried=f"{', '.join(packages)} from {source.where} hold no "
                 "header tree for this kernel")
         for name in os.listdir(work):

@@ -8,8 +8,7 @@ import logging
 
 from installer import distros
 from installer.errors import PageSizeRisk
-from installer.headers import compiler
-from installer.headers import steps as header_steps
+from installer.headers import compiler, steps
 from installer.host.pagesize import PageSize, kernel_page_size
 from installer.plan import Context, Decision
 
@@ -26,7 +25,7 @@ ALLOW = "NVIDIA_INSTALLER_ALLOW_64K_PAGE_RISK"
 
 def page_size(ctx: Context) -> PageSize:
     t = ctx.target
-    trees = [header_steps.local_tree(ctx, t.headers)] if t.headers is not None else []
+    trees = [steps.local_tree(ctx, t.headers)] if t.headers is not None else []
     return kernel_page_size(ctx.root, t.kernel, ctx.facts.arch, trees)
 
 
@@ -98,7 +97,7 @@ def _image_tag(ctx: Context, family: distros.Family) -> Decision:
     majors = "/".join(str(m) for m in carried)
     reason = (f"the installer image for {distro} (its userland no older than the host's; "
               f"gcc {majors})")
-    major, source = header_steps.kernel_gcc(ctx)
+    major, source = steps.kernel_gcc(ctx)
     if major is None:
         return Decision("image-tag", tag, reason + "; the kernel's gcc is read from its headers")
     reason += f"; kernel built with gcc {major} ({source})"

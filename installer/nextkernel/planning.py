@@ -75,15 +75,14 @@ def decision(ctx: Context) -> Decision:
 
 
 def _headers_note(ctx: Context, kernel: str) -> str:
-    from installer.headers import fetch
-    from installer.headers import trees as kernels
+    from installer.headers import fetch, trees
 
-    found = kernels.find_headers(ctx.root, kernel)
+    found = trees.find_headers(ctx.root, kernel)
     if found is not None:
         return f"on the host at {found.output_path}"
     if fetch.cached(ctx.layout, kernel) is not None:
         return f"fetched earlier into {ctx.layout.cache_host}/headers/{kernel}"
-    if kernels.find_container_headers(kernel) is not None:
+    if trees.find_container_headers(kernel) is not None:
         return "in the image"
     if ctx.config.fetch_headers == "false":
         return "none found, and fetching is off"

@@ -12,8 +12,7 @@ from installer import components, host, modules
 from installer.cluster import gate_steps, upgrade_gate
 from installer.errors import InstallerError
 from installer.plan import Context, Step
-from installer.steps import ldcache
-from installer.steps import rollback as load_rollback
+from installer.steps import ldcache, rollback
 from installer.steps.load import remove_ready_file
 from installer.steps.placement import restore_module_files
 
@@ -87,7 +86,7 @@ def activate_step(ctx: Context) -> Step:
     def apply() -> None:
         install = layout.install_local
         _retire_old_layout(install, ("bin", "lib64", "drivers", "current"))
-        load_rollback.note_links(ctx, ("current", *links, "drivers"))  # undone if the load fails
+        rollback.note_links(ctx, ("current", *links, "drivers"))  # undone if the load fails
         _swap_link(install / "current", str(Path("versions") / target.version))
         for name, dest in links.items():
             _swap_link(install / name, str(dest))
@@ -131,7 +130,7 @@ def ld_cache_step(ctx: Context) -> Step:
                                      ctx.target.version)
 
     def apply() -> None:
-        load_rollback.note_drop_in(ctx)  # undone if the load fails
+        rollback.note_drop_in(ctx)  # undone if the load fails
         ldcache.configure(ctx.root, ctx.runner, layout.lib_dir_host)
 
     return Step("configure-ld-cache", "ld.so.conf.d drop-in for lib64/ and the host's ldconfig",

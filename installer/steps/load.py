@@ -9,8 +9,7 @@ from installer import modules, state
 from installer.errors import ModuleLoadFailed
 from installer.layout import GPUS_READY_FILE, READY_FILE
 from installer.plan import Context, Step
-from installer.steps import coherent
-from installer.steps import rollback as load_rollback
+from installer.steps import coherent, rollback
 from installer.steps.placement import modules_dir_writable, restore_module_files
 
 log = logging.getLogger(__name__)
@@ -39,7 +38,7 @@ def load_step(ctx: Context) -> Step:
             modules.load(ctx.root, ctx.runner, request)
         except ModuleLoadFailed as exc:
             # A refused load leaves no half-activated install behind.
-            undone = load_rollback.undo(ctx, restore_module_files)
+            undone = rollback.undo(ctx, restore_module_files)
             raise ModuleLoadFailed(
                 exc.message + (f"; put back: {', '.join(undone)}" if undone else ""),
                 hint=exc.hint) from exc

@@ -13,7 +13,7 @@ from installer.dirs import remove_tree
 from installer.errors import InstallFailed, PlantedLink
 from installer.layout import MODULES_SUBDIR
 from installer.plan import Context, Step
-from installer.steps import rollback as load_rollback
+from installer.steps import rollback
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def module_files_step(ctx: Context) -> Step:
         return _stamp(base, local) == stamp and _same_modules(local, build)
 
     def apply() -> None:
-        load_rollback.note_modules_dir(ctx, module_dirs(ctx, target.kernel)[1])
+        rollback.note_modules_dir(ctx, module_dirs(ctx, target.kernel)[1])
         replace_module_files(ctx, build, stamp)
         log.info("installed modules into %s and ran depmod", host_dir)
 
@@ -161,7 +161,7 @@ def firmware_step(ctx: Context) -> Step:
     def apply() -> None:
         base, dest = dirs()
         safefs.check(dest, anchor=base)  # before the rollback notes what to take away
-        load_rollback.note_firmware(ctx, dest)  # undone if the load fails
+        rollback.note_firmware(ctx, dest)  # undone if the load fails
         try:
             for item in missing():
                 safefs.make_dirs(dest, anchor=base)

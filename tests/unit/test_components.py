@@ -28,7 +28,14 @@ from lib.hosttrees import (
 )
 
 from installer import components, planner, steps
-from installer.components import fabricmanager, fm_archive, nvswitch, persistenced, processes
+from installer.components import (
+    fabricmanager,
+    fm_archive,
+    nvswitch,
+    persistenced,
+    processes,
+    redist,
+)
 from installer.components.supervisor import (
     PAUSE_FILE,
     Driver,
@@ -146,8 +153,8 @@ def manifest(version: str = V, **entry: object) -> bytes:
 
 def test_the_redistrib_json_names_the_archive_and_its_checksum() -> None:
     listed = fm_archive.parse_manifest(manifest(), V, "x86_64", "m")
-    assert listed == fm_archive.Listed(
-        f"fabricmanager/linux-x86_64/fabricmanager-linux-x86_64-{V}-archive.tar.xz",
+    assert listed == redist.Listed(
+        V, f"fabricmanager/linux-x86_64/fabricmanager-linux-x86_64-{V}-archive.tar.xz",
         "ab" * 32, 7100, "m")
     with pytest.raises(FabricManagerUnavailable, match="no fabricmanager archive for linux-sbsa"):
         fm_archive.parse_manifest(manifest(), V, "aarch64", "m")

@@ -14,7 +14,7 @@ from installer.components import fm_archive
 from installer.dirs import scratch
 from installer.errors import FabricManagerMismatch
 from installer.plan import Context, Step
-from installer.sources.dnf import commands as cmd
+from installer.sources.dnf import commands
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +66,14 @@ def install_step(ctx: Context) -> Step:
 
     def apply() -> None:
         version = ctx.target.version  # what the dnf transaction installed
-        name = cmd.fabricmanager_package(version)
+        name = commands.fabricmanager_package(version)
         hint = HINT.format(name=name, version=version)
-        found = cmd.installed_versions(ctx.root, ctx.runner, [name]).get(name)
+        found = commands.installed_versions(ctx.root, ctx.runner, [name]).get(name)
         if found != version:
             raise FabricManagerMismatch(
                 f"the host's {name} is {found or 'not installed'}, not the driver's {version}",
                 hint=hint)
-        listed = ctx.runner.run(cmd.rpm_files_argv(ctx.root, [name]), timeout=120).output
+        listed = ctx.runner.run(commands.rpm_files_argv(ctx.root, [name]), timeout=120).output
         files = [PurePosixPath(line.strip()) for line in listed.splitlines()
                  if line.startswith("/")]
         with scratch(layout.tmp, within=layout.cache_anchor) as tmp:

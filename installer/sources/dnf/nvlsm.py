@@ -13,8 +13,7 @@ from installer.components import nvlsm_archive
 from installer.dirs import scratch
 from installer.errors import CommandFailed, NvlsmPackageMismatch
 from installer.plan import Context, Step
-from installer.sources.dnf import commands as cmd
-from installer.sources.dnf import fabricmanager as dnf_fabricmanager
+from installer.sources.dnf import commands, fabricmanager
 from installer.sources.dnf.errors import (
     NO_MATCH,
     REPO_DOWN,
@@ -26,7 +25,7 @@ from installer.sources.dnf.plan import base_argv
 
 log = logging.getLogger(__name__)
 
-PACKAGE = cmd.NVLSM_PACKAGE
+PACKAGE = commands.NVLSM_PACKAGE
 # Where NVIDIA's nvlsm rpm (and deb) puts its files: the daemon and its gRPC plugin under
 # /opt/nvidia/nvlsm (the daemon's RPATH), the config files nvlsm.conf names under
 # /usr/share/nvidia/nvlsm (Fabric Manager's service runs
@@ -36,7 +35,7 @@ SHARE_DIR = PurePosixPath("/usr/share/nvidia/nvlsm")
 
 
 def install_argv(base: list[str], pin: str | None) -> list[str]:
-    return [*base, "install", cmd.nvlsm_spec(pin)]
+    return [*base, "install", commands.nvlsm_spec(pin)]
 
 
 def package_tree(files: list[PurePosixPath], local: dict[PurePosixPath, Path], tree: Path
@@ -53,7 +52,7 @@ def package_tree(files: list[PurePosixPath], local: dict[PurePosixPath, Path], t
             return tree / "share" / "nvidia" / "nvlsm" / path.name
         return None
 
-    return dnf_fabricmanager.copy_files(files, local, dest_of)
+    return fabricmanager.copy_files(files, local, dest_of)
 
 
 def install_step(ctx: Context) -> Step:
@@ -64,10 +63,10 @@ def install_step(ctx: Context) -> Step:
     package, NvlsmPackageMismatch when the host's is not the pin or lacks NVIDIA's files
     (nothing copied then)."""
     layout, pin = ctx.layout, ctx.config.nvlsm_version
-    spec = cmd.nvlsm_spec(pin)
+    spec = commands.nvlsm_spec(pin)
 
     def host_version() -> str | None:
-        return cmd.installed_versions(ctx.root, ctx.runner, [PACKAGE]).get(PACKAGE)
+        return commands.installed_versions(ctx.root, ctx.runner, [PACKAGE]).get(PACKAGE)
 
     def satisfied() -> bool:
         found = nvlsm_archive.installed(layout, ctx.target.version)
@@ -83,7 +82,7 @@ def install_step(ctx: Context) -> Step:
             raise NvlsmPackageMismatch(
                 f"after `dnf install {spec}` the host's {PACKAGE} is {found or 'not installed'}"
                 + (f", not NVIDIA_NVLSM_VERSION {pin}" if pin else ""))
-        listed = ctx.runner.run(cmd.rpm_files_argv(ctx.root, [PACKAGE]), timeout=120).output
+        listed = ctx.runner.run(commands.rpm_files_argv(ctx.root, [PACKAGE]), timeout=120).output
         files = [PurePosixPath(line.strip()) for line in listed.splitlines()
                  if line.startswith("/")]
         with scratch(layout.tmp, within=layout.cache_anchor) as tmp:
@@ -106,7 +105,7 @@ def install_step(ctx: Context) -> Step:
 
 
 def _dnf_install(ctx: Context, pin: str | None) -> None:
-    spec = cmd.nvlsm_spec(pin)
+    spec = commands.nvlsm_spec(pin)
     try:
         ctx.runner.run(install_argv(base_argv(ctx), pin), stream=True, timeout=1800)
     except CommandFailed as exc:

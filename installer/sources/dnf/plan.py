@@ -12,9 +12,7 @@ from installer.host import Distro
 from installer.hostroot import HostRoot
 from installer.plan import Context, Decision
 from installer.release import versions
-from installer.sources.dnf import commands as cmd
-from installer.sources.dnf import metadata as dnf_metadata
-from installer.sources.dnf import repos
+from installer.sources.dnf import commands, metadata, repos
 from installer.sources.dnf.commands import Choice, DnfTarget
 
 
@@ -30,7 +28,7 @@ def repo_evidence(root: HostRoot, config: Config) -> str | None:
 
 
 def repo_url(config: Config, distro: Distro, arch: str) -> str:
-    return config.dnf_repo_url or cmd.family(distro).nvidia_repo_file(distro, arch)
+    return config.dnf_repo_url or commands.family(distro).nvidia_repo_file(distro, arch)
 
 
 def target_of(ctx: Context) -> DnfTarget:
@@ -39,10 +37,10 @@ def target_of(ctx: Context) -> DnfTarget:
     request = versions.parse_request(ctx.config.version)
     t = ctx.target
     fabric = fabricmanager.applies(ctx)
-    return cmd.dnf_target(
+    return commands.dnf_target(
         ctx.facts.distro, request.kind, request.value, t.version, t.branch, t.flavour,
         fabric=fabric,
-        nvlsm=cmd.nvlsm_spec(ctx.config.nvlsm_version) if fabric and nvlink5.applies(ctx)
+        nvlsm=commands.nvlsm_spec(ctx.config.nvlsm_version) if fabric and nvlink5.applies(ctx)
         else None,
     )
 
@@ -60,19 +58,19 @@ def plan_decisions(ctx: Context) -> list[Decision]:
     if dt.stream is None:
         packages = f"{dt.branch}.* packages" if dt.branch else "packages"
         return _pending_version(ctx, dt, f"NVIDIA's repo ({packages}; EL10 has no streams)")
-    streams = dnf_metadata.read_cached(cache_dir(ctx))
+    streams = metadata.read_cached(cache_dir(ctx))
     kernel = ctx.target.kernel
     if streams is None:
         options = " or ".join(s for s in (dt.precompiled_stream, dt.stream) if s)
         return [
             Decision(
                 "dnf-stream",
-                f"{cmd.MODULE}:{options}",
+                f"{commands.MODULE}:{options}",
                 "chosen when run, from the repo's module metadata (not cached here yet): the "
                 f"precompiled stream when NVIDIA ships a kmod for kernel {kernel}, else DKMS; "
                 "the version is the stream's newest unless pinned",
             ),
-            *_pending_version(ctx, dt, f"stream {cmd.MODULE}:{options}"),
+            *_pending_version(ctx, dt, f"stream {commands.MODULE}:{options}"),
         ]
     try:
         choice = choose(dt, kernel, streams)
@@ -82,7 +80,7 @@ def plan_decisions(ctx: Context) -> list[Decision]:
                 Decision("version", "none", f"`run` fails: {exc.message}")]
     ctx.target.version = choice.version
     return [
-        Decision("dnf-stream", f"{cmd.MODULE}:{choice.stream}", choice.reason),
+        Decision("dnf-stream", f"{commands.MODULE}:{choice.stream}", choice.reason),
         Decision(
             "version",
             choice.version,
@@ -103,7 +101,7 @@ def _pending_version(ctx: Context, dt: DnfTarget, where: str) -> list[Decision]:
                      "yet (the first run caches it, then plan names the version)")]
 
 
-def choose(dt: DnfTarget, kernel: str, streams: dnf_metadata.Streams) -> Choice:
+def choose(dt: DnfTarget, kernel: str, streams: metadata.Streams) -> Choice:
     """The stream and version for a request: the pin, else the newest the DKMS stream (or the
     precompiled one) offers; precompiled when NVIDIA ships that version's kmod for `kernel`.
     Raises ModuleMetadataMissing when the repo offers neither."""
@@ -117,12 +115,12 @@ def choose(dt: DnfTarget, kernel: str, streams: dnf_metadata.Streams) -> Choice:
         version = (dkms_versions or pre_versions)[-1]
     else:
         raise ModuleMetadataMissing(
-            f"the repo's module metadata has no stream {cmd.MODULE}:{dt.stream}"
+            f"the repo's module metadata has no stream {commands.MODULE}:{dt.stream}"
             + (f" or {pre}" if pre else "")
             + f" (streams there: {', '.join(sorted(streams.packages)) or 'none'})"
         )
     if pre and version in pre_versions:
-        kmod = cmd.precompiled_kmod(version, kernel)
+        kmod = commands.precompiled_kmod(version, kernel)
         if streams.has(pre, version, kmod):
             return Choice(
                 pre,
@@ -140,7 +138,8 @@ def choose(dt: DnfTarget, kernel: str, streams: dnf_metadata.Streams) -> Choice:
     if version not in dkms_versions:
         offered = ", ".join(dkms_versions) or "nothing"
         raise ModuleMetadataMissing(
-            f"version {version} is not in stream {cmd.MODULE}:{dt.stream} ({offered}) and {why}"
+            f"version {version} is not in stream {commands.MODULE}:{dt.stream} ({offered}) "
+            f"and {why}"
         )
     return Choice(dt.stream, version, dt.kmod, False, f"DKMS stream {dt.stream}: {why}")
 
@@ -149,4 +148,5 @@ def base_argv(ctx: Context) -> list[str]:
     """The dnf argv every change to the host's packages starts with; writes the re-rooted
     copies of the host's repo files it names (only steps' apply calls it, never a plan)."""
     cache = ctx.layout.cache_local / "dnf"
-    return cmd.dnf_base(ctx.root, ctx.facts.distro, cache, cmd.host_repos_dir(ctx.root, cache))
+    return commands.dnf_base(ctx.root, ctx.facts.distro, cache,
+                             commands.host_repos_dir(ctx.root, cache))

@@ -13,7 +13,7 @@ from installer import modules
 from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
 from installer.errors import InstallFailed
 from installer.plan import Context, Step
-from installer.sources.dnf import commands as cmd
+from installer.sources.dnf import commands
 from installer.sources.dnf.commands import DnfTarget
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def populate_step(ctx: Context, dt: DnfTarget) -> Step:
 
     def apply() -> None:
         version = t.version
-        present = cmd.installed_versions(ctx.root, ctx.runner, list(cmd.USERSPACE_ALL))
+        present = commands.installed_versions(ctx.root, ctx.runner, list(commands.USERSPACE_ALL))
         userspace = sorted(n for n, v in present.items() if v == version)
         final = layout.version_dir(version)
         if not is_complete(final):
@@ -53,7 +53,7 @@ def populate_step(ctx: Context, dt: DnfTarget) -> Step:
 
 
 def _package_files(ctx: Context, names: list[str]) -> list[PurePosixPath]:
-    result = ctx.runner.run(cmd.rpm_files_argv(ctx.root, names), timeout=120)
+    result = ctx.runner.run(commands.rpm_files_argv(ctx.root, names), timeout=120)
     return [
         PurePosixPath(line.strip()) for line in result.output.splitlines() if line.startswith("/")
     ]
@@ -86,7 +86,7 @@ def _fill_version_dir(ctx: Context, files: list[PurePosixPath], final: Path, ver
 
 def _fill_module_dir(ctx: Context, build: Path) -> None:
     t = ctx.target
-    found = cmd.module_files(ctx.root, t.kernel)
+    found = commands.module_files(ctx.root, t.kernel)
     if "nvidia" not in found:
         raise InstallFailed(
             f"no nvidia module for kernel {t.kernel} under /lib/modules/{t.kernel}/extra",

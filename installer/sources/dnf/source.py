@@ -45,21 +45,21 @@ class DnfSource(Source):
             )
 
     def evidence(self, root: HostRoot, config: Config) -> str | None:
-        from installer.sources.dnf import plan as dnf_plan
+        from installer.sources.dnf import plan
 
-        return dnf_plan.repo_evidence(root, config)
+        return plan.repo_evidence(root, config)
 
     def passed_over(self) -> str:
         return "no NVIDIA dnf repo in /etc/yum.repos.d and NVIDIA_DNF_REPO_URL unset"
 
     def reason(self, config: Config, facts: HostFacts, passed_over: Sequence[str]) -> str:
-        from installer.sources.dnf import commands as cmd
+        from installer.sources.dnf import commands
 
         why = ("NVIDIA_DRIVER_SOURCE=dnf" if config.source == self.name else
                f"auto on {facts.distro}: {self.evidence(HostRoot(config.root), config)}")
         how = ("module streams nvidia-driver:<branch>|latest (precompiled, when NVIDIA ships a "
                "kmod for the exact kernel) or <branch>-dkms|-open|latest-dkms|open-dkms (DKMS)"
-               if cmd.family(facts.distro).module_platform(facts.distro) else
+               if commands.family(facts.distro).module_platform(facts.distro) else
                "packages with a version lock (EL10 has no module streams)")
         return f"{why}; the distro's packages through dnf: {how}"
 
@@ -70,23 +70,23 @@ class DnfSource(Source):
                                  "installed through dnf for exactly the target kernel")])
 
     def decisions(self, ctx: Context, decided: list[Decision]) -> list[Decision]:
-        from installer.sources.dnf import plan as dnf_plan
+        from installer.sources.dnf import plan
 
         # The stream and version dnf will install replace the catalog's version.
-        extra = dnf_plan.plan_decisions(ctx)
+        extra = plan.plan_decisions(ctx)
         topics = {d.topic for d in extra}
         return [d for d in decided if d.topic not in topics] + extra
 
     def steps(self, ctx: Context) -> list[Step]:
-        from installer.sources.dnf import steps as dnf
+        from installer.sources.dnf import steps
 
-        return dnf.dnf_steps(ctx)
+        return steps.dnf_steps(ctx)
 
     def next_kernel_elsewhere(self, root: HostRoot, kernel: str) -> ManagedElsewhere:
-        from installer.sources.dnf import commands as dnf_commands
+        from installer.sources.dnf import commands
 
         return ManagedElsewhere(NEXT_KERNEL_REASON, f"/lib/modules/{kernel}/extra",
-                                "nvidia" in dnf_commands.module_files(root, kernel))
+                                "nvidia" in commands.module_files(root, kernel))
 
     def left_on_host(self) -> str:
         return ("the driver packages installed through dnf stay on the host (dnf owns them): "

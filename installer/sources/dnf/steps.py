@@ -9,8 +9,7 @@ import logging
 
 from installer.errors import CommandFailed, DownloadFailed, RepoUnavailable, RepoUrlInsecure
 from installer.plan import Context, Step
-from installer.sources.dnf import commands as cmd
-from installer.sources.dnf import repos
+from installer.sources.dnf import commands, repos
 from installer.sources.dnf.commands import DnfTarget
 from installer.sources.dnf.errors import kernel_error, transaction_failed
 from installer.sources.dnf.plan import base_argv, repo_url, target_of
@@ -42,22 +41,22 @@ def dnf_steps(ctx: Context) -> list[Step]:
         plan.append(versionlock_step(ctx, dt))
     plan.append(populate_step(ctx, dt))
     if dt.fabric:  # Fabric Manager came with the fm profile
-        from installer.sources.dnf import fabricmanager as dnf_fabricmanager
+        from installer.sources.dnf import fabricmanager
 
-        plan.append(dnf_fabricmanager.install_step(ctx))
+        plan.append(fabricmanager.install_step(ctx))
         from installer.components import nvlink5
 
         if nvlink5.applies(ctx):  # an NVLink5 node: NVLSM runs before that Fabric Manager
-            from installer.sources.dnf import nvlsm as dnf_nvlsm
+            from installer.sources.dnf import nvlsm
 
-            plan.append(dnf_nvlsm.install_step(ctx))
+            plan.append(nvlsm.install_step(ctx))
     return plan
 
 
 def repo_step(ctx: Context) -> Step:
     distro = ctx.facts.distro
     url = repo_url(ctx.config, distro, ctx.facts.arch)
-    own = cmd.family(distro).nvidia_repo_file(distro, ctx.facts.arch).rsplit("/", 1)[-1]
+    own = commands.family(distro).nvidia_repo_file(distro, ctx.facts.arch).rsplit("/", 1)[-1]
     dest = repos.REPOS_DIR / repos.repo_file_name(url, own)
 
     def host_file() -> str | None:
@@ -116,15 +115,15 @@ def repo_step(ctx: Context) -> Step:
 
 def kernel_devel_step(ctx: Context) -> Step:
     kernel = ctx.target.kernel
-    packages = cmd.kernel_packages(kernel, ctx.facts.distro)
+    packages = commands.kernel_packages(kernel, ctx.facts.distro)
 
     def satisfied() -> bool:
-        return cmd.all_installed(ctx.root, ctx.runner, packages)
+        return commands.all_installed(ctx.root, ctx.runner, packages)
 
     def apply() -> None:
         try:
-            ctx.runner.run(cmd.kernel_argv(base_argv(ctx), kernel, ctx.facts.distro), stream=True,
-                           timeout=1800)
+            ctx.runner.run(commands.kernel_argv(base_argv(ctx), kernel, ctx.facts.distro),
+                           stream=True, timeout=1800)
         except CommandFailed as exc:
             raise kernel_error(ctx, kernel, exc) from exc
 
@@ -142,11 +141,11 @@ def epel_step(ctx: Context) -> Step:
     def satisfied() -> bool:
         entries = repos.repo_entries(ctx.root)
         enabled = any(e.enabled and e.repo_id.startswith("epel") for e in entries)
-        return enabled or cmd.all_installed(ctx.root, ctx.runner, ["dkms"])
+        return enabled or commands.all_installed(ctx.root, ctx.runner, ["dkms"])
 
     def apply() -> None:
         try:
-            ctx.runner.run(cmd.epel_argv(base_argv(ctx)), stream=True, timeout=1800)
+            ctx.runner.run(commands.epel_argv(base_argv(ctx)), stream=True, timeout=1800)
         except CommandFailed as exc:
             raise RepoUnavailable(
                 "NVIDIA_DNF_ENABLE_EPEL is set but epel-release could not be installed from the "
@@ -166,7 +165,7 @@ def versionlock_step(ctx: Context, dt: DnfTarget) -> Step:
         return [f"{name}-{ctx.target.version}" for name in dt.packages]
 
     def satisfied() -> bool:
-        text = ctx.root.read_text(cmd.VERSIONLOCK_LIST) or ""
+        text = ctx.root.read_text(commands.VERSIONLOCK_LIST) or ""
         return all(_locked(text, name, ctx.target.version) for name in dt.packages)
 
     def apply() -> None:
@@ -174,7 +173,7 @@ def versionlock_step(ctx: Context, dt: DnfTarget) -> Step:
         ctx.runner.run([*base, "versionlock", "delete", *dt.packages], check=False, timeout=300)
         try:
             ctx.runner.run(
-                cmd.versionlock_argv(base, dt.packages, ctx.target.version),
+                commands.versionlock_argv(base, dt.packages, ctx.target.version),
                 stream=True,
                 timeout=300,
             )

@@ -15,9 +15,7 @@ from installer.errors import (
     PackageManagerFailed,
 )
 from installer.plan import Context, Step
-from installer.sources.dnf import commands as cmd
-from installer.sources.dnf import metadata as dnf_metadata
-from installer.sources.dnf import repos
+from installer.sources.dnf import commands, metadata, repos
 from installer.sources.dnf.commands import Choice, DnfTarget
 from installer.sources.dnf.errors import (
     NO_MATCH,
@@ -33,17 +31,17 @@ log = logging.getLogger(__name__)
 
 def transaction_step(ctx: Context, dt: DnfTarget) -> Step:
     names = list(dt.packages)
-    where = f"stream {cmd.MODULE}:{dt.stream}" if dt.stream else "packages (EL10: no streams)"
+    where = f"stream {commands.MODULE}:{dt.stream}" if dt.stream else "packages (EL10: no streams)"
     what = f"version {dt.pinned}" if dt.pinned else "the newest version"
 
     def installed_version() -> str | None:
         """The one version of every wanted package when the host is on the target, else
         None. Adopts it as the target version when the stream decides."""
         if dt.stream is not None:
-            state = cmd.module_state(ctx.root)
+            state = commands.module_state(ctx.root)
             if state.stream != dt.stream or state.state != "enabled":
                 return None
-        found = cmd.installed_versions(ctx.root, ctx.runner, [*names, dt.other_kmod])
+        found = commands.installed_versions(ctx.root, ctx.runner, [*names, dt.other_kmod])
         if dt.other_kmod in found or set(found) != set(names):
             return None
         versions_found = set(found.values())
@@ -62,8 +60,8 @@ def transaction_step(ctx: Context, dt: DnfTarget) -> Step:
         return True
 
     def apply() -> None:
-        lock = dt.stream is None and not ctx.root.local(cmd.VERSIONLOCK_CONF).is_file()
-        argv = cmd.transaction_argv(base_argv(ctx), dt, with_versionlock=lock)
+        lock = dt.stream is None and not ctx.root.local(commands.VERSIONLOCK_CONF).is_file()
+        argv = commands.transaction_argv(base_argv(ctx), dt, with_versionlock=lock)
         log.info("dnf: %s of %s", what, where)
         try:
             ctx.runner.run(argv, stream=True, timeout=3600)
@@ -102,13 +100,13 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
 
     def installed() -> Choice | None:
         """The host's choice when it is on the target (for DKMS: built for the kernel)."""
-        state = cmd.module_state(root)
+        state = commands.module_state(root)
         if state.state != "enabled" or state.stream is None:
             return None
         if state.stream not in (dt.stream, dt.precompiled_stream):
             return None
-        fm = list(cmd.FM_PACKAGES) if dt.fabric else []
-        found = cmd.installed_versions(
+        fm = list(commands.FM_PACKAGES) if dt.fabric else []
+        found = commands.installed_versions(
             root, runner, [*dt.userspace, dt.kmod, dt.other_kmod, *fm])
         if dt.other_kmod in found or not set(dt.userspace) <= set(found):
             return None
@@ -121,14 +119,14 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
         if any(found.get(name) != version for name in dt.fabricmanager(version)):
             return None
         if state.stream == dt.precompiled_stream:
-            kmod = cmd.precompiled_kmod(version, kernel)
-            if dt.kmod in found or not cmd.all_installed(root, runner, [kmod]):
+            kmod = commands.precompiled_kmod(version, kernel)
+            if dt.kmod in found or not commands.all_installed(root, runner, [kmod]):
                 return None
             return Choice(state.stream, version, kmod, True, "installed")
-        built = root.local(cmd.dkms_built(dt.dkms_name(version), version, kernel))
+        built = root.local(commands.dkms_built(dt.dkms_name(version), version, kernel))
         if found.get(dt.kmod) != version or not built.is_dir():
             return None
-        if "nvidia" not in cmd.module_files(root, kernel):
+        if "nvidia" not in commands.module_files(root, kernel):
             return None
         return Choice(state.stream, version, dt.kmod, False, "installed")
 
@@ -141,15 +139,15 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
 
     def apply() -> None:
         base = base_argv(ctx)
-        before = cmd.installed_versions(root, runner, [dt.kmod])
-        old_stream = cmd.module_state(root).stream
+        before = commands.installed_versions(root, runner, [dt.kmod])
+        old_stream = commands.module_state(root).stream
         try:
-            runner.run(cmd.makecache_argv(base), stream=True, timeout=1800)
+            runner.run(commands.makecache_argv(base), stream=True, timeout=1800)
         except CommandFailed as exc:
             if any(marker in exc.output_tail for marker in REPO_DOWN):
                 raise repo_down(ctx, exc.output_tail) from exc
             raise transaction_failed("dnf makecache", exc.output_tail) from exc
-        streams = dnf_metadata.read_cached(cache_dir(ctx))
+        streams = metadata.read_cached(cache_dir(ctx))
         if streams is None:
             raise ModuleMetadataMissing(
                 f"no module metadata (modules.yaml) in the host's repos ({repos.repos_tried(root)})"
@@ -157,21 +155,21 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
         try:
             choice = choose(dt, kernel, streams)
         except ModuleMetadataMissing as exc:
-            raise cmd.family(ctx.facts.distro).driver_missing(exc.message) from None
+            raise commands.family(ctx.facts.distro).driver_missing(exc.message) from None
         ctx.target.version = choice.version
-        log.info("dnf: %s %s from stream %s:%s (%s)", "installing", choice.version, cmd.MODULE,
+        log.info("dnf: %s %s from stream %s:%s (%s)", "installing", choice.version, commands.MODULE,
                  choice.stream, choice.reason)
-        first = cmd.last_transaction(root)
+        first = commands.last_transaction(root)
         try:
-            runner.run(cmd.install_argv(base, dt, choice, kernel, ctx.facts.distro), stream=True,
-                       timeout=3600)
+            runner.run(commands.install_argv(base, dt, choice, kernel, ctx.facts.distro),
+                       stream=True, timeout=3600)
         except CommandFailed as exc:
             raise install_error(ctx, choice, exc.output_tail) from exc
-        done = cmd.last_transaction(root)
+        done = commands.last_transaction(root)
         try:
             if not choice.precompiled:
                 _ensure_dkms(ctx, dt.dkms_name(choice.version), choice.version)
-            if "nvidia" not in cmd.module_files(root, kernel):
+            if "nvidia" not in commands.module_files(root, kernel):
                 raise InstallFailed(
                     f"after the transaction there is no nvidia module for kernel {kernel} under "
                     f"/lib/modules/{kernel}/extra ({choice.kmod})"
@@ -179,7 +177,7 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
             if installed() is None:
                 raise InstallFailed(
                     f"dnf finished but the host is not on {choice.version} of stream "
-                    f"{cmd.MODULE}:{choice.stream}"
+                    f"{commands.MODULE}:{choice.stream}"
                 )
         except InstallerError:
             if done > first:
@@ -191,7 +189,7 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
 
     return Step(
         "install-driver-packages",
-        f"one dnf transaction from stream {cmd.MODULE}:{streams_named}"
+        f"one dnf transaction from stream {commands.MODULE}:{streams_named}"
         + (f" pinned to {dt.pinned}" if dt.pinned else "")
         + (f", profile {dt.profile} (Fabric Manager of the same version)" if dt.fabric else "")
         + "; DKMS streams with kernel-devel, then DKMS for the target kernel",
@@ -207,25 +205,24 @@ def _ensure_dkms(ctx: Context, name: str, version: str) -> None:
     570.148.08)."""
     root, runner, kernel = ctx.root, ctx.runner, ctx.target.kernel
     args = ["-m", name, "-v", version, "-k", kernel]
-    status = runner.run(cmd.dkms_argv(root, "status", *args), check=False, timeout=120)
-    if cmd.dkms_installed(status.output, name, version, kernel) and "nvidia" in cmd.module_files(
-        root, kernel
-    ):
+    status = runner.run(commands.dkms_argv(root, "status", *args), check=False, timeout=120)
+    if (commands.dkms_installed(status.output, name, version, kernel)
+            and "nvidia" in commands.module_files(root, kernel)):
         log.info("DKMS has %s %s installed for %s", name, version, kernel)
         return
     log.info("DKMS has not installed %s %s for %s: dkms install", name, version, kernel)
     try:
-        runner.run(cmd.dkms_argv(root, "install", *args), stream=True, timeout=3600)
+        runner.run(commands.dkms_argv(root, "install", *args), stream=True, timeout=3600)
     except CommandFailed as exc:
-        make_log = cmd.make_log(name, version)
+        make_log = commands.make_log(name, version)
         text = root.read_text(make_log) or "(no make.log)"
         tail = "\n".join(text.splitlines()[-25:])
         raise ModuleBuildFailed(
             f"DKMS could not build {name} {version} for kernel {kernel}: "
             f"{exc.output_tail.strip()}\n--- {make_log} (last lines) ---\n{tail}",
-            hint=f"Check that {cmd.kernel_packages(kernel, ctx.facts.distro)[0]}, gcc and make on "
-            "the host match the kernel; the driver transaction was undone, the host's packages "
-            "are as they were.",
+            hint=f"Check that {commands.kernel_packages(kernel, ctx.facts.distro)[0]}, gcc and "
+            "make on the host match the kernel; the driver transaction was undone, the host's "
+            "packages are as they were.",
         ) from exc
 
 
@@ -238,14 +235,15 @@ def _undo(
     registers with DKMS. The old stream is enabled first: while
     the new one is, modular filtering hides the old packages from the undo."""
     log.warning("undoing dnf transaction %d", transaction)
-    if old_stream and old_stream != cmd.module_state(ctx.root).stream:
-        ctx.runner.run(cmd.module_enable_argv(base_argv(ctx), old_stream), check=False, timeout=600)
+    if old_stream and old_stream != commands.module_state(ctx.root).stream:
+        ctx.runner.run(commands.module_enable_argv(base_argv(ctx), old_stream), check=False,
+                       timeout=600)
     try:
-        ctx.runner.run(cmd.undo_argv(base_argv(ctx), transaction), stream=True, timeout=3600)
+        ctx.runner.run(commands.undo_argv(base_argv(ctx), transaction), stream=True, timeout=3600)
     except CommandFailed as exc:
         log.error("could not undo dnf transaction %d: %s", transaction, exc.output_tail.strip())
         return
     if old_kmod_version:
         name = dt.dkms_name(old_kmod_version)
         args = ["-m", name, "-v", old_kmod_version, "-k", ctx.target.kernel]
-        ctx.runner.run(cmd.dkms_argv(ctx.root, "install", *args), check=False, timeout=3600)
+        ctx.runner.run(commands.dkms_argv(ctx.root, "install", *args), check=False, timeout=3600)

@@ -18,8 +18,7 @@ from installer.errors import (
     KbuildToolsWrongArch,
     ModuleBuildFailed,
 )
-from installer.headers import steps as header_steps
-from installer.headers import trees as kernel
+from installer.headers import steps, trees
 from installer.plan import Context
 
 log = logging.getLogger(__name__)
@@ -158,10 +157,10 @@ def build(ctx: Context, staging: Path, tmp: Path) -> None:
         raise CrossBuildUnsupported(
             f"signing modules for Secure Boot is not done in a cross build for {arch} "
             "(NVIDIA_MODULE_SIGNING_KEY / NVIDIA_MODULE_SIGNING_CERT are set)")
-    output_local = header_steps.local_tree(ctx, t.headers)
+    output_local = steps.local_tree(ctx, t.headers)
     check_headers(output_local, arch, t.kernel)
     check_kbuild_tools(output_local, t.kernel)
-    major, _ = header_steps.kernel_gcc(ctx)
+    major, _ = steps.kernel_gcc(ctx)
     variables = cross_compiler(ctx, arch, major)
     flavour_dir = "kernel-open" if t.flavour == "open" else "kernel"
     tree = tmp / flavour_dir
@@ -170,7 +169,7 @@ def build(ctx: Context, staging: Path, tmp: Path) -> None:
              arch, t.kernel, variables["CC"], builder_arch())
     argv = make_argv(tree, str(t.headers.source_path), str(t.headers.output_path), variables)
     try:
-        ctx.runner.run(kernel.with_host_trees(ctx.root, t.headers, argv), stream=True,
+        ctx.runner.run(trees.with_host_trees(ctx.root, t.headers, argv), stream=True,
                        timeout=3600)
     except CommandFailed as exc:
         raise ModuleBuildFailed(

@@ -9,17 +9,14 @@ from typing import TYPE_CHECKING
 
 from installer.config import Config
 from installer.delivery.urls import redact_url
-from installer.headers import compiler
-from installer.headers import fetch as header_fetch
-from installer.headers import steps as header_steps
-from installer.headers import trees as kernel
+from installer.headers import compiler, fetch, trees
+from installer.headers.steps import path_decisions
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Headers, Step
-from installer.release import download as prefetch
-from installer.release import versions
+from installer.release import download, versions
 from installer.runner import Runner
-from installer.sources.runfile import steps as runfile
+from installer.sources.runfile import steps
 from installer.sources.source import Arrival, Groundwork, Source
 
 if TYPE_CHECKING:
@@ -42,25 +39,24 @@ class RunfileSource(Source):
         config, facts = ground.config, ground.facts
         default_url = versions.runfile_url(ground.version, facts.arch, config.branch_path,
                                            catalog=ground.catalog)
-        urls = prefetch.download_urls(config, ground.version, facts.arch, default_url)
+        urls = download.download_urls(config, ground.version, facts.arch, default_url)
         decisions = [Decision("download", redact_url(urls[0]), _url_reason(config, urls))]
-        name = prefetch.runfile_name(ground.version, facts.arch)
+        name = download.runfile_name(ground.version, facts.arch)
         decisions.append(Decision("runfile-digest", name, "its SHA-256 from " + (
-            prefetch.digest_source(config, name, [u + ".sha256sum" for u in urls]))))
-        headers = (kernel.find_headers(ground.root, facts.kernel_release)
-                   or header_fetch.cached(ground.layout, facts.kernel_release)
-                   or kernel.find_container_headers(facts.kernel_release))
+            download.digest_source(config, name, [u + ".sha256sum" for u in urls]))))
+        headers = (trees.find_headers(ground.root, facts.kernel_release)
+                   or fetch.cached(ground.layout, facts.kernel_release)
+                   or trees.find_container_headers(facts.kernel_release))
         decisions += header_decisions(config, ground.root, ground.layout, ground.runner, facts,
                                       headers, ground.running)
         return Arrival(decisions, urls, headers)
 
     def decisions(self, ctx: Context, decided: list[Decision]) -> list[Decision]:
-        from installer.sources.prebuilt import modules as prebuilt  # registry artifacts
-        from installer.sources.prebuilt import userspace as prebuilt_userspace
+        from installer.sources.prebuilt import modules, userspace  # registry artifacts
 
-        found = prebuilt.decision(ctx)
-        userspace = prebuilt_userspace.decision(ctx, found)
-        return [*decided, *(d for d in (found, userspace) if d is not None)]
+        found = modules.decision(ctx)
+        user_space = userspace.decision(ctx, found)
+        return [*decided, *(d for d in (found, user_space) if d is not None)]
 
     def steps(self, ctx: Context) -> list[Step]:
         return runfile_steps(ctx)
@@ -82,7 +78,7 @@ def header_decisions(config: Config, root: HostRoot, layout: Layout, runner: Run
     major: int | None = None
     gcc_from = ""
     if headers is None:
-        source = header_fetch.plan_source(root, config, facts)
+        source = fetch.plan_source(root, config, facts)
         if source.tool is None:
             first = Decision("kernel-headers", "missing",
                              f"no headers for {release} on the host, in the cache or the image, "
@@ -106,7 +102,7 @@ def header_decisions(config: Config, root: HostRoot, layout: Layout, runner: Run
         major = compiler.headers_gcc_major(tree)
         gcc_from = "the headers' CONFIG_GCC_VERSION"
     # The source and output paths nvidia-installer is given, and why.
-    paths = header_steps.path_decisions(headers)
+    paths = path_decisions(headers)
     if major is None and release == running:
         major = compiler.kernel_gcc_major(root.read_text("/proc/version"))
         gcc_from = "/proc/version"
@@ -130,13 +126,12 @@ def header_decisions(config: Config, root: HostRoot, layout: Layout, runner: Run
 
 
 def runfile_steps(ctx: Context) -> list[Step]:
-    from installer.sources.prebuilt import modules as prebuilt  # registry artifacts
-    from installer.sources.prebuilt import userspace as prebuilt_userspace
+    from installer.sources.prebuilt import modules, userspace  # registry artifacts
 
     # Prebuilt modules first (they make headers and a compiler unnecessary), then the user space
     # from the registry (with both, the .run is never downloaded), then headers and compiler: a
     # node that cannot build fails before the large download.
-    return [*prebuilt.pull_steps(ctx), *prebuilt_userspace.pull_steps(ctx),
-            runfile.headers_step(ctx), runfile.compiler_step(ctx), runfile.fetch_step(ctx),
-            runfile.extract_step(ctx), runfile.build_step(ctx), *prebuilt.publish_steps(ctx),
-            runfile.userspace_step(ctx), *prebuilt_userspace.publish_steps(ctx)]
+    return [*modules.pull_steps(ctx), *userspace.pull_steps(ctx),
+            steps.headers_step(ctx), steps.compiler_step(ctx), steps.fetch_step(ctx),
+            steps.extract_step(ctx), steps.build_step(ctx), *modules.publish_steps(ctx),
+            steps.userspace_step(ctx), *userspace.publish_steps(ctx)]

@@ -10,11 +10,11 @@ import re
 import shutil
 from pathlib import Path
 
+import installer.headers.steps
 from installer import safefs, steps
 from installer.dirs import mark_complete, remove_tree, scratch, staged_dir
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
-from installer.headers import steps as header_steps
-from installer.headers import trees as kernel
+from installer.headers.trees import with_host_trees
 from installer.layout import Layout
 from installer.plan import Context, Step
 from installer.release.download import cached_runfile, runfile_name
@@ -23,10 +23,10 @@ from installer.sources.installed import (
     extracted_marker,
     is_extracted,
     module_version_matches,
+    modules_built,
+    userspace_installed,
     write_listing,
 )
-from installer.sources.installed import modules_built as _built
-from installer.sources.installed import userspace_installed as _userspace_done
 from installer.sources.runfile import cross
 from installer.sources.runfile.argv import (
     BuildRequest,
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 
 def _runfile_needed(ctx: Context) -> bool:
-    return not (_built(ctx) and _userspace_done(ctx))
+    return not (modules_built(ctx) and userspace_installed(ctx))
 
 
 def drop_cached_runfile(layout: Layout, name: str) -> None:
@@ -117,9 +117,9 @@ def extract_step(ctx: Context) -> Step:
                 # The target's nvidia-installer cannot run on this builder: its manifest says.
                 problems = manifest_problems(staging, t.version)
             else:
-                installer = ctx.runner.run([str(staging / "nvidia-installer"), "--version"],
-                                           check=False, timeout=120)
-                problems = tree_problems(staging, installer.output, t.version)
+                said = ctx.runner.run([str(staging / "nvidia-installer"), "--version"],
+                                      check=False, timeout=120)
+                problems = tree_problems(staging, said.output, t.version)
             if problems:
                 raise refuse(runfile, problems)
             # The marker names the .run's digest: a later run reuses only trees this installer
@@ -134,11 +134,12 @@ def extract_step(ctx: Context) -> Step:
 
 
 def headers_step(ctx: Context) -> Step:
-    return header_steps.headers_step(ctx, lambda: _built(ctx))
+    # Its own step of the same name wraps this one: named in full.
+    return installer.headers.steps.headers_step(ctx, lambda: modules_built(ctx))
 
 
 def compiler_step(ctx: Context) -> Step:
-    return header_steps.compiler_step(ctx, lambda: _built(ctx))
+    return installer.headers.steps.compiler_step(ctx, lambda: modules_built(ctx))
 
 
 def build_step(ctx: Context) -> Step:
@@ -146,7 +147,7 @@ def build_step(ctx: Context) -> Step:
     final = layout.module_build(t.version, t.kernel, t.flavour)
 
     def satisfied() -> bool:
-        return _built(ctx)
+        return modules_built(ctx)
 
     def apply() -> None:
         assert t.headers is not None
@@ -162,7 +163,7 @@ def build_step(ctx: Context) -> Step:
         # nvidia-installer opens its log with fopen("w"): a link planted in its place would
         # be truncated as root, so it is refused before the tool runs.
         safefs.check(log_file, anchor=layout.install_local)
-        chosen = header_steps.build_compiler(ctx)
+        chosen = installer.headers.steps.build_compiler(ctx)
         env, note = chosen.env, chosen.note
         log.info("building %s modules for kernel %s (%s)", t.flavour, t.kernel, note)
         with staged_dir(final, within=layout.anchor_for(final)) as staging, \
@@ -184,7 +185,7 @@ def build_step(ctx: Context) -> Step:
             )
             # nvidia-peermem's Kbuild reads OFED's sources at /usr/src/ofa_kernel: the host's.
             trees = steps.with_ofed_sources(ctx, t.headers)
-            argv = kernel.with_host_trees(ctx.root, trees, build_modules_argv(request))
+            argv = with_host_trees(ctx.root, trees, build_modules_argv(request))
             try:
                 ctx.runner.run(argv, env=env, stream=True, timeout=3600)
             except CommandFailed as exc:
@@ -241,7 +242,7 @@ def userspace_step(ctx: Context) -> Step:
     final = layout.version_dir(t.version)
 
     def satisfied() -> bool:
-        return _userspace_done(ctx)
+        return userspace_installed(ctx)
 
     def apply() -> None:
         with staged_dir(final, within=layout.anchor_for(final)) as staging:
