@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Union
 
 from installer import host, runner
 from installer.components import fabric, fm_archive, nvlink5, nvswitch, redist
+from installer.components.component import Part
 from installer.config import Config
 from installer.dirs import scratch
 from installer.errors import ConfigError, FabricManagerFailed, FabricManagerMissing
@@ -386,10 +387,11 @@ def fabric_reasons(root: HostRoot, gpus: Sequence[GpuInfo]) -> list[str]:
     return []
 
 
-class FabricManager:
+class FabricManager(Part):
     """Fabric Manager as a registered component (components.COMPONENTS)."""
 
     name = NAME
+    command = True
     daemon = DAEMON
     awaited = True
     summary = ("Keep nv-fabricmanager of the verified driver running on an NVSwitch node "
@@ -407,6 +409,9 @@ class FabricManager:
 
     def supervised(self, config: Config, root: HostRoot) -> FabricManagerDaemon:
         return FabricManagerDaemon(config, root)
+
+    def fabric_reasons(self, root: HostRoot, gpus: Sequence[GpuInfo]) -> list[str]:
+        return fabric_reasons(root, gpus)
 
 
 COMPONENT = FabricManager()
