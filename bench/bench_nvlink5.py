@@ -36,7 +36,7 @@ from kit.nvlsm import build_nvlsm  # noqa: E402
 from lib.hosttrees import B200, make_host, write_driver_version  # noqa: E402
 
 from installer.components import fm_archive, nvlsm_archive  # noqa: E402
-from installer.components.fabricmanager import CONFIGURED, FabricManagerDaemon  # noqa: E402
+from installer.components.fabricmanager_daemon import CONFIGURED, FabricManagerDaemon  # noqa: E402
 from installer.components.supervisor import Running, Supervisor  # noqa: E402
 from installer.config import from_env  # noqa: E402
 from installer.errors import FabricManagerFailed  # noqa: E402

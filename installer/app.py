@@ -230,12 +230,13 @@ def _invalid_records(root: HostRoot, layout: Layout) -> dict[str, str]:
 
 
 def _daemons(root: HostRoot) -> dict[str, Any]:
-    """What `installer fabricmanager` / `installer persistenced` last said (their files)."""
-    from installer.components import COMPONENTS
+    """What each component's container command (`installer fabricmanager`, ...) last said
+    (their files)."""
+    from installer.components import commands
     from installer.components.supervisor import ready_file
 
     found: dict[str, Any] = {}
-    for name in (component.name for component in COMPONENTS):
+    for name in commands():
         text = root.read_text(ready_file(name))
         found[name] = dict(line.split("=", 1) for line in text.splitlines() if "=" in line) \
             if text else None

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 # A diagnosis: why the fabric of these GPUs is not complete, a phrase each ("Fabric Manager
 # (nv-fabricmanager) is not running"); nothing when it has nothing to say. Registered in
-# components/registry.py FABRIC_DIAGNOSES.
+# components/registry.py fabric_diagnoses().
 Diagnosis = Callable[[HostRoot, "Sequence[GpuInfo]"], "list[str]"]
 
 # nvml.h: the health mask's partition-assigned field, 2 bits at shift 12 (1 true, 2 false).

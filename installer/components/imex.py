@@ -9,8 +9,9 @@ import os
 import re
 from pathlib import Path, PurePosixPath
 
-from installer import safefs
+from installer import host, safefs
 from installer.components import nvswitch, redist
+from installer.components.component import Part
 from installer.config import Config
 from installer.dirs import mark_complete, scratch
 from installer.errors import ImexMismatch, ImexUnavailable
@@ -178,3 +179,28 @@ def channel(root: HostRoot) -> dict[str, object]:
             major = int(fields[0])
     return {"device": CHANNELS_DEVICE, "major": major, "channel0": CHANNEL0,
             "channel0_present": root.exists(CHANNEL0)}
+
+
+class ImexChannel(Part):
+    """IMEX's binaries and channel as a registered component (components.COMPONENTS): its
+    decision and step, and the channel device in `installer verify --json`. Its daemon is the
+    DRA driver's, or the one `installer imex` keeps up (components/imexd.py)."""
+
+    name = "imex-channel"
+
+    def decision(self, ctx: Context) -> Decision:
+        return decision(ctx)
+
+    def steps(self, ctx: Context) -> list[Step]:
+        return steps(ctx)
+
+    def verify_section(self, config: Config, root: HostRoot) -> dict[str, object]:
+        """The channel device where IMEX is installed or the driver has the device."""
+        found = channel(root)
+        gpus = tuple(g.device_id for g in host.nvidia_gpus(root))
+        if wanted(config, gpus)[0] or found["major"] is not None:
+            return {COMPONENT_KEY: found}
+        return {}
+
+
+COMPONENT = ImexChannel()

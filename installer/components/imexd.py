@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Union
 
 from installer import host, runner
 from installer.components import imex
+from installer.components.component import Part
 from installer.config import Config
 from installer.errors import (
     DeviceNodesFailed,
@@ -32,7 +33,7 @@ from installer.errors import (
 )
 from installer.hostroot import HostRoot
 from installer.layout import Layout
-from installer.plan import Context, Decision, Step
+from installer.plan import Context, Decision
 
 if TYPE_CHECKING:  # the supervisor is imported by `installer imex` only
     from installer.components.supervisor import Driver, Idle, Running
@@ -243,11 +244,12 @@ class ImexDaemon:
         return ImexFailed(f"{message}; its last lines:\n{tail}")
 
 
-class Imex:
+class Imex(Part):
     """IMEX run by the node, as a registered component (components.COMPONENTS): its binaries
     come with the `install-imex` step (components/imex.py), so no steps or download here."""
 
     name = NAME
+    command = True
     daemon = DAEMON
     awaited = False
     summary = ("Keep nvidia-imex of the verified driver running with its command socket on "
@@ -265,12 +267,6 @@ class Imex:
                         "runs nvidia-imex of the driver's version with its command socket at "
                         f"{ctx.layout.install_host}{socket}; the scheduling gate does not wait "
                         "for it")
-
-    def steps(self, ctx: Context) -> list[Step]:
-        return []
-
-    def keeps_download(self, name: str, version: str, arch: str) -> bool:
-        return False
 
     def supervised(self, config: Config, root: HostRoot) -> ImexDaemon:
         return ImexDaemon(config, root)

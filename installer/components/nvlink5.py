@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from installer import host, modules
 from installer.components import nvswitch
+from installer.components.component import Part
 from installer.errors import IbModuleLoadFailed, IbModulesMissing
 from installer.hostroot import HostRoot
 from installer.plan import Context, Decision, Step
@@ -316,3 +317,25 @@ def _hex(path: Path) -> int | None:
         return int(path.read_text().strip(), 16)
     except (OSError, ValueError):
         return None
+
+
+class Nvlink5Prerequisites(Part):
+    """The NVLink5 prerequisites as a registered component (components.COMPONENTS): said first
+    in the plan (why Fabric Manager applies there, what NVLSM needs), its InfiniBand modules
+    before any download; its reasons follow Fabric Manager's (they are NVLSM's, which runs
+    behind it). No daemon or command of its own."""
+
+    name = "nvlink5"
+    stop_order = 1
+
+    def decision(self, ctx: Context) -> Decision:
+        return decision(ctx)
+
+    def steps(self, ctx: Context) -> list[Step]:
+        return steps(ctx)
+
+    def fabric_reasons(self, root: HostRoot, gpus: Sequence[object]) -> list[str]:
+        return fabric_reasons(root, gpus)
+
+
+COMPONENT = Nvlink5Prerequisites()

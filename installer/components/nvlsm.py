@@ -12,6 +12,7 @@ from pathlib import Path
 
 from installer import runner
 from installer.components import nvlink5, nvlsm_archive
+from installer.components.component import Part
 from installer.dirs import scratch
 from installer.errors import NvlsmMissing
 from installer.layout import Layout
@@ -155,3 +156,19 @@ def steps(ctx: Context) -> list[Step]:
     return [Step("install-nvlsm", "download the NVLSM archive ("
                  + nvlsm_archive.digest_source(ctx.config, driver) + ") and put nvlsm and "
                  "nvlsm.conf into versions/<ver>/ beside Fabric Manager", satisfied, apply)]
+
+
+class Nvlsm(Part):
+    """NVLSM as a registered component (components.COMPONENTS): its step beside Fabric
+    Manager's; its daemon runs in the fabricmanager container behind nv-fabricmanager, so it
+    has no command of its own and is stopped after it. The plan says it in NVLink5's decision."""
+
+    name = "nvlsm"
+    daemon = DAEMON
+    stop_order = 1
+
+    def steps(self, ctx: Context) -> list[Step]:
+        return steps(ctx)
+
+
+COMPONENT = Nvlsm()

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
 from installer import host, runner
+from installer.components.component import Part
 from installer.config import Config
 from installer.errors import PersistencedFailed
 from installer.hostroot import HostRoot
 from installer.layout import Layout
-from installer.plan import Context, Decision, Step
+from installer.plan import Context, Decision
 
 if TYPE_CHECKING:  # supervisor.py loads in the persistenced container only
     from installer.components.supervisor import Driver, Idle, Running
@@ -183,11 +184,12 @@ class PersistencedDaemon:
         return PersistencedFailed(f"{message}; its output:\n{said}")
 
 
-class Persistenced:
+class Persistenced(Part):
     """nvidia-persistenced as a registered component (components.COMPONENTS): no steps of its
     own (the driver's user space carries it), no download."""
 
     name = NAME
+    command = True
     daemon = DAEMON
     awaited = True
     summary = ("Keep nvidia-persistenced of the verified driver running with persistence mode "
@@ -195,12 +197,6 @@ class Persistenced:
 
     def decision(self, ctx: Context) -> Decision:
         return decision(ctx.config)
-
-    def steps(self, ctx: Context) -> list[Step]:
-        return []
-
-    def keeps_download(self, name: str, version: str, arch: str) -> bool:
-        return False
 
     def supervised(self, config: Config, root: HostRoot) -> PersistencedDaemon:
         become_subreaper()

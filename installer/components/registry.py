@@ -29,25 +29,44 @@ if TYPE_CHECKING:  # the protocol is for the type checker; the tuple is what run
 
 log = logging.getLogger(__name__)
 
-# Every component, in plan order: a new one is its module (a `Component`) and a line here.
-COMPONENTS: tuple[Component, ...] = (fabricmanager.COMPONENT, persistenced.COMPONENT,
-                                     imexd.COMPONENT)
+# Every component, in plan order (decisions, then steps): a new one is its module (a
+# `Component`, most simply a `component.Part`) and a line here. Its daemon is stopped, and its
+# fabric reasons said, in `stop_order` (then this order): NVLSM, which the fabricmanager
+# container runs behind nv-fabricmanager, after the others.
+COMPONENTS: tuple[Component, ...] = (
+    nvlink5.COMPONENT,  # why Fabric Manager applies there and what NVLSM needs: said first
+    nvlsm.COMPONENT,  # its InfiniBand modules' step above stops the run before any download
+    imex.COMPONENT,
+    fabricmanager.COMPONENT,
+    persistenced.COMPONENT,
+    imexd.COMPONENT,
+)
 
 
-# Why a fabric is not complete: each entry says it of the GPUs NVML reported, a phrase each
-# (`fabric.Diagnosis`); `installer verify` and the fabricmanager container's error name them.
-FABRIC_DIAGNOSES: tuple[fabric.Diagnosis, ...] = (
-    fabricmanager.fabric_reasons, nvlink5.fabric_reasons, fabric.partition_reasons)
+def _in_stop_order() -> list[Component]:
+    return sorted(COMPONENTS, key=lambda c: c.stop_order)  # stable: equal places keep order
+
+
+def fabric_diagnoses() -> tuple[fabric.Diagnosis, ...]:
+    """Why a fabric is not complete: each entry says it of the GPUs NVML reported, a phrase
+    each (`fabric.Diagnosis`); `installer verify` and the fabricmanager container's error name
+    them. The components' in stop order, then the fabric's own (a shared-NVSwitch partition)."""
+    return (*(c.fabric_reasons for c in _in_stop_order()), fabric.partition_reasons)
 
 
 def fabric_diagnosis(root: HostRoot, gpus: Sequence[GpuInfo]) -> list[str]:
     """Every registered diagnosis's reasons why the fabric of `gpus` is not complete."""
-    return [reason for diagnose in FABRIC_DIAGNOSES for reason in diagnose(root, gpus)]
+    return [reason for diagnose in fabric_diagnoses() for reason in diagnose(root, gpus)]
+
+
+def _commanded() -> list[Component]:
+    return [c for c in COMPONENTS if c.command]
 
 
 def named(name: str) -> Component:
-    """The registered component `name` (`installer <name>`). Raises KeyError for another."""
-    for component in COMPONENTS:
+    """The registered component `name` with a container command (`installer <name>`). Raises
+    KeyError for another."""
+    for component in _commanded():
         if component.name == name:
             return component
     raise KeyError(name)
@@ -55,41 +74,35 @@ def named(name: str) -> Component:
 
 def names() -> tuple[str, ...]:
     """The readiness files the scheduling gate and the node's condition wait for beside the
-    driver's: those of every component but the opt-in ones."""
-    return tuple(c.name for c in COMPONENTS if c.awaited)
+    driver's: those of every component with a container command but the opt-in ones."""
+    return tuple(c.name for c in _commanded() if c.awaited)
 
 
 def optional() -> tuple[str, ...]:
     """The opt-in components: reported where their container wrote a readiness file, never
     waited for."""
-    return tuple(c.name for c in COMPONENTS if not c.awaited)
+    return tuple(c.name for c in _commanded() if not c.awaited)
 
 
 def commands() -> tuple[str, ...]:
     """Every component's container command (`installer <name>`) and readiness file."""
-    return tuple(c.name for c in COMPONENTS)
+    return tuple(c.name for c in _commanded())
 
 
 def daemons() -> tuple[str, ...]:
     """The names of their daemons' processes (what an unload waits for or stops), in the order
-    they are stopped: NVLSM, which the fabricmanager container runs beside nv-fabricmanager,
-    after it."""
-    return (*(c.daemon for c in COMPONENTS), nvlsm.DAEMON)
+    they are stopped."""
+    return tuple(c.daemon for c in _in_stop_order() if c.daemon is not None)
 
 
 def decisions(ctx: Context) -> list[Decision]:
-    # NVLink5 is said apart: it is why Fabric Manager applies there, and what NVLSM needs.
-    # IMEX has no daemon of ours (the DRA driver runs it): only its decision and step.
-    return [nvlink5.decision(ctx), imex.decision(ctx),
-            *(component.decision(ctx) for component in COMPONENTS)]
+    said = (component.decision(ctx) for component in COMPONENTS)
+    return [decision for decision in said if decision is not None]
 
 
 def steps(ctx: Context) -> list[Step]:
     """After the user space is in versions/<ver>/, before it is activated."""
-    # NVLSM's InfiniBand modules before the components' downloads (a kernel that lacks them
-    # stops the run before Fabric Manager is fetched), then NVLSM beside Fabric Manager.
-    return (nvlink5.steps(ctx) + nvlsm.steps(ctx) + imex.steps(ctx)
-            + [step for component in COMPONENTS for step in component.steps(ctx)])
+    return [step for component in COMPONENTS for step in component.steps(ctx)]
 
 
 def keeps_download(name: str, version: str, arch: str) -> bool:
@@ -108,13 +121,11 @@ def fabric_required(root: HostRoot) -> tuple[bool, tuple[str, ...]]:
 
 
 def verify_sections(config: Config, root: HostRoot) -> dict[str, object]:
-    """What the components add to `installer verify --json` (read-only): IMEX's channel
-    device where IMEX is installed or the driver has the device."""
-    channel = imex.channel(root)
-    gpus = tuple(g.device_id for g in host.nvidia_gpus(root))
-    if imex.wanted(config, gpus)[0] or channel["major"] is not None:
-        return {"imex": channel}
-    return {}
+    """What the components add to `installer verify --json` (read-only)."""
+    sections: dict[str, object] = {}
+    for component in COMPONENTS:
+        sections.update(component.verify_section(config, root))
+    return sections
 
 
 def serve(name: str, config: Config) -> None:

@@ -49,7 +49,7 @@ from installer import app, components, host, pipeline, state, steps
 from installer import verify as verify_package
 from installer.cluster import gate, gate_steps, protocol
 from installer.components import fabricmanager, lifecycle, registry, supervisor
-from installer.components.fabricmanager import FabricManagerDaemon
+from installer.components.fabricmanager_daemon import FabricManagerDaemon
 from installer.components.persistenced import PersistencedDaemon
 from installer.config import Config
 from installer.errors import (

@@ -19,7 +19,7 @@ from lib.hosttrees import CLASS_BRIDGE, H100, add_pci_device, make_host, write_d
 
 from installer import runner
 from installer.components import fm_archive, processes
-from installer.components.fabricmanager import ChildRunning, FabricManagerDaemon
+from installer.components.fabricmanager_daemon import ChildRunning, FabricManagerDaemon
 from installer.components.supervisor import (
     PAUSE_FILE,
     Driver,

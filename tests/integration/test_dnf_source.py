@@ -42,7 +42,7 @@ from lib.hostkit import GCC_LINE, INSTALL_DIR_HOST, installer_env, run_installer
 from lib.hosttrees import CLASS_BRIDGE, add_pci_device
 from lib.tlskit import serve_directory_tls
 
-from installer.components.fabricmanager import FabricManagerDaemon
+from installer.components.fabricmanager_daemon import FabricManagerDaemon
 from installer.components.supervisor import Driver
 from installer.config import build_config
 from installer.hostroot import HostRoot

@@ -18,7 +18,7 @@ from kit.fake_host import TEST_ROOT_ENV, FakeGpu, write_loaded_driver
 from lib import kituserspace
 
 from installer import app
-from installer.components.fabricmanager import FabricManagerDaemon
+from installer.components.fabricmanager_daemon import FabricManagerDaemon
 from installer.components.registry import fabric_diagnosis
 from installer.components.supervisor import Supervisor, ready_file
 from installer.config import from_env

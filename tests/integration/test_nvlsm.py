@@ -25,7 +25,7 @@ from lib.httpfaults import serve_directory
 
 from installer import runner
 from installer.components import fm_archive, nvlsm, nvlsm_archive, processes, registry
-from installer.components.fabricmanager import FabricManagerDaemon
+from installer.components.fabricmanager_daemon import FabricManagerDaemon
 from installer.components.supervisor import Supervisor
 from installer.config import from_env
 from installer.errors import (

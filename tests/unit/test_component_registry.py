@@ -4,6 +4,7 @@ ours (stopped before an unload); nothing else names it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -21,19 +22,31 @@ from lib.hosttrees import (
 )
 
 from installer import components, planner, steps
-from installer.components import fabricmanager, imexd, persistenced, registry
+from installer.components import (
+    fabric,
+    fabricmanager,
+    imex,
+    imexd,
+    nvlink5,
+    nvlsm,
+    persistenced,
+    registry,
+)
+from installer.components.component import Part
 from installer.components.supervisor import PAUSE_FILE, Daemon, ready_file
 from installer.config import Config, from_env
 from installer.host import readiness
 from installer.hostroot import HostRoot
 from installer.layout import READY_FILE, Layout
 from installer.plan import Context, Decision, Plan, Step
+from installer.verify import GpuInfo
 
 
-class Extra:
+class Extra(Part):
     """A component the project does not have: it records what it was asked."""
 
     name = "extra"
+    command = True
     daemon = "nv-extra"
     awaited = True
     summary = "Keep nv-extra up beside the verified driver."
@@ -70,8 +83,9 @@ def plan_for(tmp_path: Path) -> Plan:
                              fetch_runfile=lambda *a: tmp_path)
 
 
-def test_the_registered_components_are_fabric_manager_persistenced_then_imex() -> None:
-    assert components.COMPONENTS == (fabricmanager.COMPONENT, persistenced.COMPONENT,
+def test_the_registered_components_in_plan_order() -> None:
+    assert components.COMPONENTS == (nvlink5.COMPONENT, nvlsm.COMPONENT, imex.COMPONENT,
+                                     fabricmanager.COMPONENT, persistenced.COMPONENT,
                                      imexd.COMPONENT)
     # Their commands; what the scheduling gate waits for (IMEX is opt-in: reported, not
     # waited for).
@@ -84,6 +98,69 @@ def test_the_registered_components_are_fabric_manager_persistenced_then_imex() -
     assert components.named("persistenced") is persistenced.COMPONENT
     with pytest.raises(KeyError):
         components.named("dcgm")
+    with pytest.raises(KeyError):  # registered, but no container command of its own
+        components.named("nvlsm")
+
+
+def test_fabric_reasons_come_in_stop_order_then_the_partitions(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fabric Manager's reasons, then NVLink5's (NVLSM's, which runs behind it), then the
+    # fabric's own (a shared-NVSwitch partition).
+    for module, said in ((fabricmanager, "fm"), (nvlink5, "nvlsm"), (fabric, "partition")):
+        attr = "partition_reasons" if module is fabric else "fabric_reasons"
+        monkeypatch.setattr(module, attr, lambda root, gpus, said=said: [said])
+    assert components.fabric_diagnosis(HostRoot(tmp_path), ()) == ["fm", "nvlsm", "partition"]
+
+
+def test_the_plan_says_and_does_the_components_in_their_order(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path)
+    topics = [d.topic for d in plan.decisions]
+    at = topics.index("nvlink5")
+    assert topics[at:] == ["nvlink5", "imex", "fabric-manager", "persistenced", "imex-daemon"]
+
+
+class Posed(Part):
+    """A component with only some parts: a step and a fabric reason, no daemon, no command."""
+
+    name = "posed"
+
+    def steps(self, ctx: Context) -> list[Step]:
+        return [Step("install-posed", "posed", lambda: True, lambda: None)]
+
+    def fabric_reasons(self, root: HostRoot, gpus: Sequence[GpuInfo]) -> list[str]:
+        return ["posed says no"]
+
+    def verify_section(self, config: Config, root: HostRoot) -> dict[str, object]:
+        return {"posed": {"ok": False}}
+
+
+class Behind(Part):
+    """A command-less daemon run behind another's (as NVLSM is): stopped after the others."""
+
+    name = "behind"
+    daemon = "nv-behind"
+    stop_order = 1
+
+
+def test_a_new_component_is_one_line_in_components(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Appended, with no other change: everything the registry says follows from its fields.
+    monkeypatch.setattr(registry, "COMPONENTS", (*components.COMPONENTS, Behind(), Posed()))
+    assert components.daemons() == ("nv-fabricmanager", "nvidia-persistenced", "nvidia-imex",
+                                    "nvlsm", "nv-behind")
+    assert components.commands() == ("fabricmanager", "persistenced", "imex")
+    assert components.names() == ("fabricmanager", "persistenced")
+    with pytest.raises(KeyError):
+        components.named("posed")
+    plan = plan_for(tmp_path)
+    root = HostRoot(tmp_path)
+    config = from_env(root_env(tmp_path))
+    assert components.fabric_diagnosis(root, ())[-1:] == ["posed says no"]
+    assert components.verify_sections(config, root)["posed"] == {"ok": False}
+    names = [s.name for s in plan.steps]
+    at = names.index("install-posed")
+    assert names[at - 1:at + 2] == ["install-userspace", "install-posed", "check-driver-free"]
+    assert "posed" not in [d.topic for d in plan.decisions]  # it said nothing
 
 
 def test_a_registered_component_is_asked_for_its_decision_and_steps(

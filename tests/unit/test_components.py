@@ -29,7 +29,7 @@ from lib.hosttrees import (
 
 from installer import components, planner, steps
 from installer.components import (
-    fabricmanager,
+    fabricmanager_daemon,
     fm_archive,
     nvswitch,
     persistenced,
@@ -179,10 +179,10 @@ FM_STAY_RESIDENT_ON_FAILURES=0
 
 
 def test_the_config_runs_it_in_the_foreground_with_the_operators_overrides() -> None:
-    values = fabricmanager.overrides(
+    values = fabricmanager_daemon.overrides(
         {"NVFM_CONFIG_FM_STAY_RESIDENT_ON_FAILURES": "1", "NVFM_CONFIG_LOG_LEVEL": "3",
          "NVFM_CONFIG_ABORT_CUDA_JOBS_ON_FM_EXIT": "0", "OTHER": "x"}, Path("/inst/nvswitch"))
-    assert fabricmanager.render(CFG, values) == """# comment
+    assert fabricmanager_daemon.render(CFG, values) == """# comment
 LOG_LEVEL=3
 LOG_FILE_NAME=
 DAEMONIZE=0
@@ -202,11 +202,12 @@ ABORT_CUDA_JOBS_ON_FM_EXIT=0
 def test_overrides_that_would_break_the_supervisor_are_refused(env: dict[str, str],
                                                                message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        fabricmanager.overrides(env, Path("/t"))
+        fabricmanager_daemon.overrides(env, Path("/t"))
 
 
 def test_the_daemons_argv() -> None:
-    assert fabricmanager.argv(Path("/i/versions/1/bin/nv-fabricmanager"), Path("/t/fm.cfg")) == [
+    assert fabricmanager_daemon.argv(Path("/i/versions/1/bin/nv-fabricmanager"),
+                                     Path("/t/fm.cfg")) == [
         "/i/versions/1/bin/nv-fabricmanager", "-c", "/t/fm.cfg"]
     assert persistenced.argv(Path("/i/bin/nvidia-persistenced")) == [
         "/i/bin/nvidia-persistenced", "--persistence-mode", "--verbose"]

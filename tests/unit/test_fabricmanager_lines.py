@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from lib.hosttrees import make_host, root_env
 
-from installer.components import fabricmanager
+from installer.components import fabricmanager_daemon
 from installer.config import from_env
 
 
 def test_nvlsm_lines_are_not_logged_as_fabric_managers(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = make_host(tmp_path)
-    daemon = fabricmanager.FabricManagerDaemon(from_env(root_env(tmp_path)), root, env={})
-    caplog.set_level(logging.INFO, logger=fabricmanager.__name__)
+    daemon = fabricmanager_daemon.FabricManagerDaemon(from_env(root_env(tmp_path)), root, env={})
+    caplog.set_level(logging.INFO, logger=fabricmanager_daemon.__name__)
     try:
         daemon._line("nvlsm: [nvlsm] SUBNET UP")
         daemon._line("[INFO] Connected to 1 node.")

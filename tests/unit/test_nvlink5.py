@@ -234,7 +234,7 @@ def test_the_kit_links_sysfs_as_the_kernel_does(tmp_path: Path) -> None:
 def test_shared_nvswitch_mode_resets_the_gpus_once_fabric_manager_is_up(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str | None, resets: int) -> None:
     from installer import verify
-    from installer.components import fabricmanager, fm_archive
+    from installer.components import fabricmanager_daemon, fm_archive
     from installer.components.supervisor import Driver
     from installer.layout import Layout
 
@@ -251,7 +251,7 @@ def test_shared_nvswitch_mode_resets_the_gpus_once_fabric_manager_is_up(
 
     write_pci_switch(tmp_path / "sys/bus/pci/devices", FakeSwitch("0000:05:00.0"))
     env = {} if mode is None else {"NVFM_CONFIG_FABRIC_MODE": mode}
-    daemon = fabricmanager.FabricManagerDaemon(config, root, env=env)
+    daemon = fabricmanager_daemon.FabricManagerDaemon(config, root, env=env)
     runner = FakeRunner().on(str(layout.bin_dir / "nvidia-smi"), "-r",
                              output="GPU 00000000:20:00.0 was successfully reset.")
     daemon.commands = runner
@@ -259,10 +259,10 @@ def test_shared_nvswitch_mode_resets_the_gpus_once_fabric_manager_is_up(
     try:
         start = daemon.plan(Driver(V, layout.install_host))
         assert callable(start)
-        monkeypatch.setattr(fabricmanager.runner, "spawn", lambda *a, **k: object())
+        monkeypatch.setattr(fabricmanager_daemon.runner, "spawn", lambda *a, **k: object())
         start()
         assert daemon.ready(object()) is None  # not configured yet: nothing reset
-        daemon._line(fabricmanager.CONFIGURED)
+        daemon._line(fabricmanager_daemon.CONFIGURED)
         daemon.ready(object())
         daemon.ready(object())
     finally:
@@ -278,7 +278,7 @@ def test_on_nvlink5_shared_mode_resets_once_nvml_shows_the_gpus_registering(
     """NVLink5's Fabric Manager log is not documented: the reset waits for NVML to show the
     GPUs taken in hand (in progress), not for the first poll after the start."""
     from installer import verify
-    from installer.components import fabricmanager, fm_archive, nvlsm, nvlsm_archive
+    from installer.components import fabricmanager_daemon, fm_archive, nvlsm, nvlsm_archive
     from installer.components.supervisor import Driver
     from installer.layout import Layout
     from installer.verify import GpuInfo
@@ -304,7 +304,7 @@ def test_on_nvlink5_shared_mode_resets_once_nvml_shows_the_gpus_registering(
 
     monkeypatch.setattr(verify, "nvml_gpus", answer)
     monkeypatch.setattr(nvlsm, "pair_start", lambda *a, **k: (lambda: object()))
-    daemon = fabricmanager.FabricManagerDaemon(
+    daemon = fabricmanager_daemon.FabricManagerDaemon(
         config, root, env={"NVFM_CONFIG_FABRIC_MODE": "1"})
     daemon.wait.every = 0
     runner = FakeRunner().on(str(layout.bin_dir / "nvidia-smi"), "-r", output="reset")
@@ -328,7 +328,7 @@ def test_on_nvlink5_nvml_alone_says_when_fabric_manager_is_ready(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fabric Manager's NVLink5 log lines are not documented: the completed fabric decides."""
     from installer import verify
-    from installer.components import fabricmanager, fm_archive, nvlsm_archive
+    from installer.components import fabricmanager_daemon, fm_archive, nvlsm_archive
     from installer.components.supervisor import Driver
     from installer.layout import Layout
 
@@ -346,7 +346,7 @@ def test_on_nvlink5_nvml_alone_says_when_fabric_manager_is_ready(
     (nvlsm_archive.share_dir(layout, V) / nvlsm_archive.INSTALLED_MARKER).write_text(
         f"2025.10.12\n{'0' * 64}\n")
     monkeypatch.setattr(verify, "nvml_gpus", lambda *a: ([], []))
-    daemon = fabricmanager.FabricManagerDaemon(config, root, env={})
+    daemon = fabricmanager_daemon.FabricManagerDaemon(config, root, env={})
     try:
         assert callable(daemon.plan(Driver(V, layout.install_host)))
         said = daemon.ready(object())
@@ -357,7 +357,7 @@ def test_on_nvlink5_nvml_alone_says_when_fabric_manager_is_ready(
     (nvlsm_archive.share_dir(layout, V) / nvlsm_archive.INSTALLED_MARKER).unlink()
     from installer.errors import NvlsmMissing
 
-    other = fabricmanager.FabricManagerDaemon(config, root, env={})
+    other = fabricmanager_daemon.FabricManagerDaemon(config, root, env={})
     try:
         with pytest.raises(NvlsmMissing, match=r"bin/nvlsm \(NVLSM installed with driver"):
             other.plan(Driver(V, layout.install_host))
