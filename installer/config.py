@@ -130,6 +130,13 @@ class Config:
         "Fetch missing kernel headers from the host's package sources (or the headers mirror) "
         "into the cache: auto or true (yes), false (no).",
     )
+    compiler_packages: Path | None = setting(
+        "NVIDIA_INSTALLER_COMPILER_PACKAGES",
+        "/usr/share/nvidia-driver-installer/compiler-packages", setting_parsers.local_file,
+        "The image's list of gcc packages its own package sources offer (`<major> <package> "
+        "<gcc path>` a line; our images' build writes it): the kernel's gcc major is installed "
+        "from it when the image lacks it. Absent (a run on a host) or empty: never installed.",
+    )
     retries: int = setting(
         "NVIDIA_INSTALLER_RETRIES", "5", setting_parsers.count,
         "Download attempts per mirror.",
