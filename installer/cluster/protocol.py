@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from installer import safefs
 from installer.cluster import dra, drain
-from installer.cluster.client import FIELD_MANAGER, Conflict, Json, NodeClient
+from installer.cluster.client import FIELD_MANAGER, Conflict, Json, NodeClient, for_node
 from installer.config import Config
 from installer.errors import (
     ClusterApiUnavailable,
@@ -40,10 +40,6 @@ CONFLICT_RETRIES = 8
 ClientFactory = Callable[[Config], NodeClient]
 
 
-def _client(config: Config) -> NodeClient:
-    assert config.node_name  # config validation guarantees it with the protocol on
-    return NodeClient(config.node_name, config.kubeconfig)
-
 
 def hint_path(layout: Layout) -> Path:
     """A local marker that the node may carry our changes: the run that finds it must reach the
@@ -51,7 +47,7 @@ def hint_path(layout: Layout) -> Path:
     return layout.install_local / HINT_NAME
 
 
-def preflight(config: Config, client: ClientFactory = _client) -> None:
+def preflight(config: Config, client: ClientFactory = for_node) -> None:
     """Read the node: the API server answers with our credentials. Run before anything is
     staged on the host, so an unreachable API fails a held upgrade with the host unchanged.
     Raises ClusterApi* errors and NodeNotFound."""
@@ -59,7 +55,7 @@ def preflight(config: Config, client: ClientFactory = _client) -> None:
 
 
 def make_room(config: Config, root: HostRoot, layout: Layout, old: str, new: str,
-              client: ClientFactory = _client, *, pool: Pool | None = None) -> None:
+              client: ClientFactory = for_node, *, pool: Pool | None = None) -> None:
     """Free the loaded driver for an upgrade: wait for the node's pool budget (a pool policy's
     maxUpgrading), cordon (remembering whether it was cordoned), pause GPU clients by label,
     evict GPU pods, wait for /dev/nvidia* to be closed.
@@ -106,7 +102,7 @@ def make_room(config: Config, root: HostRoot, layout: Layout, old: str, new: str
         raise
 
 
-def finish(config: Config, layout: Layout, client: ClientFactory = _client) -> None:
+def finish(config: Config, layout: Layout, client: ClientFactory = for_node) -> None:
     """After a successful run: restore what an upgrade (this run's or a killed one's) changed
     on the node. Reads the node; writes only when the annotation says there is something to
     restore. Raises ClusterApi* errors only when the local hint says the node needs it."""
@@ -132,7 +128,7 @@ def finish(config: Config, layout: Layout, client: ClientFactory = _client) -> N
 
 
 def finish_switched_off(config: Config, layout: Layout,
-                        client: ClientFactory = _client) -> None:
+                        client: ClientFactory = for_node) -> None:
     """After a successful run with the protocol off, on a node whose marker says an earlier
     run (protocol on) may have left it cordoned and paused: restore it all the same (switching
     the protocol off must not strand a cordoned node). Raises ClusterApi* errors, and
@@ -151,7 +147,7 @@ def finish_switched_off(config: Config, layout: Layout,
 
 
 def failed(config: Config, layout: Layout, error: InstallerError,
-           client: ClientFactory = _client) -> None:
+           client: ClientFactory = for_node) -> None:
     """After a failed run with our changes on the node: keep it cordoned and paused (the driver
     may be unloaded), mark it failed and say why. Best effort: the error being raised wins."""
     if not hint_path(layout).exists():
