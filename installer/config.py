@@ -130,6 +130,13 @@ class Config:
         "Fetch missing kernel headers from the host's package sources (or the headers mirror) "
         "into the cache: auto or true (yes), false (no).",
     )
+    compiler_packages: Path | None = setting(
+        "NVIDIA_INSTALLER_COMPILER_PACKAGES",
+        "/usr/share/nvidia-driver-installer/compiler-packages", setting_parsers.local_file,
+        "The image's list of gcc packages its own package sources offer (`<major> <package> "
+        "<gcc path>` a line; our images' build writes it): the kernel's gcc major is installed "
+        "from it when the image lacks it. Absent (a run on a host) or empty: never installed.",
+    )
     retries: int = setting(
         "NVIDIA_INSTALLER_RETRIES", "5", setting_parsers.count,
         "Download attempts per mirror.",
@@ -335,16 +342,21 @@ class Config:
     # the daemons beside the driver (installer/components)
     fabricmanager: str = setting(
         "NVIDIA_FABRICMANAGER", "auto", setting_parsers.choice("auto", "false"),
-        "auto: where NVSwitch PCI functions are found (HGX/DGX A100, H100, H200), install "
-        "Fabric Manager of the driver's exact version and run it (`installer fabricmanager`); "
-        "false: never (the host runs its own).",
+        "auto: where the node manages its own NVLink fabric, install Fabric Manager of the "
+        "driver's exact version and run it (`installer fabricmanager`): NVSwitch PCI functions "
+        "(HGX/DGX A100, H100, H200), or a ConnectX-7 Limited PF managing NVLink5 switches "
+        "(HGX B200/B300), where NVLSM of the driver's redist runs first on the port and the "
+        "InfiniBand modules it needs are loaded (never on NVL72 trays, managed off the node); "
+        "false: never (the host runs its own Fabric Manager and NVLSM). IMEX: NVIDIA_IMEX.",
     )
     fabricmanager_redist: tuple[str, ...] = setting(
         "NVIDIA_FABRICMANAGER_REDIST",
         "https://developer.download.nvidia.com/compute/nvidia-driver/redist",
         setting_parsers.redist,
         "Comma-separated base URLs of NVIDIA's driver redist tree, tried in order (mirrors "
-        "first): each holds redistrib_<version>.json and the fabricmanager archive it names.",
+        "first): each holds the driver version's redistrib_<version>.json and the archives "
+        "it names: Fabric Manager, IMEX (nvidia-imex, nvidia-imex-ctl) and NVLSM (unless "
+        "NVIDIA_NVLSM_VERSION pins one from NVIDIA_NVLSM_REDIST).",
     )
     imex: str = setting(
         "NVIDIA_IMEX", "auto", setting_parsers.choice("auto", "install", "false"),

@@ -186,21 +186,32 @@ def write_atomic(path: Path, data: str | bytes, mode: int = 0o644, *,
     with directory(path.parent, anchor=base, create=True) as dir_fd:
         if _is_link_at(dir_fd, path.name):
             raise planted(path, base)
-        tmp = f".{path.name}.{secrets.token_hex(4)}"
+        tmp = _temp_name(path.name)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600, dir_fd=dir_fd)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(payload)
-                handle.flush()
-                os.fchmod(handle.fileno(), mode)
-                os.fsync(handle.fileno())
-            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise
+        with _renamed_into_place(dir_fd, tmp, path.name), os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fchmod(handle.fileno(), mode)
+            os.fsync(handle.fileno())
     return path
+
+
+def _temp_name(name: str) -> str:
+    return f".{name}.{secrets.token_hex(4)}"
+
+
+@contextlib.contextmanager
+def _renamed_into_place(dir_fd: int, tmp: str, name: str) -> Iterator[None]:
+    """`tmp` renamed over `name` (both in `dir_fd`) once the block has written it; removed
+    instead when the block or the rename fails, so no temp file is left behind."""
+    try:
+        yield
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
 
 
 def rename(source: Path, dest: Path, *, anchor: Path) -> None:
@@ -257,8 +268,8 @@ def place_copy(source: Path, dest: Path, *, anchor: Path,
     through `transform` when given), a symbolic link is copied as the link. A link in `dest`'s
     place is replaced (never written through). Raises PlantedLink, OSError."""
     with directory(dest.parent, anchor=anchor, create=True) as dir_fd:
-        tmp = f".{dest.name}.{secrets.token_hex(4)}"
-        try:
+        tmp = _temp_name(dest.name)
+        with _renamed_into_place(dir_fd, tmp, dest.name):
             if source.is_symlink():
                 os.symlink(os.readlink(source), tmp, dir_fd=dir_fd)
             else:
@@ -274,9 +285,4 @@ def place_copy(source: Path, dest: Path, *, anchor: Path,
                     out.flush()
                     os.fchmod(out.fileno(), stat.S_IMODE(info.st_mode))
                     os.utime(out.fileno(), ns=(info.st_atime_ns, info.st_mtime_ns))
-            os.replace(tmp, dest.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise
     return dest

@@ -10,7 +10,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from installer import __version__
@@ -21,6 +21,9 @@ from installer.errors import (
     InstallerError,
     NodeNotFound,
 )
+
+if TYPE_CHECKING:
+    from installer.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -299,3 +302,11 @@ def _status_message(raw: bytes, reason: str) -> str:
         return str(json.loads(raw).get("message") or reason)
     except (TypeError, ValueError, AttributeError):
         return reason
+
+
+def for_node(config: Config) -> NodeClient:
+    """The client for the node this run is on, with the configured kubeconfig (or the pod's
+    service account). Config validation guarantees the node's name wherever the upgrade
+    protocol, the scheduling gate or the cluster signals are on."""
+    assert config.node_name
+    return NodeClient(config.node_name, config.kubeconfig)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from installer.cluster.client import Json, NodeClient
+from installer.cluster.client import Json, NodeClient, for_node
 from installer.config import Config
 from installer.errors import ClusterApiForbidden, InstallerError, NodeConditionForbidden
 from installer.host import readiness
@@ -34,10 +34,6 @@ class Reading(NamedTuple):
     reason: str
     message: str
 
-
-def _client(config: Config) -> NodeClient:
-    assert config.node_name  # config validation guarantees it with the signals on
-    return NodeClient(config.node_name, config.kubeconfig)
 
 
 def camel(reference: str) -> str:
@@ -107,7 +103,7 @@ def installing(version: str, source: str) -> Reading:
     return Reading("Unknown", "Installing", f"installing driver {version} from {source}")
 
 
-def set_condition(config: Config, reading: Reading, client: ClientFactory = _client,
+def set_condition(config: Config, reading: Reading, client: ClientFactory = for_node,
                   node: Json | None = None) -> bool:
     """Give the node `reading` as its NvidiaDriverReady condition through nodes/status
     (lastTransitionTime moves only when the status does; `node`: the Node as just read, to
@@ -136,7 +132,7 @@ def set_condition(config: Config, reading: Reading, client: ClientFactory = _cli
     return True
 
 
-def read_node(config: Config, client: ClientFactory = _client) -> Json | None:
+def read_node(config: Config, client: ClientFactory = for_node) -> Json | None:
     """The Node, or None when it cannot be read now (each write reads it again and says what
     failed)."""
     try:
@@ -153,7 +149,7 @@ def current(node: Json) -> Json | None:
     return None
 
 
-def report(config: Config, reading: Reading, client: ClientFactory = _client,
+def report(config: Config, reading: Reading, client: ClientFactory = for_node,
            node: Json | None = None) -> None:
     """set_condition for a run: a failure is a warning (the driver is what the run is for;
     `installer gate` writes the condition again)."""

@@ -12,7 +12,7 @@ from installer.cluster.client import Json, NodeClient
 # (and MIG devices) and ComputeDomains (IMEX channels on NVLink fabrics).
 NVIDIA_DRIVERS = ("gpu.nvidia.com", "compute-domain.nvidia.com")
 # The DRA driver's ComputeDomain daemons (IMEX) hold compute-domain.nvidia.com claims too, but
-# run as a DaemonSet per ComputeDomain: protocol.not_evictable waits for them, never deletes them
+# run as a DaemonSet per ComputeDomain: drain.not_evictable waits for them, never deletes them
 # (a deleted one is recreated at once).
 # Components (nvidia.com/gpu.deploy.<c>) paused after the GPU pods left, not before: NVIDIA's
 # DRA kubelet plugin (the label the GPU Operator gives the node for it).

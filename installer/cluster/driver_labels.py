@@ -12,7 +12,7 @@ import logging
 import re
 from collections.abc import Callable
 
-from installer.cluster.client import DRIVER_VERSION_MANAGER, Json, NodeClient
+from installer.cluster.client import DRIVER_VERSION_MANAGER, Json, NodeClient, for_node
 from installer.config import Config
 from installer.errors import InstallerError
 
@@ -34,10 +34,6 @@ _VERSION = re.compile(r"([0-9]{1,6})\.([0-9]{1,6})(?:\.([0-9]{1,6}))?")
 
 ClientFactory = Callable[[Config], NodeClient]
 
-
-def _client(config: Config) -> NodeClient:
-    assert config.node_name  # config validation guarantees it with the signals on
-    return NodeClient(config.node_name, config.kubeconfig)
 
 
 def version_parts(version: str) -> dict[str, str] | None:
@@ -96,7 +92,7 @@ def in_place(node: Json, labels: dict[str, str], annotations: dict[str, str]) ->
 
 
 def publish(config: Config, version: str, node: Json | None = None,
-            client: ClientFactory = _client) -> bool:
+            client: ClientFactory = for_node) -> bool:
     """Apply the driver's labels and annotations to this node (`node`: the Node as just read,
     to spare a read). Writes nothing when the node already says it. Returns whether it wrote.
     Raises ClusterApiForbidden (RBAC, policy), ClusterApiUnavailable, NodeNotFound."""
@@ -120,7 +116,7 @@ def publish(config: Config, version: str, node: Json | None = None,
 
 
 def report(config: Config, version: str, node: Json | None = None,
-           client: ClientFactory = _client) -> None:
+           client: ClientFactory = for_node) -> None:
     """publish for a run: a failure is a warning (the driver is what the run is for)."""
     try:
         publish(config, version, node, client)

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from installer.cluster.client import NodeClient
+from installer.cluster.client import NodeClient, for_node
 from installer.config import Config
 from installer.errors import InstallerError
 
@@ -33,15 +33,11 @@ class StepTime(NamedTuple):
     seconds: float
 
 
-def _client(config: Config) -> NodeClient:
-    assert config.node_name  # config validation guarantees it with the signals on
-    return NodeClient(config.node_name, config.kubeconfig)
-
 
 class Poster:
     """Posts Events about one node; reads the node once for its uid (involvedObject.uid)."""
 
-    def __init__(self, config: Config, client: ClientFactory = _client) -> None:
+    def __init__(self, config: Config, client: ClientFactory = for_node) -> None:
         self._config = config
         self._client = client
         self._api: NodeClient | None = None

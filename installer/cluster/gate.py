@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from installer.cluster.client import Conflict, Json, NodeClient
+from installer.cluster.client import Conflict, Json, NodeClient, for_node
 from installer.config import Config
 from installer.errors import (
     ClusterApiForbidden,
@@ -45,10 +45,6 @@ ClientFactory = Callable[[Config], NodeClient]
 _KEEP = object()
 
 
-def _client(config: Config) -> NodeClient:
-    assert config.node_name  # config validation guarantees it with the gate on
-    return NodeClient(config.node_name, config.kubeconfig)
-
 
 def is_gate_taint(taint: Json, key: str) -> bool:
     """The gate's taint: its key with effect NoSchedule, whatever the value (a node pool may
@@ -57,7 +53,7 @@ def is_gate_taint(taint: Json, key: str) -> bool:
 
 
 def close(config: Config, why: str, *, drop_label: bool = False,
-          client: ClientFactory = _client) -> bool:
+          client: ClientFactory = for_node) -> bool:
     """Put the gate's taint on the node (when it is not on already); with `drop_label` also
     remove the version label (the driver goes away). Returns whether the node was written.
     Raises SchedulingGateUnavailable, SchedulingGateForbidden, NodeNotFound."""
@@ -69,7 +65,7 @@ def close(config: Config, why: str, *, drop_label: bool = False,
     return changed
 
 
-def open_for(config: Config, version: str, client: ClientFactory = _client) -> bool:
+def open_for(config: Config, version: str, client: ClientFactory = for_node) -> bool:
     """Take the gate's taint off the node and label it with `version`. Call only when
     readiness.pending(...) is empty. Returns whether the node was written. Raises as `close`."""
     changed = _converge(config, client, tainted=False, label=version)
@@ -134,7 +130,7 @@ def _gate_errors() -> Iterator[None]:
 
 
 def serve(config: Config, components: Sequence[str], stop: threading.Event | None = None,
-          client: ClientFactory = _client,
+          client: ClientFactory = for_node,
           clock: Callable[[], float] = time.monotonic) -> None:
     """`installer gate`: until SIGTERM/SIGINT (or `stop`), open the gate once the node is
     ready (the driver and each of `components` up: readiness.pending); with

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from installer.cluster import condition, events
+from installer.cluster.client import for_node
 from installer.config import Config
 from installer.errors import ClusterApiUnavailable, NodeNotFound
 from installer.hostroot import HostRoot
@@ -22,7 +23,7 @@ RECHECK_SECONDS = 300.0
 class Keeper:
     def __init__(self, config: Config, root: HostRoot, components: Sequence[str],
                  clock: Callable[[], float],
-                 client: condition.ClientFactory = condition._client) -> None:
+                 client: condition.ClientFactory = for_node) -> None:
         self._config, self._root, self._components = config, root, tuple(components)
         self._clock, self._client = clock, client
         self._written: condition.Reading | None = None

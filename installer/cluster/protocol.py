@@ -1,24 +1,21 @@
-"""The node-side upgrade protocol: cordon, pause GPU clients, drain GPU pods, wait for
-/dev/nvidia* to be free; afterwards restore exactly what it changed. What to restore lives in a
-node annotation, so a killed run is finished by the next one."""
+"""The node-side upgrade protocol: cordon, pause GPU clients, drain the node (GPU pods and
+/dev/nvidia* holders: installer.cluster.drain); afterwards restore exactly what it changed. What
+to restore lives in a node annotation, so a killed run is finished by the next one."""
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from installer import host, safefs
-from installer.cluster import disruption, dra
-from installer.cluster.client import FIELD_MANAGER, Conflict, Json, NodeClient
+from installer import safefs
+from installer.cluster import dra, drain
+from installer.cluster.client import FIELD_MANAGER, Conflict, Json, NodeClient, for_node
 from installer.config import Config
 from installer.errors import (
     ClusterApiUnavailable,
-    DriverHoldersTimeout,
-    EvictionTimeout,
     InstallerError,
     UpgradeAnnotationInvalid,
 )
@@ -36,18 +33,12 @@ ANNOTATION = "nvidia-driver-installer/upgrade"
 STATE_LABEL = "nvidia-driver-installer/upgrade-state"
 DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
 PAUSED = "paused-for-driver-upgrade"
-GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-")
 HINT_NAME = ".upgrade-protocol"
 POLL_SECONDS = 2.0
-REPORT_SECONDS = 30.0
 CONFLICT_RETRIES = 8
 
 ClientFactory = Callable[[Config], NodeClient]
 
-
-def _client(config: Config) -> NodeClient:
-    assert config.node_name  # config validation guarantees it with the protocol on
-    return NodeClient(config.node_name, config.kubeconfig)
 
 
 def hint_path(layout: Layout) -> Path:
@@ -56,7 +47,7 @@ def hint_path(layout: Layout) -> Path:
     return layout.install_local / HINT_NAME
 
 
-def preflight(config: Config, client: ClientFactory = _client) -> None:
+def preflight(config: Config, client: ClientFactory = for_node) -> None:
     """Read the node: the API server answers with our credentials. Run before anything is
     staged on the host, so an unreachable API fails a held upgrade with the host unchanged.
     Raises ClusterApi* errors and NodeNotFound."""
@@ -64,7 +55,7 @@ def preflight(config: Config, client: ClientFactory = _client) -> None:
 
 
 def make_room(config: Config, root: HostRoot, layout: Layout, old: str, new: str,
-              client: ClientFactory = _client, *, pool: Pool | None = None) -> None:
+              client: ClientFactory = for_node, *, pool: Pool | None = None) -> None:
     """Free the loaded driver for an upgrade: wait for the node's pool budget (a pool policy's
     maxUpgrading), cordon (remembering whether it was cordoned), pause GPU clients by label,
     evict GPU pods, wait for /dev/nvidia* to be closed.
@@ -92,10 +83,10 @@ def make_room(config: Config, root: HostRoot, layout: Layout, old: str, new: str
     api.event(uid, "DriverUpgradeStarted",
               f"driver {old} -> {new}: {cordon}; labels set to {PAUSED}: {paused}")
     try:
-        _evict_gpu_pods(api, uid, config)
+        drain.evict_gpu_pods(api, uid, config)
         _pause_after_pods(api, uid, saved)
         _set_state(api, "waiting-for-holders")
-        _wait_for_holders(api, uid, root, config)
+        drain.wait_for_holders(api, uid, root, config)
         _set_state(api, "unloading")
         api.event(uid, "DriverUnloading", f"no process holds /dev/nvidia*: unloading {old}")
     except InstallerError as error:
@@ -111,7 +102,7 @@ def make_room(config: Config, root: HostRoot, layout: Layout, old: str, new: str
         raise
 
 
-def finish(config: Config, layout: Layout, client: ClientFactory = _client) -> None:
+def finish(config: Config, layout: Layout, client: ClientFactory = for_node) -> None:
     """After a successful run: restore what an upgrade (this run's or a killed one's) changed
     on the node. Reads the node; writes only when the annotation says there is something to
     restore. Raises ClusterApi* errors only when the local hint says the node needs it."""
@@ -137,7 +128,7 @@ def finish(config: Config, layout: Layout, client: ClientFactory = _client) -> N
 
 
 def finish_switched_off(config: Config, layout: Layout,
-                        client: ClientFactory = _client) -> None:
+                        client: ClientFactory = for_node) -> None:
     """After a successful run with the protocol off, on a node whose marker says an earlier
     run (protocol on) may have left it cordoned and paused: restore it all the same (switching
     the protocol off must not strand a cordoned node). Raises ClusterApi* errors, and
@@ -156,7 +147,7 @@ def finish_switched_off(config: Config, layout: Layout,
 
 
 def failed(config: Config, layout: Layout, error: InstallerError,
-           client: ClientFactory = _client) -> None:
+           client: ClientFactory = for_node) -> None:
     """After a failed run with our changes on the node: keep it cordoned and paused (the driver
     may be unloaded), mark it failed and say why. Best effort: the error being raised wins."""
     if not hint_path(layout).exists():
@@ -298,128 +289,3 @@ def _pause_after_pods(api: NodeClient, uid: str, saved: dict[str, Any]) -> None:
 def _set_state(api: NodeClient, state: str) -> None:
     api.patch_node({"metadata": {"labels": {STATE_LABEL: state}}})
     log.info("upgrade state of node %s: %s", api.node, state)
-
-
-def requests_gpu(pod: Json) -> bool:
-    spec = pod.get("spec") or {}
-    for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
-        resources = container.get("resources") or {}
-        for kind in ("limits", "requests"):
-            if any(name.startswith(GPU_RESOURCES) for name in resources.get(kind) or {}):
-                return True
-    return False
-
-
-def _name(pod: Json) -> tuple[str, str]:
-    meta = pod["metadata"]
-    return str(meta.get("namespace", "default")), str(meta["name"])
-
-
-def not_evictable(pod: Json) -> str | None:
-    """Why evicting this pod would not free the node (it comes straight back, or cannot be
-    evicted at all), or None. Such pods are waited for instead."""
-    meta = pod["metadata"]
-    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
-        return "mirror pod of a static pod: the kubelet runs it"
-    if any(ref.get("kind") == "DaemonSet" and ref.get("controller")
-           for ref in meta.get("ownerReferences") or []):
-        return "DaemonSet pod: it leaves when its DaemonSet stops selecting the node"
-    for toleration in (pod.get("spec") or {}).get("tolerations") or []:
-        key, effect = toleration.get("key"), toleration.get("effect")
-        if (key in (None, "", "node.kubernetes.io/unschedulable")
-                and effect in (None, "", "NoSchedule")
-                and (key or toleration.get("operator") == "Exists")):
-            return "tolerates node.kubernetes.io/unschedulable: it would come back at once"
-    return None
-
-
-def _evict_gpu_pods(api: NodeClient, uid: str, config: Config) -> None:
-    """Delete the GPU pods of the node (each by its uid, with its own grace period) once their
-    PodDisruptionBudgets allow it, as an eviction would (installer/cluster/disruption.py)."""
-    deadline = time.monotonic() + config.eviction_timeout
-    budgets = disruption.Budgets(api)
-    claims = dra.Claims(api)
-    blocked: dict[tuple[str, str], str] = {}
-    waited: dict[tuple[str, str], str] = {}
-    forced = False
-    while True:
-        claims.new_pass()
-        pods = [p for p in api.pods_on_node()
-                if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-                and (requests_gpu(p) or claims.nvidia_claim(p) is not None)]
-        if not pods:
-            log.info("no pod using a GPU (nvidia.com/gpu, or a claim of NVIDIA's DRA drivers) "
-                     "is left on node %s", api.node)
-            return
-        budgets.new_pass()
-        now_blocked: dict[tuple[str, str], str] = {}
-        for pod in pods:
-            ns, name = _name(pod)
-            if pod["metadata"].get("deletionTimestamp"):
-                continue  # evicted: terminating
-            why = not_evictable(pod)
-            if why is not None:
-                if (ns, name) not in waited:
-                    waited[(ns, name)] = why
-                    log.info("not evicting GPU pod %s/%s (%s): waiting for it to leave", ns,
-                             name, why)
-                    api.event(uid, "GpuPodNotEvicted", f"pod {ns}/{name}: {why}; waiting "
-                              "for it to leave", warning=True)
-                continue
-            verdict = budgets.verdict(pod)
-            if verdict.blocked is not None:
-                now_blocked[(ns, name)] = verdict.blocked
-                if (ns, name) not in blocked:
-                    log.info("eviction of %s/%s refused for now: %s (retrying)", ns, name,
-                             verdict.blocked)
-                    api.event(uid, "EvictionBlocked", f"pod {ns}/{name}: "
-                              f"{verdict.blocked}; retrying", warning=True)
-                continue
-            if api.delete_pod(ns, name, str(pod["metadata"].get("uid", ""))) == "deleted":
-                budgets.charge(verdict.budget)
-                log.info("evicted GPU pod %s/%s", ns, name)
-                api.event(uid, "GpuPodEvicted", f"evicted pod {ns}/{name} for the driver upgrade")
-        blocked = now_blocked
-        if time.monotonic() >= deadline:
-            names = ", ".join(f"{ns}/{n}" + (f" ({waited[(ns, n)]})" if (ns, n) in waited
-                                             else f" ({blocked[(ns, n)]})" if (ns, n) in blocked
-                                             else " (terminating)")
-                              for ns, n in map(_name, pods))
-            deletable = [p for p in pods if _name(p) not in waited]
-            if config.force_eviction and not forced and deletable:
-                for pod in deletable:
-                    log.warning("deleting GPU pod %s/%s (force eviction)", *_name(pod))
-                    api.delete_pod(*_name(pod), str(pod["metadata"].get("uid", "")),
-                                   grace_seconds=0)
-                api.event(uid, "GpuPodsDeleted", f"force-deleted after "
-                          f"{config.eviction_timeout:g} s: {names}", warning=True)
-                forced = True
-                deadline = time.monotonic() + 30
-                continue
-            raise EvictionTimeout(f"GPU pods still on node {api.node} after "
-                                  f"{config.eviction_timeout:g} s: {names}")
-        time.sleep(POLL_SECONDS)
-
-
-def _wait_for_holders(api: NodeClient, uid: str, root: HostRoot, config: Config) -> None:
-    deadline = time.monotonic() + config.holders_timeout
-    reported: tuple[str, ...] = ()
-    last_report = 0.0
-    while True:
-        holders = host.holders_of(root, "/dev/nvidia")
-        if not holders:
-            return
-        named = tuple(sorted({f"pid {h.pid} ({h.command}) holds {h.path}" for h in holders}))
-        if time.monotonic() >= deadline:
-            raise DriverHoldersTimeout(
-                f"processes still hold the driver after {config.holders_timeout:g} s: "
-                + "; ".join(named))
-        if named != reported or time.monotonic() - last_report >= REPORT_SECONDS:
-            log.info("waiting for processes to close /dev/nvidia*: %s", "; ".join(named))
-            if named != reported:
-                pids = sorted({h.pid for h in holders})
-                api.event(uid, "WaitingForDriverHolders",
-                          f"PIDs {', '.join(map(str, pids))} hold the driver: "
-                          + "; ".join(named))
-            reported, last_report = named, time.monotonic()
-        time.sleep(POLL_SECONDS)

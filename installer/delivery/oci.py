@@ -9,9 +9,10 @@ before a byte is sent to it. Credentials are never read from ~/.docker/config.js
 credential helper or ORAS_* variables: only from the settings.
 
 Every failure, in the request or while its body is read, is RegistryUnavailable (or a subclass)
-naming the reason and the redacted URL. A client has an overall deadline (`budget`): past it its
-connections are shut down (installer.delivery.deadline). Only bodies the installer needs are
-read, each within a size limit; redirects are followed here so that no redirect body is read.
+naming the reason and the redacted URL (installer.delivery.registry_replies). A client has an
+overall deadline (`budget`): past it its connections are shut down (installer.delivery.deadline).
+Only bodies the installer needs are read, each within a size limit; redirects are followed here
+so that no redirect body is read.
 
 Why not oras-py, which an earlier version used: its token flow sends Basic credentials to
 whatever realm a registry names, it reads manifests whole, and its retry decorator sleeps for
@@ -28,10 +29,11 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urljoin, urlsplit
 
 from installer.delivery.deadline import Deadline, watching_adapter
+from installer.delivery.registry_replies import CHUNK, check, failure, iter_body, read_bounded
 from installer.delivery.transport import no_auth, read_errors, session_class
 from installer.delivery.urls import redact_url
 from installer.errors import (
@@ -53,7 +55,6 @@ PULL_DEADLINE = 300.0
 SLOWEST_RATE = 1 << 20
 MAX_REDIRECTS = 5
 _REDIRECTS = (301, 302, 303, 307, 308)
-_CHUNK = 1 << 20
 _SMALL = 64 << 10  # a reply read to its end (and its connection kept) though nobody needs it
 _PARAM = re.compile(r'([A-Za-z]+)="([^"]*)"')
 
@@ -106,71 +107,6 @@ def digest_of(data: bytes) -> str:
 def budget(settings: RegistrySettings, size: int) -> float:
     """The seconds a client may take to move `size` bytes (besides its small reads)."""
     return settings.deadline + size / SLOWEST_RATE
-
-
-def why(exc: BaseException) -> str:
-    """The innermost reason of a requests/urllib3/socket failure, as its library wrote it."""
-    inner = exc
-    for _ in range(6):
-        nxt = getattr(inner, "reason", None)
-        if not isinstance(nxt, BaseException):
-            args = getattr(inner, "args", ())
-            if args and isinstance(args[0], str) and args[0]:
-                return args[0]
-            nxt = args[0] if args and isinstance(args[0], BaseException) else None
-        if nxt is None:
-            break
-        inner = nxt
-    return str(inner) or type(inner).__name__
-
-
-def failure(what: str, exc: BaseException | None, deadline: Deadline | None) -> RegistryUnavailable:
-    if deadline is not None and deadline.expired:
-        return RegistryUnavailable(f"{what}: not done within the {deadline.seconds:.0f} s allowed "
-                                   "(the registry answers too slowly)")
-    return RegistryUnavailable(f"{what}: {why(exc) if exc is not None else 'failed'}")
-
-
-def iter_body(resp: requests.Response, size: int, what: str,
-              deadline: Deadline | None = None) -> Iterator[bytes]:
-    """The body in chunks of up to `size` bytes, every failure to read it (a reset, a stall, a
-    body cut short, a deadline) RegistryUnavailable naming the URL. Bodies are taken as
-    stored: a transfer compression the installer did not ask for is refused, never decoded."""
-    where = f"{what} (GET {redact_url(resp.url or '')})"
-    encoding = resp.headers.get("Content-Encoding", "").strip().lower()
-    if encoding not in ("", "identity"):
-        raise RegistryUnavailable(f"{where}: sent with Content-Encoding {encoding}, not the "
-                                  "identity encoding asked for")
-    errors = read_errors()
-    chunks = resp.iter_content(size)
-    while True:
-        try:
-            chunk = next(chunks)
-        except StopIteration:
-            break
-        except errors as exc:
-            raise failure(where, exc, deadline) from None
-        if deadline is not None and deadline.expired:
-            raise failure(where, None, deadline)
-        yield chunk
-    if deadline is not None and deadline.expired:  # a cut connection can look like an end
-        raise failure(where, None, deadline)
-
-
-def read_bounded(resp: requests.Response, limit: int, what: str,
-                 deadline: Deadline | None = None) -> bytes:
-    """The body, read in chunks and abandoned past `limit` bytes (never held whole)."""
-    length = resp.headers.get("Content-Length", "")
-    if length.isdigit() and int(length) > limit:
-        raise ArtifactInvalid(f"{what}: {length} bytes, more than the {limit} allowed")
-    chunks: list[bytes] = []
-    got = 0
-    for chunk in iter_body(resp, min(_CHUNK, limit + 1), what, deadline):
-        chunks.append(chunk)
-        got += len(chunk)
-        if got > limit:
-            raise ArtifactInvalid(f"{what}: more than the {limit} bytes allowed")
-    return b"".join(chunks)
 
 
 @functools.cache
@@ -376,7 +312,7 @@ class Client:
             length = resp.headers.get("Content-Length", "")
             if limit is not None and length.isdigit() and int(length) > limit:
                 raise ArtifactInvalid(f"{what}: {length} bytes, more than the {limit} expected")
-            yield from iter_body(resp, _CHUNK, what, self.deadline)
+            yield from iter_body(resp, CHUNK, what, self.deadline)
 
     def put_blob(self, data: bytes) -> str:
         """Upload `data` (a monolithic upload: POST, then PUT with the digest); its digest."""
@@ -419,10 +355,3 @@ def _joined(base: str, reference: str, said: str) -> str:
             f"{redact_url(base)} {said} {reference[:200]!r}, which is not a URL ({exc})"
         ) from None
     return joined
-
-
-def check(resp: Any, what: str) -> None:
-    if resp.status_code in (401, 403):
-        raise RegistryAuthFailed(f"{what}: HTTP {resp.status_code} {resp.reason or ''}".rstrip())
-    if not 200 <= resp.status_code < 300:
-        raise RegistryUnavailable(f"{what}: HTTP {resp.status_code} {resp.reason or ''}".rstrip())

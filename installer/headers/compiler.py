@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from pathlib import Path
@@ -12,12 +11,6 @@ from installer import distros
 from installer.errors import CompilerInstallFailed, CompilerMissing
 from installer.runner import Runner
 
-# Written by the images' build (images/*/Dockerfile) while their package lists are present:
-# one line per gcc major the image's own package sources offer, `<major> <package> <gcc path>`.
-# Absent outside our images: an installer run on a host never installs a compiler. The images
-# name it in NVIDIA_INSTALLER_COMPILER_PACKAGES too.
-SOURCES_FILE = Path("/usr/share/nvidia-driver-installer/compiler-packages")
-SOURCES_ENV = "NVIDIA_INSTALLER_COMPILER_PACKAGES"
 # Red Hat's gcc-toolset-N packages install gcc-N under /opt/rh/gcc-toolset-N/root.
 TOOLSETS = Path("/opt/rh")
 
@@ -92,12 +85,15 @@ class Installable(NamedTuple):
                 "container before the driver download; the host is not touched)")
 
 
-def installable(major: int | None, sources: Path | None = None) -> Installable | None:
-    """The package of the image's sources that carries gcc `major`, per SOURCES_FILE."""
-    if major is None:
+def installable(major: int | None, sources: Path | None) -> Installable | None:
+    """The package of the image's sources that carries gcc `major`, per the `sources` list
+    (config.compiler_packages: `<major> <package> <gcc path>` a line, written by the images'
+    build while their package lists are present). Absent outside our images: an installer run
+    on a host never installs a compiler."""
+    if major is None or sources is None:
         return None
     try:
-        text = (sources or Path(os.environ.get(SOURCES_ENV) or SOURCES_FILE)).read_text()
+        text = sources.read_text()
     except OSError:
         return None
     for line in text.splitlines():

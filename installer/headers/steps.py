@@ -46,7 +46,7 @@ def headers_step(ctx: Context, built: Callable[[], bool]) -> Step:
         # A kernel whose gcc is known already (/proc/version) fails before fetching anything.
         major, source = kernel_gcc(ctx)
         if (major is not None and compiler.choose(ctx.runner, major) is None
-                and compiler.installable(major) is None):
+                and compiler.installable(major, ctx.config.compiler_packages) is None):
             raise compiler.missing_error(t.kernel, major, source, ctx.runner)
         t.headers = fetch.obtain(ctx.root, ctx.config, ctx.facts, ctx.layout, ctx.runner)
 
@@ -66,7 +66,7 @@ def compiler_step(ctx: Context, built: Callable[[], bool]) -> Step:
     def apply() -> None:
         major, source = kernel_gcc(ctx)
         assert major is not None
-        package = compiler.installable(major)
+        package = compiler.installable(major, ctx.config.compiler_packages)
         if package is None:
             raise compiler.missing_error(t.kernel, major, source, ctx.runner)
         compiler.install(ctx.runner, package, t.kernel)

@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from installer.errors import CommandFailed, CommandNotFound
 from installer.runner import Runner
-from installer.verify.nvml import _last_json_object
-from installer.verify.report import GpuInfo, last_line, normalize_bus_id
+from installer.verify.nvml import ask_child
+from installer.verify.report import GpuInfo, normalize_bus_id
 
 CUDA_SONAME = "libcuda.so.1"
 NO_DEVICE = 100
@@ -118,16 +117,11 @@ def query(env: dict[str, str], runner: Runner, timeout: float, cwd: str,
           problems: list[str]) -> Optional[CudaCheck]:
     """Runs the CUDA child (read-only: it allocates GPU memory and frees it); None and a
     problem when it gave no answer."""
-    try:
-        result = runner.run(argv(), check=False, timeout=timeout, env=env, cwd=cwd)
-    except (CommandNotFound, CommandFailed) as exc:
-        problems.append(f"the CUDA check did not run: {exc.message.splitlines()[0]}")
+    asked = ask_child(argv(), runner, env=env, timeout=timeout, cwd=cwd, what="CUDA",
+                      command="python -m installer.verify cuda", problems=problems)
+    if asked is None:
         return None
-    answer = _last_json_object(result.output)
-    if answer is None:
-        problems.append(f"the CUDA check (python -m installer.verify cuda) exited "
-                        f"{result.returncode} without an answer: {last_line(result)}")
-        return None
+    answer, _ = asked
     devices = []
     for raw in answer.get("devices") or []:
         devices.append((normalize_bus_id(str(raw.get("pci_bus_id") or "")),

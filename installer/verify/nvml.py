@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from installer.errors import CommandFailed, CommandNotFound
-from installer.runner import Runner
+from installer.runner import Result, Runner
 from installer.verify.report import GpuInfo, int_or_none, last_line, normalize_bus_id
 from installer.verify.smi import NVML_SONAME
 
@@ -42,18 +42,11 @@ def query(
     timeout: float,
     problems: list[str],
 ) -> Optional[tuple[Optional[str], tuple[GpuInfo, ...], Optional[str]]]:
-    try:
-        result = runner.run(nvml_argv(), check=False, timeout=timeout, env=env, cwd=PACKAGE_PARENT)
-    except (CommandNotFound, CommandFailed) as exc:
-        problems.append(f"the NVML check did not run: {exc.message.splitlines()[0]}")
+    asked = ask_child(nvml_argv(), runner, env=env, timeout=timeout, cwd=PACKAGE_PARENT,
+                      what="NVML", command="python -m installer.verify", problems=problems)
+    if asked is None:
         return None
-    answer = _last_json_object(result.output)
-    if answer is None:
-        problems.append(
-            f"the NVML check (python -m installer.verify) exited {result.returncode} "
-            f"without an answer: {last_line(result)}"
-        )
-        return None
+    answer, result = asked
     library = answer.get("library")
     library = library if isinstance(library, str) else None
     error = answer.get("error")
@@ -116,6 +109,25 @@ def check_library_path(library: Optional[str], lib_dir: Path, problems: list[str
         return
     if Path(library).resolve().parent != lib_dir.resolve():
         problems.append(f"NVML answered from {library}, not from the installed {lib_dir}")
+
+
+def ask_child(argv: list[str], runner: Runner, *, env: dict[str, str], timeout: float,
+              cwd: str, what: str, command: str,
+              problems: list[str]) -> Optional[tuple[dict[str, Any], Result]]:
+    """Runs a verify child (read-only) and returns the last JSON object it printed, with its
+    result; None, and a problem naming the `what` check, when it did not run or gave no
+    answer."""
+    try:
+        result = runner.run(argv, check=False, timeout=timeout, env=env, cwd=cwd)
+    except (CommandNotFound, CommandFailed) as exc:
+        problems.append(f"the {what} check did not run: {exc.message.splitlines()[0]}")
+        return None
+    answer = _last_json_object(result.output)
+    if answer is None:
+        problems.append(f"the {what} check ({command}) exited {result.returncode} without an "
+                        f"answer: {last_line(result)}")
+        return None
+    return answer, result
 
 
 def _last_json_object(output: str) -> Optional[dict[str, Any]]:

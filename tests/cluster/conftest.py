@@ -16,6 +16,7 @@ from installer.cluster import protocol
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
     monkeypatch.setattr(protocol, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr("installer.cluster.drain.POLL_SECONDS", 0.05)
     cluster = Cluster(rules=cluster_role_rules(RBAC), policies=load_policies(POLICY),
                       token_node=NODE)
     cluster.add_node(NODE, LABELS)

@@ -122,6 +122,7 @@ class Drain:
 def drain(control_plane: ControlPlane, tmp_path: Path,
           monkeypatch: pytest.MonkeyPatch) -> Iterator[Drain]:
     monkeypatch.setattr(protocol, "POLL_SECONDS", 0.1)
+    monkeypatch.setattr("installer.cluster.drain.POLL_SECONDS", 0.1)
     n = next(_tests)
     with real_nodes(control_plane, tmp_path) as (real, proxy):
         apply_policies(control_plane, PROTOCOL / "admission-policy.yaml")

@@ -108,6 +108,7 @@ class Pools:
 def env(control_plane: ControlPlane, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> Iterator[Pools]:
     monkeypatch.setattr(protocol, "POLL_SECONDS", 0.1)
+    monkeypatch.setattr("installer.cluster.drain.POLL_SECONDS", 0.1)
     policy = tmp_path / "configmap" / "policy.yaml"
     policy.parent.mkdir()
     policy.write_text(example_policy())

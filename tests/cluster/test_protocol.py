@@ -363,11 +363,11 @@ def test_failed_run_after_unload_keeps_the_node_cordoned_and_marks_it(env: Env) 
 
 KILLED_RUN = """
 import sys
-from installer.cluster import protocol
+from installer.cluster import drain, protocol
 from installer.config import build_config
 from installer.hostroot import HostRoot
 from installer.layout import Layout
-protocol.POLL_SECONDS = 0.05
+protocol.POLL_SECONDS = drain.POLL_SECONDS = 0.05
 config = build_config(dict(a.split("=", 1) for a in sys.argv[1:]), {})
 layout = Layout.from_config(config, HostRoot(config.root))
 protocol.make_room(config, HostRoot(config.root), layout, "580.105.08", "580.126.20")

@@ -181,6 +181,7 @@ def env(tmp_path: Path) -> Iterator[Gate]:
 def both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
     """components/upgrade-protocol and components/scheduling-gate together."""
     monkeypatch.setattr(protocol, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr("installer.cluster.drain.POLL_SECONDS", 0.05)
     yield from make_gate(tmp_path, "protocol", "gate")
 
 

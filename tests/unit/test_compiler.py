@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from lib.fakes import FakeRunner
 
+from installer.config import build_config
 from installer.headers import compiler
 
 
@@ -101,12 +102,18 @@ def test_rocky_toolsets_install_with_dnf(tmp_path: Path) -> None:
                                       "--nodocs", "gcc-toolset-13-gcc"]]
 
 
-def test_the_list_is_found_through_the_images_environment(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_list_is_found_through_the_images_setting(tmp_path: Path) -> None:
     listed = tmp_path / "compiler-packages"
     listed.write_text(SOURCES)
-    monkeypatch.setenv(compiler.SOURCES_ENV, str(listed))
-    assert compiler.installable(13) == compiler.Installable(13, "gcc-13", "/usr/bin/gcc-13")
+    config = build_config({"NVIDIA_INSTALLER_COMPILER_PACKAGES": str(listed)}, {})
+    assert config.compiler_packages == listed
+    assert compiler.installable(13, config.compiler_packages) == compiler.Installable(
+        13, "gcc-13", "/usr/bin/gcc-13")
+    # our images' path when unset (a host has no such file); empty: no list at all
+    assert build_config({}, {}).compiler_packages == Path(
+        "/usr/share/nvidia-driver-installer/compiler-packages")
+    unset = build_config({"NVIDIA_INSTALLER_COMPILER_PACKAGES": ""}, {}).compiler_packages
+    assert compiler.installable(13, unset) is None
 
 
 def test_install_runs_the_images_package_manager(tmp_path: Path) -> None:

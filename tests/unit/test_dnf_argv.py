@@ -11,6 +11,7 @@ from installer.errors import RepoFileRefused
 from installer.host import Distro
 from installer.hostroot import HostRoot
 from installer.sources.dnf import commands as cmd
+from installer.sources.dnf import host_state
 from installer.sources.dnf import repos as dnf_repos
 
 EL9 = Distro("rocky", "9.4", 9, "rhel", "Rocky Linux 9.4 (Blue Onyx)")
@@ -175,15 +176,15 @@ def test_kernel_and_rpm_argv(tmp_path: Path) -> None:
 
 def test_module_state_is_read_from_modules_d(tmp_path: Path) -> None:
     root = HostRoot(tmp_path)
-    assert cmd.module_state(root) == cmd.ModuleState(None, None)
+    assert host_state.module_state(root) == host_state.ModuleState(None, None)
     state = tmp_path / "etc/dnf/modules.d/nvidia-driver.module"
     state.parent.mkdir(parents=True)
     state.write_text(
         "[nvidia-driver]\nname=nvidia-driver\nstream=580-open\nprofiles=default\nstate=enabled\n"
     )
-    assert cmd.module_state(root) == cmd.ModuleState("580-open", "enabled")
+    assert host_state.module_state(root) == host_state.ModuleState("580-open", "enabled")
     state.write_text("garbage")
-    assert cmd.module_state(root) == cmd.ModuleState(None, None)
+    assert host_state.module_state(root) == host_state.ModuleState(None, None)
 
 
 def test_nvidia_repo_is_recognised_by_file_or_url(tmp_path: Path) -> None:
@@ -236,9 +237,8 @@ def test_installed_versions_parses_rpm_and_skips_missing(tmp_path: Path) -> None
         returncode=1,
     )
     root = make_host(tmp_path, distro="rocky-9")
-    assert cmd.installed_versions(root, runner, ["nvidia-driver", "kmod-nvidia-open-dkms"]) == {
-        "nvidia-driver": "580.105.08"
-    }
+    wanted = ["nvidia-driver", "kmod-nvidia-open-dkms"]
+    assert host_state.installed_versions(root, runner, wanted) == {"nvidia-driver": "580.105.08"}
 
 
 def test_an_nvswitch_node_installs_the_streams_fm_profile_with_fabric_manager_pinned() -> None:

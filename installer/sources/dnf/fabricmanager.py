@@ -14,7 +14,7 @@ from installer.components import fm_archive
 from installer.dirs import scratch
 from installer.errors import FabricManagerMismatch
 from installer.plan import Context, Step
-from installer.sources.dnf import commands
+from installer.sources.dnf import commands, host_state
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def install_step(ctx: Context) -> Step:
         version = ctx.target.version  # what the dnf transaction installed
         name = commands.fabricmanager_package(version)
         hint = HINT.format(name=name, version=version)
-        found = commands.installed_versions(ctx.root, ctx.runner, [name]).get(name)
+        found = host_state.installed_versions(ctx.root, ctx.runner, [name]).get(name)
         if found != version:
             raise FabricManagerMismatch(
                 f"the host's {name} is {found or 'not installed'}, not the driver's {version}",

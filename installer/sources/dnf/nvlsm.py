@@ -13,7 +13,7 @@ from installer.components import nvlsm_archive
 from installer.dirs import scratch
 from installer.errors import CommandFailed, NvlsmPackageMismatch
 from installer.plan import Context, Step
-from installer.sources.dnf import commands, fabricmanager
+from installer.sources.dnf import commands, fabricmanager, host_state
 from installer.sources.dnf.errors import (
     NO_MATCH,
     REPO_DOWN,
@@ -66,7 +66,7 @@ def install_step(ctx: Context) -> Step:
     spec = commands.nvlsm_spec(pin)
 
     def host_version() -> str | None:
-        return commands.installed_versions(ctx.root, ctx.runner, [PACKAGE]).get(PACKAGE)
+        return host_state.installed_versions(ctx.root, ctx.runner, [PACKAGE]).get(PACKAGE)
 
     def satisfied() -> bool:
         found = nvlsm_archive.installed(layout, ctx.target.version)

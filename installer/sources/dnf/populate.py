@@ -13,7 +13,7 @@ from installer import modules
 from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
 from installer.errors import InstallFailed
 from installer.plan import Context, Step
-from installer.sources.dnf import commands
+from installer.sources.dnf import commands, host_state
 from installer.sources.dnf.commands import DnfTarget
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def populate_step(ctx: Context, dt: DnfTarget) -> Step:
 
     def apply() -> None:
         version = t.version
-        present = commands.installed_versions(ctx.root, ctx.runner, list(commands.USERSPACE_ALL))
+        present = host_state.installed_versions(ctx.root, ctx.runner, list(commands.USERSPACE_ALL))
         userspace = sorted(n for n, v in present.items() if v == version)
         final = layout.version_dir(version)
         if not is_complete(final):
@@ -86,7 +86,7 @@ def _fill_version_dir(ctx: Context, files: list[PurePosixPath], final: Path, ver
 
 def _fill_module_dir(ctx: Context, build: Path) -> None:
     t = ctx.target
-    found = commands.module_files(ctx.root, t.kernel)
+    found = host_state.module_files(ctx.root, t.kernel)
     if "nvidia" not in found:
         raise InstallFailed(
             f"no nvidia module for kernel {t.kernel} under /lib/modules/{t.kernel}/extra",

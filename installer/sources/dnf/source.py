@@ -83,10 +83,10 @@ class DnfSource(Source):
         return steps.dnf_steps(ctx)
 
     def next_kernel_elsewhere(self, root: HostRoot, kernel: str) -> ManagedElsewhere:
-        from installer.sources.dnf import commands
+        from installer.sources.dnf import host_state
 
         return ManagedElsewhere(NEXT_KERNEL_REASON, f"/lib/modules/{kernel}/extra",
-                                "nvidia" in commands.module_files(root, kernel))
+                                "nvidia" in host_state.module_files(root, kernel))
 
     def left_on_host(self) -> str:
         return ("the driver packages installed through dnf stay on the host (dnf owns them): "

@@ -9,7 +9,7 @@ import logging
 
 from installer.errors import CommandFailed, DownloadFailed, RepoUnavailable, RepoUrlInsecure
 from installer.plan import Context, Step
-from installer.sources.dnf import commands, repos
+from installer.sources.dnf import commands, host_state, repos
 from installer.sources.dnf.commands import DnfTarget
 from installer.sources.dnf.errors import kernel_error, transaction_failed
 from installer.sources.dnf.plan import base_argv, repo_url, target_of
@@ -118,7 +118,7 @@ def kernel_devel_step(ctx: Context) -> Step:
     packages = commands.kernel_packages(kernel, ctx.facts.distro)
 
     def satisfied() -> bool:
-        return commands.all_installed(ctx.root, ctx.runner, packages)
+        return host_state.all_installed(ctx.root, ctx.runner, packages)
 
     def apply() -> None:
         try:
@@ -141,7 +141,7 @@ def epel_step(ctx: Context) -> Step:
     def satisfied() -> bool:
         entries = repos.repo_entries(ctx.root)
         enabled = any(e.enabled and e.repo_id.startswith("epel") for e in entries)
-        return enabled or commands.all_installed(ctx.root, ctx.runner, ["dkms"])
+        return enabled or host_state.all_installed(ctx.root, ctx.runner, ["dkms"])
 
     def apply() -> None:
         try:

@@ -15,7 +15,7 @@ from installer.errors import (
     PackageManagerFailed,
 )
 from installer.plan import Context, Step
-from installer.sources.dnf import commands, metadata, repos
+from installer.sources.dnf import commands, host_state, metadata, repos
 from installer.sources.dnf.commands import Choice, DnfTarget
 from installer.sources.dnf.errors import (
     NO_MATCH,
@@ -38,10 +38,10 @@ def transaction_step(ctx: Context, dt: DnfTarget) -> Step:
         """The one version of every wanted package when the host is on the target, else
         None. Adopts it as the target version when the stream decides."""
         if dt.stream is not None:
-            state = commands.module_state(ctx.root)
+            state = host_state.module_state(ctx.root)
             if state.stream != dt.stream or state.state != "enabled":
                 return None
-        found = commands.installed_versions(ctx.root, ctx.runner, [*names, dt.other_kmod])
+        found = host_state.installed_versions(ctx.root, ctx.runner, [*names, dt.other_kmod])
         if dt.other_kmod in found or set(found) != set(names):
             return None
         versions_found = set(found.values())
@@ -100,13 +100,13 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
 
     def installed() -> Choice | None:
         """The host's choice when it is on the target (for DKMS: built for the kernel)."""
-        state = commands.module_state(root)
+        state = host_state.module_state(root)
         if state.state != "enabled" or state.stream is None:
             return None
         if state.stream not in (dt.stream, dt.precompiled_stream):
             return None
         fm = list(commands.FM_PACKAGES) if dt.fabric else []
-        found = commands.installed_versions(
+        found = host_state.installed_versions(
             root, runner, [*dt.userspace, dt.kmod, dt.other_kmod, *fm])
         if dt.other_kmod in found or not set(dt.userspace) <= set(found):
             return None
@@ -120,13 +120,13 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
             return None
         if state.stream == dt.precompiled_stream:
             kmod = commands.precompiled_kmod(version, kernel)
-            if dt.kmod in found or not commands.all_installed(root, runner, [kmod]):
+            if dt.kmod in found or not host_state.all_installed(root, runner, [kmod]):
                 return None
             return Choice(state.stream, version, kmod, True, "installed")
-        built = root.local(commands.dkms_built(dt.dkms_name(version), version, kernel))
+        built = root.local(host_state.dkms_built(dt.dkms_name(version), version, kernel))
         if found.get(dt.kmod) != version or not built.is_dir():
             return None
-        if "nvidia" not in commands.module_files(root, kernel):
+        if "nvidia" not in host_state.module_files(root, kernel):
             return None
         return Choice(state.stream, version, dt.kmod, False, "installed")
 
@@ -139,8 +139,8 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
 
     def apply() -> None:
         base = base_argv(ctx)
-        before = commands.installed_versions(root, runner, [dt.kmod])
-        old_stream = commands.module_state(root).stream
+        before = host_state.installed_versions(root, runner, [dt.kmod])
+        old_stream = host_state.module_state(root).stream
         try:
             runner.run(commands.makecache_argv(base), stream=True, timeout=1800)
         except CommandFailed as exc:
@@ -159,17 +159,17 @@ def stream_transaction_step(ctx: Context, dt: DnfTarget) -> Step:
         ctx.target.version = choice.version
         log.info("dnf: %s %s from stream %s:%s (%s)", "installing", choice.version, commands.MODULE,
                  choice.stream, choice.reason)
-        first = commands.last_transaction(root)
+        first = host_state.last_transaction(root)
         try:
             runner.run(commands.install_argv(base, dt, choice, kernel, ctx.facts.distro),
                        stream=True, timeout=3600)
         except CommandFailed as exc:
             raise install_error(ctx, choice, exc.output_tail) from exc
-        done = commands.last_transaction(root)
+        done = host_state.last_transaction(root)
         try:
             if not choice.precompiled:
                 _ensure_dkms(ctx, dt.dkms_name(choice.version), choice.version)
-            if "nvidia" not in commands.module_files(root, kernel):
+            if "nvidia" not in host_state.module_files(root, kernel):
                 raise InstallFailed(
                     f"after the transaction there is no nvidia module for kernel {kernel} under "
                     f"/lib/modules/{kernel}/extra ({choice.kmod})"
@@ -206,15 +206,15 @@ def _ensure_dkms(ctx: Context, name: str, version: str) -> None:
     root, runner, kernel = ctx.root, ctx.runner, ctx.target.kernel
     args = ["-m", name, "-v", version, "-k", kernel]
     status = runner.run(commands.dkms_argv(root, "status", *args), check=False, timeout=120)
-    if (commands.dkms_installed(status.output, name, version, kernel)
-            and "nvidia" in commands.module_files(root, kernel)):
+    if (host_state.dkms_installed(status.output, name, version, kernel)
+            and "nvidia" in host_state.module_files(root, kernel)):
         log.info("DKMS has %s %s installed for %s", name, version, kernel)
         return
     log.info("DKMS has not installed %s %s for %s: dkms install", name, version, kernel)
     try:
         runner.run(commands.dkms_argv(root, "install", *args), stream=True, timeout=3600)
     except CommandFailed as exc:
-        make_log = commands.make_log(name, version)
+        make_log = host_state.make_log(name, version)
         text = root.read_text(make_log) or "(no make.log)"
         tail = "\n".join(text.splitlines()[-25:])
         raise ModuleBuildFailed(
@@ -235,7 +235,7 @@ def _undo(
     registers with DKMS. The old stream is enabled first: while
     the new one is, modular filtering hides the old packages from the undo."""
     log.warning("undoing dnf transaction %d", transaction)
-    if old_stream and old_stream != commands.module_state(ctx.root).stream:
+    if old_stream and old_stream != host_state.module_state(ctx.root).stream:
         ctx.runner.run(commands.module_enable_argv(base_argv(ctx), old_stream), check=False,
                        timeout=600)
     try:

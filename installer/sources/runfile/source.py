@@ -111,7 +111,7 @@ def header_decisions(config: Config, root: HostRoot, layout: Layout, runner: Run
                                 "the kernel's gcc is read from the headers' config once they "
                                 "are fetched; checked before the driver download")]
     chosen = compiler.choose(runner, major)
-    package = compiler.installable(major) if chosen is None else None
+    package = compiler.installable(major, config.compiler_packages) if chosen is None else None
     if package is not None:
         return [first, *paths, Decision("compiler", f"install {package.package}",
                                 f"{package.describe()}; kernel built with gcc {major} "
