@@ -123,3 +123,20 @@ def write_board(board: Path, work: Path) -> Path:
             write_cx7_port(work / name, port, ib_loaded=loaded)
         (work / name / "sys/devices/pci0000:c0").rename(board / name)
     return board
+
+
+def assert_fabric_manager_started_on_nvlsm(log: str) -> None:
+    """The fabricmanager container's log shows Fabric Manager started only once NVLSM's socket was
+    there: the supervisor's start line, then Fabric Manager's first line, then its connection to
+    NVLSM on the Limited PF. (NVLSM's own "SUBNET UP" line races the supervisor's: both follow the
+    socket's bind, so only its presence is asserted.)"""
+    assert "[nvlsm] SUBNET UP" in log, log[-3000:]
+    lines = log.splitlines()
+    started = next(index for index, line in enumerate(lines) if
+                   "opened /var/run/nvidia-fabricmanager/fm_sm_ipc.socket; starting" in line)
+    first_of_fm = next(index for index, line in enumerate(lines)
+                       if line.split(None, 2)[2:] and line.split(None, 2)[2].startswith(
+                           "nv-fabricmanager: "))
+    connected = next(index for index, line in enumerate(lines)
+                     if f"Connected to NVLink Subnet Manager on port GUID {LPF_GUID}" in line)
+    assert started < first_of_fm < connected, log[-3000:]

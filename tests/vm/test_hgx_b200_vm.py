@@ -18,7 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from vm.b200 import BOARD, DELIVER_NVLSM, DRIVER, IB, IB_UP, LPF_GUID, STATE, VERSION, prepare
+from vm.b200 import (
+    BOARD,
+    DELIVER_NVLSM,
+    DRIVER,
+    IB,
+    IB_UP,
+    LPF_GUID,
+    STATE,
+    VERSION,
+    assert_fabric_manager_started_on_nvlsm,
+    prepare,
+)
 from vm.guest_kernel import GuestKernel
 from vm.harness import VmResult, boot_and_run
 
@@ -118,17 +129,7 @@ def test_with_nvlsm_first_on_the_lpf_guid_the_fabric_completes(node: VmResult) -
     assert f"DRIVER_VERSION={VERSION}" in ready and "FABRIC=completed" in ready, ready
     # Fabric Manager was started only once NVLSM's socket was there.
     log = node.section("fm-log")
-    # (NVLSM's own "SUBNET UP" line races the supervisor's: both follow the socket's bind.)
-    assert "[nvlsm] SUBNET UP" in log, log[-3000:]
-    lines = log.splitlines()
-    started = next(index for index, line in enumerate(lines) if
-                   "opened /var/run/nvidia-fabricmanager/fm_sm_ipc.socket; starting" in line)
-    first_of_fm = next(index for index, line in enumerate(lines)
-                       if line.split(None, 2)[2:] and line.split(None, 2)[2].startswith(
-                           "nv-fabricmanager: "))
-    connected = next(index for index, line in enumerate(lines)
-                     if f"Connected to NVLink Subnet Manager on port GUID {LPF_GUID}" in line)
-    assert started < first_of_fm < connected, log[-3000:]
+    assert_fabric_manager_started_on_nvlsm(log)
     nvlsm, fabricmanager = node.section("daemons").splitlines()
     assert nvlsm.split()[-4:] == ["--guid", LPF_GUID, "--pid_file",
                                     "/var/run/nvidia-fabricmanager/nvlsm.pid"], nvlsm

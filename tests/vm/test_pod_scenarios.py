@@ -50,6 +50,7 @@ from kit.fabricmanager import build_fabricmanager
 from pod.image import TOOLS, Buildah, Built, build_debian_image, pause_image
 from pod.spec import Image
 
+from vm.b200 import assert_fabric_manager_started_on_nvlsm
 from vm.guest_kernel import GuestKernel
 from vm.harness import FakeGpu, VmResult, boot_and_run
 from vm.pod_b200 import LPF_GUID, SM, b200_manifest, prepare_b200
@@ -563,17 +564,7 @@ def test_a_b200_runs_nvlsm_on_the_lpf_guid_before_fabric_manager_then_is_ready(
     assert f"{version_dir}/bin/nv-fabricmanager" in fabricmanager.split(), fabricmanager
     assert fabricmanager.split()[-2:] == ["--fm-sm-mgmt-port-guid", LPF_GUID], fabricmanager
     log = second.section("b200-fm-log")
-    # (NVLSM's own "SUBNET UP" line races the supervisor's: both follow the socket's bind.)
-    assert "[nvlsm] SUBNET UP" in log, log[-3000:]
-    lines = log.splitlines()
-    started = next(index for index, line in enumerate(lines) if
-                   "opened /var/run/nvidia-fabricmanager/fm_sm_ipc.socket; starting" in line)
-    first_of_fm = next(index for index, line in enumerate(lines)
-                       if line.split(None, 2)[2:] and line.split(None, 2)[2].startswith(
-                           "nv-fabricmanager: "))
-    connected = next(index for index, line in enumerate(lines)
-                     if f"Connected to NVLink Subnet Manager on port GUID {LPF_GUID}" in line)
-    assert started < first_of_fm < connected, log[-3000:]
+    assert_fabric_manager_started_on_nvlsm(log)
     verify = _json_of(second.section("b200-verify"), 0)
     assert verify["ok"] and verify["fabric"]["state"] == "completed", verify
     assert verify["fabric"]["reasons"] == []
