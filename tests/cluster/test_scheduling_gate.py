@@ -608,8 +608,10 @@ def test_the_protocols_role_alone_may_not_touch_the_gate(env: Gate) -> None:
     registered_tainted(env)
     before = env.node()
     protocol_only = another_account(env, PROTOCOL_DIR / "rbac.yaml")
-    with protocol_only as config, pytest.raises(SchedulingGateForbidden):
+    with protocol_only as config, pytest.raises(SchedulingGateForbidden) as caught:
         gate.open_for(config, NEW)
+    assert "without the scheduling gate's role (components/scheduling-gate)" in \
+        caught.value.message
     assert env.node() == before
     assert [s.status for s in env.proxy.writes()] == [403]
 
