@@ -127,7 +127,8 @@ class Gate:
         return any(t["key"] == KEY and t["effect"] == "NoSchedule" for t in self.taints())
 
     def label(self) -> str | None:
-        return self.node()["metadata"]["labels"].get(gate.VERSION_LABEL)
+        labels: dict[str, str] = self.node()["metadata"]["labels"]
+        return labels.get(gate.VERSION_LABEL)
 
     def writes(self) -> list[str]:
         """The installer's writes as the proxy passed them on (without their query)."""
@@ -304,8 +305,13 @@ def test_after_a_reboot_the_node_is_tainted_before_the_install(
     fake_verify(monkeypatch, env, seen=seen)
     ctx = env.context(env.config(), FakeRunner())
     closed_first: list[bool] = []
+
+    def install_and_load() -> None:
+        closed_first.append(env.tainted())
+        env.loaded(NEW)
+
     install = Step("install", "install and load", lambda: host.loaded_driver(ctx.root) is not None,
-                   lambda: closed_first.append(env.tainted()) or env.loaded(NEW))
+                   install_and_load)
 
     run(ctx, [install])
 

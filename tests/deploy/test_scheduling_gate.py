@@ -54,7 +54,8 @@ def both_docs() -> list[dict[str, Any]]:
 
 
 def _container(ds: dict[str, Any], name: str) -> dict[str, Any]:
-    (found,) = [c for c in pod_spec(ds)["containers"] if c["name"] == name]
+    containers: list[dict[str, Any]] = pod_spec(ds)["containers"]
+    (found,) = [c for c in containers if c["name"] == name]
     return found
 
 
