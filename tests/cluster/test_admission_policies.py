@@ -7,8 +7,11 @@ report no type-checking warning for any of them."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -19,7 +22,10 @@ import yaml
 from deploy.manifests import DAEMONSET_DIR
 from lib.controlplane import ApiError, ControlPlane, kubeconfig, token_claims
 
+from cluster.realcluster import RealNodes
+from installer.cluster import protocol
 from installer.cluster.client import NodeClient
+from installer.cluster.protocol import PAUSED
 
 COMPONENTS = DAEMONSET_DIR / "components"
 POLICY_FILES = sorted(COMPONENTS.glob("*/admission-policy.yaml"))
@@ -101,11 +107,11 @@ def nodes(cluster: ControlPlane, request: pytest.FixtureRequest) -> Iterator[Cal
     """Makes Nodes named after the test (a real registration: labels, a taint, Ready)."""
     base = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
 
-    def make(**labels: str) -> str:
+    def make(taints: list[dict[str, str]] | None = None, **labels: str) -> str:
         name = f"{base}-{next(_count)}"
         cluster.node(name, labels={PLUGIN: "true", **labels},
-                     taints=[{"key": "nvidia.com/gpu", "value": "present",
-                              "effect": "NoSchedule"}])
+                     taints=taints or [{"key": "nvidia.com/gpu", "value": "present",
+                                        "effect": "NoSchedule"}])
         return name
 
     yield make
@@ -263,6 +269,9 @@ def test_labels_the_installer_writes_are_admitted_others_denied(
                             "(no feature of the installer writes them)")
     _denied(lambda: patch_node(cluster, node, {"metadata": {"labels": {
         "kubernetes.io/hostname": "elsewhere"}}}, token))
+    message = _denied(lambda: patch_node(cluster, node, {"metadata": {"labels": {
+        "kubernetes.io/hostname": None}}}, token, MERGE))
+    assert "may not change the labels kubernetes.io/hostname" in message
     stored = patch_node(cluster, node, {"metadata": {"labels": {
         PLUGIN: "paused-for-driver-upgrade", STATE_LABEL: "draining",
         "nvidia-driver-installer/driver-version": "580.105.08"}}}, token)
@@ -281,9 +290,10 @@ def test_the_denial_names_what_was_refused(cluster: ControlPlane,
     node = nodes()
     token = cluster.pod_token(node)
     gate_only = cluster.pod_token(node, account=GATE_ONLY)
-    cases = [
-        (token, {"metadata": {"labels": {"team": "a", "node-role.kubernetes.io/gpu": ""}}},
-         "may not change the labels node-role.kubernetes.io/gpu, team (no feature of the "
+    cases: list[tuple[str, dict[str, Any], str]] = [
+        # The server's CEL walks a map in no fixed order: one label refused, named alone.
+        (token, {"metadata": {"labels": {"node-role.kubernetes.io/gpu": ""}}},
+         "may not change the labels node-role.kubernetes.io/gpu (no feature of the "
          "installer writes them)"),
         (token, {"metadata": {"annotations": {"example.com/x": "1"}}},
          "may not change the annotations example.com/x (no feature of the installer writes "
@@ -368,6 +378,11 @@ def test_other_spec_fields_and_metadata_are_denied(cluster: ControlPlane,
     message = _denied(lambda: patch_node(cluster, node, {"spec": {"providerID": "gce://x"}},
                                          token))
     assert "may change only spec.unschedulable" in message
+    # Unset podCIDR may be set once by the server's own validation: the policy refuses it.
+    message = _denied(lambda: patch_node(cluster, node, {"spec": {"podCIDR": "10.9.9.0/24"}},
+                                         token))
+    assert "may change only spec.unschedulable" in message
+    assert "podCIDR" not in cluster.get(f"/api/v1/nodes/{node}")["spec"]
     message = _denied(lambda: patch_node(cluster, node, {"metadata": {
         "finalizers": ["example.com/hold"]}}, token, MERGE))
     assert "owner references or finalizers" in message
@@ -445,10 +460,15 @@ def test_owner_references_and_finalizers_through_nodes_status_never_reach_etcd(
     node = nodes()
     token = cluster.pod_token(node)
     uid = cluster.get(f"/api/v1/nodes/{node}")["metadata"]["uid"]
-    for body, key in (({"metadata": {"finalizers": ["example.com/hold"]}}, "finalizers"),
-                      ({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Node",
-                                                          "name": node, "uid": uid}]}},
-                       "ownerReferences")):
+    owner = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}]
+    for key, value in (("finalizers", ["example.com/hold"]), ("ownerReferences", owner)):
+        body = {"metadata": {key: value}}
+        # The premise, asked of the server: its Node status strategy keeps this metadata when
+        # sent through nodes/status (the administrator's dry run answers the object as it
+        # would be stored), so the policy's denial is all that keeps the token's out of etcd.
+        would_be = cluster.request("PATCH", f"/api/v1/nodes/{node}/status", body,
+                                   content_type=SMP, query={"dryRun": "All"})
+        assert would_be["metadata"][key] == value
         message = _denied(partial(patch_status, cluster, node, body, token))
         assert message.endswith("may change no node metadata through nodes/status "
                                 f"(changed: {key})")
@@ -594,6 +614,209 @@ def test_pods_deleted_only_on_its_own_node(cluster: ControlPlane,
     assert f"may delete only pods on its own node ({mine})" in message
     assert "deletionTimestamp" not in cluster.get(
         f"/api/v1/namespaces/{ns}/pods/{theirs}")["metadata"]
+    # A pod on no node (held by a scheduling gate) is no pod of its node either.
+    cluster.create(f"/api/v1/namespaces/{ns}/pods", {
+        "metadata": {"name": f"pending-{mine}"[:63]},
+        "spec": {"schedulingGates": [{"name": "example.com/hold"}],
+                 "containers": [{"name": "c", "image": "gpu:test"}]}})
+    message = _denied(lambda: cluster.request(
+        "DELETE", f"/api/v1/namespaces/{ns}/pods/" + f"pending-{mine}"[:63], token=token))
+    assert f"may delete only pods on its own node ({mine})" in message
+    # A token bound to no pod names no node: not even the pods on `mine`.
+    unbound = cluster.create("/api/v1/namespaces/kube-system/serviceaccounts/"
+                             "nvidia-driver-installer/token",
+                             {"spec": {"audiences": [], "expirationSeconds": 600}})
+    _denied(lambda: cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{ours}",
+                                    token=unbound["status"]["token"]))
+    assert "deletionTimestamp" not in cluster.get(
+        f"/api/v1/namespaces/{ns}/pods/{ours}")["metadata"]
     # No kubelet: a pod bound to a node stays Terminating after a graceful delete.
     deleted = cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{ours}", token=token)
     assert "deletionTimestamp" in deleted["metadata"]
+
+
+# --- the upgrade protocol's writes, and who the policies hold ---------------------------------
+
+
+DENIED_BY = re.compile(r"ValidatingAdmissionPolicy 'nvidia-driver-installer-(own-node|"
+                       r"scheduling-gate|driver-version)' with binding "
+                       r"'nvidia-driver-installer-\1' denied request: ")
+
+
+def _begin(node_annotation: str = '{"from":"580.105.08","to":"580.126.20","cordoned":true}'
+           ) -> dict[str, Any]:
+    """What the upgrade protocol's begin (installer/cluster/protocol.py) merges into its node:
+    cordon, its GPU clients paused, the state label and its annotation."""
+    return {"spec": {"unschedulable": True},
+            "metadata": {"labels": {PLUGIN: PAUSED,
+                                    "nvidia.com/gpu.deploy.gpu-feature-discovery": PAUSED,
+                                    STATE_LABEL: "draining"},
+                         "annotations": {UPGRADE_ANNOTATION: node_annotation}}}
+
+
+def test_every_write_of_the_upgrade_protocol_on_its_own_node_is_admitted(
+        cluster: ControlPlane, nodes: Callable[..., str]) -> None:
+    """Begin, a state step and the restore (labels put back or removed, uncordon, the
+    annotation removed), each stored as sent."""
+    node = nodes()
+    token = cluster.pod_token(node)
+    stored = patch_node(cluster, node, _begin(), token, MERGE)
+    assert stored["spec"]["unschedulable"] is True
+    assert stored["metadata"]["labels"][PLUGIN] == PAUSED
+    assert stored["metadata"]["annotations"][UPGRADE_ANNOTATION].startswith('{"from"')
+    stored = patch_node(cluster, node, {"metadata": {"labels": {STATE_LABEL: "unloading"}}},
+                        token, MERGE)
+    assert stored["metadata"]["labels"][STATE_LABEL] == "unloading"
+    stored = patch_node(cluster, node, {
+        "spec": {"unschedulable": None},
+        "metadata": {"labels": {PLUGIN: "true",
+                                "nvidia.com/gpu.deploy.gpu-feature-discovery": None,
+                                STATE_LABEL: "upgrade-done"},
+                     "annotations": {UPGRADE_ANNOTATION: None}}}, token, MERGE)
+    assert "unschedulable" not in stored["spec"]
+    labels = stored["metadata"]["labels"]
+    assert labels[PLUGIN] == "true" and labels[STATE_LABEL] == "upgrade-done"
+    assert "nvidia.com/gpu.deploy.gpu-feature-discovery" not in labels
+    assert UPGRADE_ANNOTATION not in stored["metadata"].get("annotations", {})
+
+
+def test_another_node_is_denied_whatever_the_change(cluster: ControlPlane,
+                                                    nodes: Callable[..., str]) -> None:
+    mine, other = nodes(), nodes()
+    token = cluster.pod_token(mine)
+    before = cluster.get(f"/api/v1/nodes/{other}")
+    taints = before["spec"]["taints"]
+    for change in ({"spec": {"unschedulable": True}},
+                   {"spec": {"taints": [*taints, {"key": "evil", "effect": "NoExecute"}]}},
+                   {"metadata": {"labels": {PLUGIN: PAUSED}}}):
+        message = _denied(partial(patch_node, cluster, other, change, token, MERGE))
+        assert DENIED_BY.search(message), message
+        assert (f"may change only the node its pod runs on ({mine}), not {other}"
+                in message), (change, message)
+    after = cluster.get(f"/api/v1/nodes/{other}")
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+
+
+def test_a_control_plane_nodes_taints_cannot_be_removed(cluster: ControlPlane,
+                                                        nodes: Callable[..., str]) -> None:
+    """Not even by a token bound to a pod on that very node."""
+    control = [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]
+    node = nodes(taints=control)
+    token = cluster.pod_token(node)
+    message = _denied(lambda: patch_node(cluster, node, {"spec": {"taints": None}}, token,
+                                         MERGE))
+    assert "may not add, change or remove taints" in message
+    assert "node-role.kubernetes.io/control-plane" in message
+    # The server added its own not-ready taint at create; the control plane's stays.
+    assert control[0] in cluster.get(f"/api/v1/nodes/{node}")["spec"]["taints"]
+
+
+def test_a_long_node_names_cut_reporting_instance_is_its_own(
+        cluster: ControlPlane, nodes: Callable[..., str]) -> None:
+    """The server caps reportingInstance at 128 characters and the installer cuts its own
+    there: the cut one is admitted, a shorter cut or another node's is not."""
+    node = nodes()
+    long_name = node + "-" + "n" * (124 - len(node) - 1)
+    # The hostname label is a label value (63 characters at most); the name may be longer.
+    cluster.node(long_name, labels={"kubernetes.io/hostname": "long-node"})
+    token = cluster.pod_token(long_name)
+    uid = cluster.get(f"/api/v1/nodes/{long_name}")["metadata"]["uid"]
+    instance = f"nvidia-driver-installer-{long_name}"
+    assert len(instance) > 128
+    event = _installer_event(long_name, uid)
+    event["metadata"]["generateName"] = "long-node."
+    for cut, says in ((instance[:127], "may post events only as nvidia-driver-installer"),
+                      (f"nvidia-driver-installer-{node}", "may post events only as")):
+        message = _denied(partial(cluster.create, "/api/v1/namespaces/default/events",
+                                  {**event, "reportingInstance": cut}, token=token))
+        assert says in message, (cut, message)
+    posted = cluster.create("/api/v1/namespaces/default/events",
+                            {**event, "reportingInstance": instance[:128]}, token=token)
+    assert posted["reportingInstance"] == instance[:128]
+
+
+@pytest.mark.parametrize(("namespace", "account"), [
+    ("gpu-system", "nvidia-driver-installer"),
+    ("kube-system", "prod-nvidia-driver-installer"),
+])
+def test_the_installers_account_moved_or_renamed_by_kustomize_is_still_held(
+        cluster: ControlPlane, namespace: str, account: str) -> None:
+    """kustomize's `namespace:` and namePrefix rewrite the ServiceAccount and its RBAC subjects
+    but not a username written into CEL: such an account's real token, its role bound, is
+    held as the shipped one is."""
+    cluster.namespace(namespace)
+    cluster.service_account(namespace, account)
+    real = RealNodes(cluster, account, namespace=namespace)
+    try:
+        real.bind(COMPONENTS / "upgrade-protocol" / "rbac.yaml")
+        real.wait_allowed("patch", "nodes")
+        real.wait_allowed("delete", "pods")
+        mine, other = f"moved-{namespace}-{account}"[:50], f"moved-{namespace}-other"
+        real.node(mine)
+        real.node(other)
+        token = real.token(mine)
+        assert token_claims(token)["sub"] == f"system:serviceaccount:{namespace}:{account}"
+        message = _denied(lambda: patch_node(cluster, other, {"spec": {"unschedulable": True}},
+                                             token, MERGE))
+        assert f"may change only the node its pod runs on ({mine}), not {other}" in message
+        ns, theirs = _pod(cluster, other, f"victim-{other}"[:63])
+        message = _denied(lambda: cluster.request(
+            "DELETE", f"/api/v1/namespaces/{ns}/pods/{theirs}", token=token))
+        assert f"may delete only pods on its own node ({mine})" in message
+        stored = patch_node(cluster, mine, _begin(), token, MERGE)
+        assert stored["metadata"]["labels"][STATE_LABEL] == "draining"
+        cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{theirs}",
+                        {"gracePeriodSeconds": 0})
+    finally:
+        real.close()
+
+
+def _as_user(cp: ControlPlane, username: str, method: str, path: str, body: Any,
+             content_type: str) -> dict[str, Any]:
+    """The request made by the administrator impersonating `username` in system:masters:
+    whatever RBAC grants, the policies see that username (and no token claims)."""
+    request = urllib.request.Request(cp.url + path, data=json.dumps(body).encode(),
+                                     method=method)
+    for header, value in (("Content-Type", content_type), ("Accept", "application/json"),
+                          ("Impersonate-User", username),
+                          ("Impersonate-Group", "system:masters")):
+        request.add_header(header, value)
+    try:
+        with urllib.request.urlopen(request, context=cp._context(True), timeout=30) as answer:
+            return dict(json.loads(answer.read()))
+    except urllib.error.HTTPError as e:
+        raise ApiError(e.code, json.loads(e.read())) from None
+
+
+@pytest.mark.parametrize("username", [
+    "kubernetes-admin",
+    "nvidia-driver-installer",  # a user (not a ServiceAccount) of that name
+    "system:serviceaccount:gpu-system:gpu-operator",
+    "system:serviceaccount:kube-system:node-controller",
+    "system:node:gpu-node-2",
+])
+def test_other_users_are_not_the_policies_business(cluster: ControlPlane,
+                                                   nodes: Callable[..., str],
+                                                   username: str) -> None:
+    """No node claim, another node, a change no feature makes: admitted, because the
+    policies' match conditions hold only ServiceAccounts named *nvidia-driver-installer."""
+    node = nodes()
+    stored = _as_user(cluster, username, "PATCH", f"/api/v1/nodes/{node}", {
+        "spec": {"unschedulable": True}, "metadata": {"labels": {"team": "x"}}}, MERGE)
+    assert stored["spec"]["unschedulable"] is True
+    assert stored["metadata"]["labels"]["team"] == "x"
+
+
+def test_the_fields_the_installer_writes_are_named_in_one_place() -> None:
+    """The place a new field of a feature (as the gate's taint and label did) goes: the own-node
+    policy's variables, each key written once."""
+    path = COMPONENTS / "upgrade-protocol" / "admission-policy.yaml"
+    (own_node,) = [d for d in yaml.safe_load_all(path.read_text())
+                   if d and d["metadata"]["name"] == "nvidia-driver-installer-own-node"
+                   and d["kind"] == "ValidatingAdmissionPolicy"]
+    names = [v["name"] for v in own_node["spec"]["variables"]]
+    assert {"upgradeLabels", "upgradeLabelPrefixes", "upgradeAnnotations", "gateLabels",
+            "gateTaintKey", "driverLabels", "driverAnnotations", "mayCordon"} <= set(names)
+    text = path.read_text()
+    assert (text.count(protocol.STATE_LABEL) == 1
+            and text.count(protocol.ANNOTATION + "'") == 1)
