@@ -51,6 +51,14 @@ class Hook:
 
 
 @dataclass
+class Rewrite:
+    method: str
+    path: re.Pattern[str]
+    to: Callable[[str], str]  # the request's path with its query -> what is passed on
+    times: int
+
+
+@dataclass
 class Seen:
     method: str
     path: str  # with the query
@@ -59,6 +67,7 @@ class Seen:
     bytes_in: int
     bytes_out: int
     at: float = field(default_factory=time.monotonic)
+    body: bytes = b""  # what the client sent (a DELETE's options, a PATCH's patch)
 
     @property
     def is_write(self) -> bool:
@@ -71,6 +80,7 @@ class ApiProxy:
         self.tls = make_tls(directory)
         self.faults: list[Fault] = []
         self.hooks: list[Hook] = []
+        self.rewrites: list[Rewrite] = []
         self.seen: list[Seen] = []
         self.lock = threading.Lock()
         upstream = urlsplit(cp.url)
@@ -109,6 +119,23 @@ class ApiProxy:
         change (a 409 for a write guarded by the resourceVersion read before it)."""
         with self.lock:
             self.hooks.append(Hook(method, re.compile(path), action, times))
+
+    def rewrite(self, method: str, path: str, to: Callable[[str], str], *,
+                times: int = 1_000_000) -> None:
+        """The next `times` matching requests are passed on as `to(path with query)` asks,
+        and the server's answer to that goes back: a list whose field selector the proxy
+        drops is answered as a server that ignored it would answer (with every pod)."""
+        with self.lock:
+            self.rewrites.append(Rewrite(method, re.compile(path), to, times))
+
+    def _rewritten(self, method: str, path: str) -> str:
+        with self.lock:
+            for rewrite in self.rewrites:
+                if (rewrite.times > 0 and rewrite.method == method
+                        and rewrite.path.match(path.split("?")[0])):
+                    rewrite.times -= 1
+                    return rewrite.to(path)
+        return path
 
     def kubeconfig(self, path: Path, token: str) -> Path:
         return kubeconfig(path, self.url, self.tls.ca_file, token=token)
@@ -175,7 +202,8 @@ class ApiProxy:
                                                    context=proxy._upstream_tls, timeout=60)
                 headers = {k: v for k, v in self.headers.items()
                            if k.lower() not in ("host", "connection", "content-length")}
-                conn.request(self.command, self.path, body=body or None, headers=headers)
+                conn.request(self.command, proxy._rewritten(self.command, self.path),
+                             body=body or None, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
                 self.send_response(resp.status)
@@ -186,12 +214,13 @@ class ApiProxy:
                 self.end_headers()
                 self.wfile.write(data)
                 conn.close()
-                self._record(resp.status, False, len(body), len(data))
+                self._record(resp.status, False, len(body), len(data), body)
 
-            def _record(self, status: int, injected: bool, bytes_in: int, out: int) -> None:
+            def _record(self, status: int, injected: bool, bytes_in: int, out: int,
+                        body: bytes = b"") -> None:
                 with proxy.lock:
                     proxy.seen.append(Seen(self.command, self.path, status, injected, bytes_in,
-                                           out))
+                                           out, body=body))
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _any
 
