@@ -1,7 +1,7 @@
 """The upgrade protocol's side of a test on the real control plane: a Node (and another) with
 the GPU operator's deploy labels, the test's own namespace, the node agent running their pods,
 the shipped upgrade-protocol policy enforced, and `ready` binding the role and making the
-installer's pod-bound token (tests/cluster/test_dra_real.py, test_protocol_real.py)."""
+installer's pod-bound token (tests/cluster/test_dra.py, test_protocol.py)."""
 
 from __future__ import annotations
 
@@ -294,3 +294,31 @@ def trimmed_rbac(d: Drain, directory: Path, tag: str,
     path = directory / f"rbac-{tag}.yaml"
     path.write_text(yaml.safe_dump_all(docs))
     return path
+
+
+def allocate(d: Drain, claim: str, pod: dict, driver: str, node: str | None = None) -> None:
+    """The claim allocated by `driver` on `node` and reserved for `pod`, as the scheduler
+    leaves it (Drain.dra_pod does the same for the pods it makes)."""
+    node = node or d.node
+    path = f"{RESOURCE}/namespaces/{d.ns}/resourceclaims/{claim}"
+    current = d.cp.get(path)
+    current["status"] = {
+        "allocation": {"devices": {"results": [{"request": "gpu", "driver": driver,
+                                                "pool": node, "device": "gpu-0"}]},
+                       "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{
+                           "key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"],
+                         "uid": pod["metadata"]["uid"]}]}
+    d.cp.request("PUT", f"{path}/status", current)
+
+
+def generated_claim(d: Drain, pod: str) -> str:
+    """The name the resourceclaim controller gave the claim it made for the pod."""
+    deadline = time.monotonic() + 30
+    while True:
+        statuses = d.cp.get(f"/api/v1/namespaces/{d.ns}/pods/{pod}").get(
+            "status", {}).get("resourceClaimStatuses") or []
+        if statuses and statuses[0].get("resourceClaimName"):
+            return str(statuses[0]["resourceClaimName"])
+        assert time.monotonic() < deadline, "the resourceclaim controller made no claim"
+        time.sleep(0.1)
