@@ -119,19 +119,35 @@ def test_without_the_claims_grant_the_protocol_is_refused_and_the_node_restored(
 
 
 
-def test_claims_are_read_through_the_version_the_cluster_serves(drain: Drain) -> None:
-    """Kubernetes 1.36 serves resource.k8s.io/v1: the installer asks the group once which
-    versions it serves and reads every claim through v1."""
+@pytest.mark.parametrize("served, used", [
+    (("v1beta1",), "v1beta1"),  # Kubernetes 1.32
+    (("v1beta2", "v1beta1"), "v1beta2"),  # 1.33
+    (None, "v1"),  # this server (1.36) as it answers: v1, v1beta2, v1beta1
+])
+def test_claims_are_read_through_the_version_the_cluster_serves(
+        drain: Drain, served: tuple[str, ...] | None, used: str) -> None:
+    """The installer asks the group once which versions it serves and reads every claim
+    through the newest it knows. An older cluster's discovery is the proxy's answer; the
+    claims are read from the real server through that version (it serves the beta versions
+    too: tests/lib/controlplane.py's RUNTIME_CONFIG)."""
     drain.dra_pod("train", "gpu.nvidia.com")
     drain.dra_pod("imex", "compute-domain.nvidia.com", template=True)
     config = ready(drain)
+    if served is not None:
+        drain.proxy.answer("GET", r"/apis/resource\.k8s\.io$", 200, {
+            "kind": "APIGroup", "apiVersion": "v1", "name": "resource.k8s.io",
+            "versions": [{"groupVersion": f"resource.k8s.io/{v}", "version": v}
+                         for v in served],
+            "preferredVersion": {"groupVersion": f"resource.k8s.io/{served[0]}",
+                                 "version": served[0]}}, times=1000)
 
     drain.make_room(config)
 
     assert drain.pods() == set()
-    reads = [s.path for s in drain.proxy.seen if "resourceclaims" in s.path]
-    assert reads and all(p.startswith(f"{RESOURCE}/namespaces/{drain.ns}/resourceclaims/")
-                         for p in reads)
+    reads = [s for s in drain.proxy.seen if "resourceclaims" in s.path]
+    assert reads and all(s.status == 200 for s in reads)
+    assert all(s.path.startswith(f"/apis/resource.k8s.io/{used}/namespaces/{drain.ns}/"
+                                 "resourceclaims/") for s in reads)
     assert [s.path for s in drain.proxy.seen].count("/apis/resource.k8s.io") == 1
 
 

@@ -12,6 +12,7 @@ included, so the server authenticates, authorizes and admits as it would.
 from __future__ import annotations
 
 import http.client
+import json
 import re
 import ssl
 import threading
@@ -40,6 +41,7 @@ class Fault:
     retry_after: str | None = None
     hang: float = 0.0
     after: int = 0  # let this many matching requests through first
+    body: bytes | None = None  # the answer's body instead of a metav1.Status
 
 
 @dataclass
@@ -111,6 +113,14 @@ class ApiProxy:
         with self.lock:
             self.faults.append(Fault(method, re.compile(path), status, times, retry_after,
                                      hang, after))
+
+    def answer(self, method: str, path: str, status: int, body: object, *,
+               times: int = 1) -> None:
+        """The next `times` matching requests are answered by the proxy with `status` and
+        `body` (JSON): an API group's discovery as an older server would answer it."""
+        with self.lock:
+            self.faults.append(Fault(method, re.compile(path), status, times,
+                                     body=json.dumps(body).encode()))
 
     def before(self, method: str, path: str, action: Callable[[], object], *,
                times: int = 1) -> None:
@@ -186,6 +196,8 @@ class ApiProxy:
                     payload = (f'{{"kind":"Status","apiVersion":"v1","status":"Failure",'
                                f'"message":"injected {fault.status}","reason":"{reason}",'
                                f'"code":{fault.status}}}').encode()
+                    if fault.body is not None:
+                        payload = fault.body
                     self.send_response(fault.status)
                     self.send_header("Content-Type", "application/json")
                     if fault.retry_after is not None:
