@@ -145,6 +145,12 @@ def drain(control_plane: ControlPlane, tmp_path: Path,
             try:
                 yield d
             finally:
+                # The namespace outlives the test (no namespace controller runs): its pods
+                # go, or every later test's node agent and disruption controller see them.
+                with contextlib.suppress(ApiError):
+                    control_plane.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
+                                          {"kind": "DeleteOptions", "apiVersion": "v1",
+                                           "gracePeriodSeconds": 0})
                 for role in d.roles:
                     with contextlib.suppress(ApiError):
                         control_plane.request(
