@@ -12,25 +12,22 @@ whose discovery answers 404 (the proxy answers so)."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from pathlib import Path
 
 import pytest
-import yaml
-from lib.controlplane import ApiError
 
 from cluster.realdrain import (
     DRA_PLUGIN,
     PLUGIN,
-    PROTOCOL,
     RESOURCE,
     Drain,
     allocate,
     drain,
     generated_claim,
     ready,
+    trimmed_rbac,
 )
 from installer.cluster import dra, protocol
 from installer.errors import ClusterApiForbidden, EvictionTimeout
@@ -38,6 +35,8 @@ from installer.hostroot import HostRoot
 from installer.layout import Layout
 
 __all__ = ["drain"]  # the fixture, imported for pytest
+
+
 def test_pods_holding_nvidia_claims_are_drained_and_others_stay(drain: Drain) -> None:
     drain.dra_pod("direct", "gpu.nvidia.com")
     drain.dra_pod("templated", "gpu.nvidia.com", template=True)
@@ -98,25 +97,15 @@ def test_the_dra_plugin_is_paused_only_after_the_claim_pods_are_gone(drain: Drai
 
 def test_without_the_claims_grant_the_protocol_is_refused_and_the_node_restored(
         drain: Drain, tmp_path: Path) -> None:
-    docs = [d for d in yaml.safe_load_all((PROTOCOL / "rbac.yaml").read_text()) if d]
-    for doc in docs:
-        if doc["kind"] == "ClusterRole":
-            doc["metadata"]["name"] = f"no-claims-{drain.ns}"
-            doc["rules"] = [r for r in doc["rules"] if "resourceclaims" not in r["resources"]]
-        if doc["kind"] == "ClusterRoleBinding":
-            doc["roleRef"]["name"] = f"no-claims-{drain.ns}"
-    rbac = tmp_path / "rbac-without-claims.yaml"
-    rbac.write_text(yaml.safe_dump_all(docs))
+    def without_claims(rules: list[dict]) -> list[dict]:
+        return [r for r in rules if "resourceclaims" not in r["resources"]]
+
     drain.dra_pod("train", "gpu.nvidia.com")
-    config = ready(drain, rbac)
+    config = ready(drain, trimmed_rbac(drain, tmp_path, "no-claims", without_claims))
     with pytest.raises(ClusterApiForbidden, match="resourceclaims"):
         drain.make_room(config)
     assert "train" in drain.pods()
     assert "unschedulable" not in drain.real.get_node(drain.node)["spec"]
-    with contextlib.suppress(ApiError):
-        drain.cp.request("DELETE", f"/apis/rbac.authorization.k8s.io/v1/clusterroles/"
-                         f"no-claims-{drain.ns}")
-
 
 
 @pytest.mark.parametrize("served, used", [
