@@ -12,6 +12,7 @@ included, so the server authenticates, authorizes and admits as it would.
 from __future__ import annotations
 
 import http.client
+import json
 import re
 import ssl
 import threading
@@ -40,6 +41,7 @@ class Fault:
     retry_after: str | None = None
     hang: float = 0.0
     after: int = 0  # let this many matching requests through first
+    body: bytes | None = None  # the answer's body instead of a metav1.Status
 
 
 @dataclass
@@ -47,6 +49,14 @@ class Hook:
     method: str
     path: re.Pattern[str]
     action: Callable[[], object]
+    times: int
+
+
+@dataclass
+class Rewrite:
+    method: str
+    path: re.Pattern[str]
+    to: Callable[[str], str]  # the request's path with its query -> what is passed on
     times: int
 
 
@@ -59,6 +69,7 @@ class Seen:
     bytes_in: int
     bytes_out: int
     at: float = field(default_factory=time.monotonic)
+    body: bytes = b""  # what the client sent (a DELETE's options, a PATCH's patch)
 
     @property
     def is_write(self) -> bool:
@@ -71,6 +82,7 @@ class ApiProxy:
         self.tls = make_tls(directory)
         self.faults: list[Fault] = []
         self.hooks: list[Hook] = []
+        self.rewrites: list[Rewrite] = []
         self.seen: list[Seen] = []
         self.lock = threading.Lock()
         upstream = urlsplit(cp.url)
@@ -102,6 +114,14 @@ class ApiProxy:
             self.faults.append(Fault(method, re.compile(path), status, times, retry_after,
                                      hang, after))
 
+    def answer(self, method: str, path: str, status: int, body: object, *,
+               times: int = 1) -> None:
+        """The next `times` matching requests are answered by the proxy with `status` and
+        `body` (JSON): an API group's discovery as an older server would answer it."""
+        with self.lock:
+            self.faults.append(Fault(method, re.compile(path), status, times,
+                                     body=json.dumps(body).encode()))
+
     def before(self, method: str, path: str, action: Callable[[], object], *,
                times: int = 1) -> None:
         """Runs `action` (say, an administrator's write) just before the next `times` matching
@@ -109,6 +129,23 @@ class ApiProxy:
         change (a 409 for a write guarded by the resourceVersion read before it)."""
         with self.lock:
             self.hooks.append(Hook(method, re.compile(path), action, times))
+
+    def rewrite(self, method: str, path: str, to: Callable[[str], str], *,
+                times: int = 1_000_000) -> None:
+        """The next `times` matching requests are passed on as `to(path with query)` asks,
+        and the server's answer to that goes back: a list whose field selector the proxy
+        drops is answered as a server that ignored it would answer (with every pod)."""
+        with self.lock:
+            self.rewrites.append(Rewrite(method, re.compile(path), to, times))
+
+    def _rewritten(self, method: str, path: str) -> str:
+        with self.lock:
+            for rewrite in self.rewrites:
+                if (rewrite.times > 0 and rewrite.method == method
+                        and rewrite.path.match(path.split("?")[0])):
+                    rewrite.times -= 1
+                    return rewrite.to(path)
+        return path
 
     def kubeconfig(self, path: Path, token: str) -> Path:
         return kubeconfig(path, self.url, self.tls.ca_file, token=token)
@@ -159,6 +196,8 @@ class ApiProxy:
                     payload = (f'{{"kind":"Status","apiVersion":"v1","status":"Failure",'
                                f'"message":"injected {fault.status}","reason":"{reason}",'
                                f'"code":{fault.status}}}').encode()
+                    if fault.body is not None:
+                        payload = fault.body
                     self.send_response(fault.status)
                     self.send_header("Content-Type", "application/json")
                     if fault.retry_after is not None:
@@ -175,7 +214,8 @@ class ApiProxy:
                                                    context=proxy._upstream_tls, timeout=60)
                 headers = {k: v for k, v in self.headers.items()
                            if k.lower() not in ("host", "connection", "content-length")}
-                conn.request(self.command, self.path, body=body or None, headers=headers)
+                conn.request(self.command, proxy._rewritten(self.command, self.path),
+                             body=body or None, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
                 self.send_response(resp.status)
@@ -186,12 +226,13 @@ class ApiProxy:
                 self.end_headers()
                 self.wfile.write(data)
                 conn.close()
-                self._record(resp.status, False, len(body), len(data))
+                self._record(resp.status, False, len(body), len(data), body)
 
-            def _record(self, status: int, injected: bool, bytes_in: int, out: int) -> None:
+            def _record(self, status: int, injected: bool, bytes_in: int, out: int,
+                        body: bytes = b"") -> None:
                 with proxy.lock:
                     proxy.seen.append(Seen(self.command, self.path, status, injected, bytes_in,
-                                           out))
+                                           out, body=body))
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _any
 

@@ -63,6 +63,9 @@ for pid in pids:
         pass
 shutil.rmtree(directory, ignore_errors=True)
 """
+# resource.k8s.io's beta versions served besides v1 (off by default since 1.34): what a 1.32 or
+# 1.33 cluster serves, for the installer's choice of version (tests/cluster/test_dra.py).
+RUNTIME_CONFIG = ("--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true",)
 START_TIMEOUT = 180.0  # a loaded 2-core machine; an idle one is ready in seconds
 # The control plane starts in a background thread while other tests run, among them unit tests
 # whose guard replaces subprocess.Popen to refuse their own processes: this module keeps the real
@@ -358,7 +361,7 @@ def start() -> ControlPlane:
             f"--service-account-signing-key-file={d / 'sa.key'}",
             "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
             "--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none",
-            "--allow-privileged=true", "--profiling=false"])
+            "--allow-privileged=true", "--profiling=false", *RUNTIME_CONFIG])
         kubeconfig(cp.admin_kubeconfig, cp.url, cp.ca, cert=d / "admin.crt",
                    key=d / "admin.key")
 
