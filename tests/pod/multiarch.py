@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tomllib
-
-from pod.image import (
+from lib.podimage import (
     IMAGE_PYTHON,
     REPO,
     Buildah,
@@ -26,7 +25,7 @@ from pod.image import (
     serve,
     wheelhouse,
 )
-from pod.spec import Image
+from lib.podspec import Image
 
 PLATFORMS = ("linux/amd64", "linux/arm64")
 FINISHED = "build-finished"  # in a CachedBuildah's storage

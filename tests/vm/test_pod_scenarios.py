@@ -1,4 +1,4 @@
-"""The product image, built for real (tests/pod/image.py), run as the DaemonSet's pod with runc
+"""The product image, built for real (tests/lib/podimage.py), run as the DaemonSet's pod with runc
 in a booted kernel (tests/pod), for three manifests: ours (the debian overlay rendered), seeds/000's
 and GKE's Ubuntu shape, each with only the installer's `image:` changed. Two boots share one disk:
 
@@ -47,8 +47,8 @@ import pytest
 import yaml
 from deploy.manifests import DAEMONSET_DIR, FIXTURES, render
 from kit.fabricmanager import build_fabricmanager
-from pod.image import TOOLS, Buildah, Built, build_debian_image, pause_image
-from pod.spec import Image
+from lib.podimage import TOOLS, Buildah, Built, build_debian_image, pause_image
+from lib.podspec import Image
 
 from vm.b200 import assert_fabric_manager_started_on_nvlsm
 from vm.guest_kernel import GuestKernel

@@ -22,7 +22,7 @@ from pathlib import Path
 import tomllib
 from kit.cache import mmdebstrap_tarball
 
-from pod.spec import Image
+from lib.podspec import Image
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = "bookworm"
