@@ -266,7 +266,7 @@ def prepare_files(built: Built, pause: Image, files: Path, kernel: str,
     ours = render(DAEMONSET_DIR / "overlays" / "debian")
     (files / "ours.yaml").write_text(yaml.safe_dump_all(ours))
     # No API server runs in the guest: the held upgrade is the protocol-off path (with it on,
-    # the run stops at cluster-api-unavailable before staging, tests/unit/test_upgrade_hook.py).
+    # the run stops at cluster-api-unavailable before staging, tests/unit/test_activation.py).
     (files / "ours-no-protocol.yaml").write_text(yaml.safe_dump_all(_protocol_off(ours)))
     (files / "ours-fabric.yaml").write_text(yaml.safe_dump_all(_fabric(ours)))
     _with_image(FIXTURES / "seed000-jdcloud-daemonset.yaml", built.ref, files / "seed000.yaml")

@@ -213,7 +213,7 @@ def test_repo_file_name_and_check() -> None:
         "cuda-rhel8.repo")
     signed = "[a]\nbaseurl=file:///r\ngpgcheck=1\ngpgkey=file:///r/k.pub\n"
     assert dnf_repos.check_repo_file(signed, url, local=True) == "a"
-    with pytest.raises(RepoFileRefused, match="defines 2 repos"):  # test_dnf_repo_policy
+    with pytest.raises(RepoFileRefused, match="defines 2 repos"):  # test_dnf_repos.py
         dnf_repos.check_repo_file(signed + "[b]\nname=b\n", url, local=True)
     with pytest.raises(RepoFileRefused):
         dnf_repos.check_repo_file("<html>404</html>", url, local=False)
