@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from lib import hostreleases
 from lib.dnfplans import (
     KERNEL,
     add_repo_file,
@@ -496,3 +497,34 @@ def test_fabric_manager_from_the_package_goes_into_the_version_dir(tmp_path: Pat
         "share/nvidia/nvswitch/fabricmanager.cfg"]
     assert (versions / "share/nvidia/nvswitch/fabricmanager.cfg").read_text() == (
         FM_FILES["/usr/share/nvidia/nvswitch/fabricmanager.cfg"])
+
+
+def test_oracle_with_nvidias_rhel_repo_gets_the_dnf_source_and_uek_devel(
+        tmp_path: Path) -> None:
+    uek = hostreleases.release("ol-9.6").kernels[0]
+    add_repo_file(tmp_path)
+    plan = plan_for(tmp_path, FakeRunner(), distro="ol-9", kernel=uek.release,
+                    NVIDIA_DRIVER_VERSION="580", NVIDIA_KERNEL_MODULE_TYPE="open")
+    assert decision(plan, "source")[0] == "dnf"
+    assert "module streams" in decision(plan, "source")[1]
+    assert decision(plan, "kernel-headers")[0] == uek.headers_package
+    assert decision(plan, "dnf-stream")[0] == "nvidia-driver:580-open"
+    assert decision(plan, "image-tag")[0] == "rocky9"
+
+
+def test_amazon_linux_takes_nvidias_amzn2023_repo_as_the_dnf_source(tmp_path: Path) -> None:
+    kernel = hostreleases.release("amzn-2023").kernels[0].release
+    bare = plan_for(tmp_path / "bare", FakeRunner(), distro="amzn-2023", kernel=kernel,
+                    NVIDIA_DRIVER_VERSION="580.105.08")
+    assert decision(bare, "source")[0] == "runfile"
+    assert decision(bare, "headers-package")[0] == f"kernel-devel-{kernel}"
+    add_repo_file(tmp_path, "cuda-amzn2023.repo")
+    plan = plan_for(tmp_path, FakeRunner(), distro="amzn-2023", kernel=kernel,
+                    NVIDIA_DRIVER_VERSION="580.105.08")
+    assert decision(plan, "source")[0] == "dnf"
+    assert "module streams" in decision(plan, "source")[1]
+    assert decision(plan, "kernel-headers")[0] == f"kernel-devel-{kernel}"
+    assert decision(plan, "dnf-stream")[0] == "nvidia-driver:580-open"  # an H100: open
+    forced = plan_for(tmp_path / "forced", FakeRunner(), distro="amzn-2023", kernel=kernel,
+                      NVIDIA_DRIVER_SOURCE="dnf", NVIDIA_DRIVER_VERSION="580")
+    assert decision(forced, "source")[0] == "dnf"
