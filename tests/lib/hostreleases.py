@@ -9,15 +9,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
 HOSTS = Path(__file__).parent / "hosts"
 
 
-@dataclass(frozen=True)
-class Kernel:
+class Kernel(NamedTuple):
+    """A kernel of the release and what the release's family names for it."""
+
     release: str
     headers_package: str
     flavour: str
