@@ -22,7 +22,7 @@ from kit.rpm import V570, V580A, V580B, Release, RepoSpec, build_extras, install
 from lib.amazonrepo import kernel_packages, nvidia_repo, nvidia_repo_file
 from lib.dnfroots import host_has_files_of
 from lib.headerrepos import make_key, publish_dnf
-from lib.hostkit import GCC_LINE, INSTALL_DIR_HOST, RUNNING_KERNEL, installer_env, run_installer
+from lib.hostkit import GCC_LINE, INSTALL_DIR_HOST, RUNNING_KERNEL, installer_env, ok, run_installer
 from lib.hostshapes import amazon_repos
 from lib.hosttrees import make_host
 from lib.httpfaults import serve_directory
@@ -140,10 +140,6 @@ def stream(root: Path) -> str:
 def inst(root: Path) -> Path:
     return root / INSTALL_DIR_HOST.lstrip("/")
 
-
-def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
 
 
 def kernel_rpms(kernel: str, line: str = "kernel") -> list[str]:

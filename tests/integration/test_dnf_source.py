@@ -38,7 +38,7 @@ from kit.rpm import (
     write_repo_file,
 )
 from lib.dnfroots import host_has_files_of, make_root
-from lib.hostkit import GCC_LINE, INSTALL_DIR_HOST, installer_env, run_installer
+from lib.hostkit import GCC_LINE, INSTALL_DIR_HOST, installer_env, ok, run_installer
 from lib.hosttrees import CLASS_BRIDGE, add_pci_device
 from lib.tlskit import serve_directory_tls
 
@@ -126,10 +126,6 @@ def env_for(
         **settings,
     )
 
-
-def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
 
 
 def rpms(root: Path) -> list[str]:

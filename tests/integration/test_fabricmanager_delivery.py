@@ -16,7 +16,7 @@ from pathlib import Path
 import kit
 import pytest
 from kit.fabricmanager import archive_name, build_fabricmanager, relative_path
-from lib.hostkit import INSTALL_DIR_HOST, installer_env, make_debian_host, run_installer
+from lib.hostkit import INSTALL_DIR_HOST, installer_env, make_debian_host, ok, run_installer
 from lib.hosttrees import CLASS_BRIDGE, add_pci_device
 from lib.httpfaults import serve_directory
 from lib.marks import needs_headers
@@ -83,10 +83,6 @@ def hgx(tmp_path: Path, built_modules: Path) -> tuple[Path, str]:
     shutil.copytree(built_modules, root / INSTALL_DIR_HOST.lstrip("/") / "cache" / "modules")
     return root, kernel
 
-
-def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 def test_fabric_manager_comes_from_the_redist_tree_into_the_version_dir(

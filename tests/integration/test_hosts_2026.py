@@ -317,7 +317,7 @@ def test_plan_names_everything_then_the_family_fetches_the_headers(
 
 
 def test_an_unsupported_release_is_refused_naming_the_nearest(tmp_path: Path) -> None:
-    """Amazon Linux 2 (the others: tests/unit/test_distro_releases_2026.py)."""
+    """Amazon Linux 2 (the others: tests/lib/hosts/unsupported.json, tests/unit/test_distros.py)."""
     distro_id, version_id, nearest = "amzn", "2", "Amazon Linux 2023"
     root = tmp_path / "host"
     pose_host(root, "ubuntu-24.04", "6.8.0-87-generic", "x86_64", "Linux version 6.8.0\n")

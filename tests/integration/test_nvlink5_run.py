@@ -15,7 +15,7 @@ from kit.fabricmanager import build_fabricmanager
 from kit.imex import build_imex
 from kit.nvlink5 import hgx_b200_ports, write_cx7_port, write_module_tree
 from kit.nvlsm import build_nvlsm
-from lib.hostkit import INSTALL_DIR_HOST, installer_env, make_debian_host, run_installer
+from lib.hostkit import INSTALL_DIR_HOST, installer_env, make_debian_host, ok, run_installer
 from lib.hosttrees import B200
 from lib.httpfaults import serve_directory
 from lib.marks import needs_headers
@@ -36,10 +36,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     with serve_directory(www) as (base, requests):
         yield base, www, requests
 
-
-def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 def test_one_run_installs_nvlsm_fabric_manager_and_imex_on_a_b200(

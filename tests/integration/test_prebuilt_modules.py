@@ -8,13 +8,12 @@ forgery pushed with valid push credentials makes the node compile, and nothing o
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import kit
 import pytest
-from lib.hostkit import INSTALL_DIR_HOST, installer_env, make_debian_host, run_installer
+from lib.hostkit import INSTALL_DIR_HOST, installer_env, make_debian_host, ok, run_installer
 from lib.httpfaults import serve_directory
 from lib.marks import needs_headers
 from lib.registrykit import PASSWORD, USER, Registry, http_push, make_key_pair
@@ -54,10 +53,6 @@ def host_modules(root: Path, kernel: str) -> dict[str, bytes]:
     where = root / "lib/modules" / kernel / "updates/nvidia-driver-installer"
     return {p.name: p.read_bytes() for p in where.glob("*.ko")} if where.is_dir() else {}
 
-
-def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 def drivers(root: Path) -> dict[str, bytes]:

@@ -22,6 +22,7 @@ from lib.hostkit import (
     debian_headers,
     installer_env,
     make_debian_host,
+    ok,
     run_installer,
 )
 from lib.httpfaults import serve_directory
@@ -84,10 +85,6 @@ def node_env(root: Path, kernel: str, served: Served, repository: str,
         NVIDIA_MODULE_REGISTRY_USERNAME=USER, NVIDIA_MODULE_REGISTRY_PASSWORD=PASSWORD, **extra,
     )
 
-
-def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 def version_dir(root: Path) -> Path:

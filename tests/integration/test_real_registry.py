@@ -5,10 +5,8 @@ headers that trusts that key pulls, verifies and installs them without compiling
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
-from lib.hostkit import make_debian_host
+from lib.hostkit import make_debian_host, ok
 from lib.marks import needs_headers
 from lib.realdriver import (
     VERSION,
@@ -38,10 +36,6 @@ def registry_settings(repository: str) -> dict[str, str]:
     return {"NVIDIA_MODULE_REGISTRY": repository, "NVIDIA_MODULE_REGISTRY_PLAIN_HTTP": "true",
             "NVIDIA_MODULE_REGISTRY_USERNAME": USER, "NVIDIA_MODULE_REGISTRY_PASSWORD": PASSWORD}
 
-
-def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
 
 
 def test_real_modules_are_published_once_and_pulled_by_a_node_without_headers(

@@ -21,6 +21,7 @@ from lib.hostkit import (
     INSTALL_DIR_HOST,
     installer_env,
     make_debian_host,
+    ok,
     run_and_kill_at,
     run_installer,
     tree_snapshot,
@@ -71,10 +72,6 @@ def env_for(
 def install_dir(root: Path) -> Path:
     return root / INSTALL_DIR_HOST.lstrip("/")
 
-
-def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 def cached_sonames(root: Path) -> dict[str, str]:

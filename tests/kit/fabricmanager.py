@@ -5,15 +5,14 @@ the kit's stand-in nv-fabricmanager (payload/fabricmanager)."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import shutil
 import subprocess
-import tarfile
 from pathlib import Path
 from typing import Optional
 
 from . import cache, native
+from .redist_tar import tar_bytes
 
 PAYLOAD = Path(__file__).with_name("payload") / "fabricmanager"
 PLATFORM = "linux-x86_64"
@@ -21,7 +20,6 @@ PLATFORM = "linux-x86_64"
 # stand-in only needs them present).
 TOPOLOGIES = ("dgx2_hgx2_topology", "dgxa100_hgxa100_topology", "dgxh100_hgxh100_topology",
               "dgxh800_hgxh800_topology")
-MTIME = 1704067200  # fixed, so equal inputs give equal archives
 
 
 def archive_name(version: str) -> str:
@@ -66,21 +64,9 @@ def _build(version: str, said: str, out: Path) -> None:
     built = native.compile_library(library, said, out)
     files["lib/libnvfm.so.1"] = (built.read_bytes(), 0o644)
     built.unlink()
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tar:
-        for directory in sorted({str(Path(top, n).parent) for n in files} | {top}):
-            info = tarfile.TarInfo(directory)
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, MTIME
-            tar.addfile(info)
-        for name, (data, mode) in sorted(files.items()):
-            info = tarfile.TarInfo(f"{top}/{name}")
-            info.size, info.mode, info.mtime = len(data), mode, MTIME
-            tar.addfile(info, io.BytesIO(data))
-        link = tarfile.TarInfo(f"{top}/lib/libnvfm.so")
-        link.type, link.linkname, link.mtime = tarfile.SYMTYPE, "libnvfm.so.1", MTIME
-        tar.addfile(link)
+    raw = tar_bytes(top, files, {"lib/libnvfm.so": "libnvfm.so.1"})
     archive = out / archive_name(version)
-    subprocess.run(["xz", "-6", "--format=xz", "--check=crc64", "-c"], input=raw.getvalue(),
+    subprocess.run(["xz", "-6", "--format=xz", "--check=crc64", "-c"], input=raw,
                    stdout=archive.open("wb"), check=True)
     data = archive.read_bytes()
     manifest = {

@@ -5,15 +5,14 @@ kit's stand-in nvidia-imex and nvidia-imex-ctl, payload/imex) and its entry in t
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import subprocess
-import tarfile
 from pathlib import Path
+
+from .redist_tar import tar_bytes
 
 PAYLOAD = Path(__file__).with_name("payload") / "imex"
 PLATFORM = "linux-x86_64"
-MTIME = 1704067200
 
 
 def relative_path(version: str) -> str:
@@ -25,21 +24,13 @@ def build_imex(version: str, tree: Path, *, listed: str | None = None) -> Path:
     version the entry claims (default `version`). Returns the archive."""
     name = Path(relative_path(version)).name
     top = name[: -len(".tar.xz")]
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tar:
-        for directory in (top, f"{top}/bin"):
-            info = tarfile.TarInfo(directory)
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, MTIME
-            tar.addfile(info)
-        for binary in ("nvidia-imex", "nvidia-imex-ctl"):
-            data = (PAYLOAD / binary).read_text().replace("@VERSION@", version).encode()
-            info = tarfile.TarInfo(f"{top}/bin/{binary}")
-            info.size, info.mode, info.mtime = len(data), 0o755, MTIME
-            tar.addfile(info, io.BytesIO(data))
+    files = {f"bin/{binary}": ((PAYLOAD / binary).read_text().replace("@VERSION@", version)
+                                .encode(), 0o755) for binary in ("nvidia-imex", "nvidia-imex-ctl")}
+    raw = tar_bytes(top, files)
     archive = tree / relative_path(version)
     archive.parent.mkdir(parents=True, exist_ok=True)
     with archive.open("wb") as out:
-        subprocess.run(["xz", "-6", "-c"], input=raw.getvalue(), stdout=out, check=True)
+        subprocess.run(["xz", "-6", "-c"], input=raw, stdout=out, check=True)
     data = archive.read_bytes()
     listing = tree / f"redistrib_{version}.json"
     document = json.loads(listing.read_text()) if listing.exists() else {

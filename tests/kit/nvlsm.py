@@ -5,15 +5,14 @@ archive.tar.xz` (its daemon the kit's stand-in, payload/nvlsm), and its entry in
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import subprocess
-import tarfile
 from pathlib import Path
+
+from .redist_tar import tar_bytes
 
 PAYLOAD = Path(__file__).with_name("payload") / "nvlsm"
 PLATFORM = "linux-x86_64"
-MTIME = 1704067200
 
 
 def archive_name(version: str) -> str:
@@ -36,20 +35,11 @@ def build_nvlsm(version: str, tree: Path, *, driver: str | None = None,
         "share/nvidia/nvlsm/grpc_mgr.conf": (b"# grpc_mgr.conf (test kit stand-in)\n", 0o644),
         "LICENSE": (b"Test kit stand-in: no NVIDIA code.\n", 0o644),
     }
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tar:
-        for directory in sorted({str(Path(top, n).parent) for n in files} | {top}):
-            info = tarfile.TarInfo(directory)
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, MTIME
-            tar.addfile(info)
-        for name, (data, mode) in sorted(files.items()):
-            info = tarfile.TarInfo(f"{top}/{name}")
-            info.size, info.mode, info.mtime = len(data), mode, MTIME
-            tar.addfile(info, io.BytesIO(data))
+    raw = tar_bytes(top, files)
     archive = tree / relative_path(version)
     archive.parent.mkdir(parents=True, exist_ok=True)
     with archive.open("wb") as out:
-        subprocess.run(["xz", "-6", "-c"], input=raw.getvalue(), stdout=out, check=True)
+        subprocess.run(["xz", "-6", "-c"], input=raw, stdout=out, check=True)
     if driver is not None:
         data = archive.read_bytes()
         listing = tree / f"redistrib_{driver}.json"

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from kit import arm64_parts, real_parts
+from kit import arm64_parts
 from kit.builder import build_real_arm64_runfile
 
 from lib.hostkit import installer_env
@@ -17,7 +17,9 @@ from lib.realdriver import (
     env_for,
     install_dir,
     make_debian_host_with,
+    once_per_session,
     parts,
+    required,
     run_installer_niced,
 )
 
@@ -26,19 +28,13 @@ _SESSION: dict[str, object] = {}
 
 
 def arm64() -> arm64_parts.Arm64Parts:
-    try:
-        return arm64_parts.require()
-    except real_parts.PartsMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
+    return required(arm64_parts.require)
 
 
 def arm64_run(factory: pytest.TempPathFactory) -> Path:
     """NVIDIA-Linux-aarch64-535.261.03.run with NVIDIA's real arm64 module trees (kit-cached)."""
-    found = _SESSION.get("run")
-    if not isinstance(found, Path):
-        found = build_real_arm64_runfile(factory.mktemp("arm64-run"), parts(), arm64())
-        _SESSION["run"] = found
-    return found
+    return once_per_session("arm64-run", lambda: build_real_arm64_runfile(
+        factory.mktemp("arm64-run"), parts(), arm64()))
 
 
 def arm64_builder(root: Path) -> str:

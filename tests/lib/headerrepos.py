@@ -231,7 +231,6 @@ def kernel_devel_rpm(work: Path, kernel: str, key: Key, package: str = "kernel-d
     found = debian_headers()
     assert found is not None
     _, (arch_tree, common_tree, kbuild_tree) = found
-    version, release = kernel.rsplit(".", 1)[0].split("-", 1)
     tree = work / "tree"
     dest = tree / "usr/src/kernels" / kernel
     _link_copy(Path(common_tree), dest)
@@ -248,27 +247,33 @@ def kernel_devel_rpm(work: Path, kernel: str, key: Key, package: str = "kernel-d
             (dest / name).unlink()
         shutil.copytree(Path(kbuild_tree) / name, dest / name, symlinks=True, dirs_exist_ok=True)
     _set_release(dest, kernel)
-    spec = work / f"{package}.spec"
+    return signed_devel_rpm(work / f"{package}.spec", work / "rpmbuild", package, kernel, dest,
+                            key, "x86_64")
+
+
+def signed_devel_rpm(spec: Path, top: Path, package: str, kernel: str, tree: Path, key: Key,
+                     arch: str) -> Path:
+    """`package` (kernel-devel, kernel-uek-devel, ...) of `kernel`'s version and release for
+    `arch`: `tree` as /usr/src/kernels/<kernel>, built under `top` and signed with `key`. A
+    +64k kernel's package has the 4k kernel's NVR."""
+    version, release = kernel.removesuffix("+64k").rsplit(".", 1)[0].split("-", 1)
     spec.write_text(f"""Name: {package}
 Version: {version}
 Release: {release}
 Summary: Development package for building kernel modules to match the kernel
 License: GPLv2
-BuildArch: x86_64
 AutoReqProv: no
 %description
 Test archive copy.
 %install
 mkdir -p %{{buildroot}}/usr/src/kernels
-cp -a {dest} %{{buildroot}}/usr/src/kernels/
+cp -a {tree} %{{buildroot}}/usr/src/kernels/
 %files
 /usr/src/kernels/{kernel}
 """)
-    top = work / "rpmbuild"
-    run("rpmbuild", "-bb", "--quiet", f"--define=_topdir {top}",
+    run("rpmbuild", "-bb", "--quiet", f"--target={arch}", f"--define=_topdir {top}",
         "--define=_binary_payload w1.gzdio", "--define=_build_id_links none",
-        "--define=__os_install_post %{nil}",
-        "--define=debug_package %{nil}", str(spec))
+        "--define=__os_install_post %{nil}", "--define=debug_package %{nil}", str(spec))
     rpm = next((top / "RPMS").rglob("*.rpm"))
     run("rpmsign", "--addsign", f"--define=_gpg_path {key.home}", "--define=__gpg /usr/bin/gpg",
         f"--define=_gpg_name {KEY_NAME}", str(rpm))

@@ -148,6 +148,13 @@ def run_installer(
     )
 
 
+def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    """`result` of a run that must have succeeded; otherwise the test fails showing the tail
+    of its stderr."""
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
 def run_and_kill_at(env: Mapping[str, str], marker: str, timeout: float = 300) -> str:
     """Start `installer run`, SIGKILL its whole process group (as a container's death would)
     when `marker` appears in its log; return the log up to then."""

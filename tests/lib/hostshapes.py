@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from lib.headerrepos import KEY_NAME, Key, build_deb, run, stop_agent
+from lib.headerrepos import Key, build_deb, signed_devel_rpm
 from lib.hosttrees import header_tree, write_known_os_release, write_osrelease_kernel
 
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
@@ -96,34 +96,10 @@ def el_devel_rpm(work: Path, name: str, kernel: str, arch: str, key: Key, gcc: i
     as the EL rebuilds and Amazon Linux ship it: one tree in /usr/src/kernels/<uname -r>, the
     package's version-release the release without its arch (and without +64k: RHEL's
     kernel-64k-devel has the 4k kernel's NVR), signed with `key`."""
-    nvr = kernel.removesuffix("+64k").rsplit(".", 1)[0]
-    version, release = nvr.split("-", 1)
     tree = work / f"{name}-tree" / "usr/src/kernels" / kernel
     header_tree(tree, kernel, gcc, page_kib)
-    spec = work / f"{name}-{kernel}.spec"
-    spec.write_text(f"""Name: {name}
-Version: {version}
-Release: {release}
-Summary: Development package for building kernel modules to match the kernel
-License: GPLv2
-AutoReqProv: no
-%description
-Test archive copy.
-%install
-mkdir -p %{{buildroot}}/usr/src/kernels
-cp -a {tree} %{{buildroot}}/usr/src/kernels/
-%files
-/usr/src/kernels/{kernel}
-""")
-    top = work / f"rpmbuild-{name}-{kernel}"
-    run("rpmbuild", "-bb", "--quiet", f"--target={arch}", f"--define=_topdir {top}",
-        "--define=_binary_payload w1.gzdio", "--define=_build_id_links none",
-        "--define=__os_install_post %{nil}", "--define=debug_package %{nil}", str(spec))
-    rpm = next((top / "RPMS").rglob("*.rpm"))
-    run("rpmsign", "--addsign", f"--define=_gpg_path {key.home}", "--define=__gpg /usr/bin/gpg",
-        f"--define=_gpg_name {KEY_NAME}", str(rpm))
-    stop_agent(key.home)
-    return rpm
+    return signed_devel_rpm(work / f"{name}-{kernel}.spec", work / f"rpmbuild-{name}-{kernel}",
+                            name, kernel, tree, key, arch)
 
 
 def _repo_file(root: Path, file: str, key_file: str, key: Key,

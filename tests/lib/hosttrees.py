@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from installer.host import PciGpu
 from installer.hostroot import HostRoot
 
 SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
@@ -152,6 +153,12 @@ def add_gpus(root: Path, device_ids: Iterable[int], *, with_audio: bool = False)
             add_pci_device(root, address[:-1] + "1", device=0x10F0, klass=CLASS_AUDIO)
         addresses.append(address)
     return addresses
+
+
+def pci_gpus(*device_ids: int) -> list[PciGpu]:
+    """The host facts' GPUs for these ids, at the addresses add_gpus gives them."""
+    return [PciGpu(address=f"0000:{0x10 + i:02x}:00.0", device_id=d, class_code=0x030200)
+            for i, d in enumerate(device_ids)]
 
 
 def module_line(name: str, size: int = 16384, refcount: int = 0, users: Iterable[str] = ()) -> str:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from kit import real_parts
@@ -34,29 +36,39 @@ VERSION = real_parts.VERSION
 BUILD_TIMEOUT = 2400  # a real compile: 2-5 min on 2 cores, more under load
 
 _SESSION: dict[str, object] = {}
+T = TypeVar("T")
+
+
+def required(find: Callable[[], T]) -> T:
+    """What `find` takes from the kit's cache of NVIDIA's parts; where the cache lacks it, the
+    test fails with the pointer to scripts/install-deps (never a skip)."""
+    try:
+        return find()
+    except real_parts.PartsMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def once_per_session(key: str, build: Callable[[], Path]) -> Path:
+    """`build()`'s path, built by the first test of the session that asks for `key`."""
+    found = _SESSION.get(key)
+    if not isinstance(found, Path):
+        found = build()
+        _SESSION[key] = found
+    return found
 
 
 def parts() -> real_parts.RealParts:
-    try:
-        return real_parts.require()
-    except real_parts.PartsMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
+    return required(real_parts.require)
 
 
 def old_headers() -> real_parts.HeaderTrees:
-    try:
-        return real_parts.require_old_headers()
-    except real_parts.PartsMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
+    return required(real_parts.require_old_headers)
 
 
 def runfile(factory: pytest.TempPathFactory) -> Path:
     """NVIDIA-Linux-x86_64-535.261.03.run with NVIDIA's real parts (built once, kit-cached)."""
-    found = _SESSION.get("runfile")
-    if not isinstance(found, Path):
-        found = build_real_runfile(factory.mktemp("real-run"), parts())
-        _SESSION["runfile"] = found
-    return found
+    return once_per_session(
+        "runfile", lambda: build_real_runfile(factory.mktemp("real-run"), parts()))
 
 
 def run_installer_niced(env: dict[str, str], *args: str,

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from lib.bootmodules import BOOT_MODULES
+
 SECOND = "6.1.0-47-amd64"
 _ABI = SECOND.removesuffix("-amd64")
 DEBS = Path(os.environ.get("INSTALLER_TEST_DEBS", "/var/cache/installer-test/debs"))
@@ -65,10 +67,8 @@ def unpacked() -> Path:
 
 
 def _keep_boot_modules_only(root: Path) -> None:
-    """Of the image's ~4000 modules keep the ones a guest boots with (tests/vm/initramfs.py):
+    """Of the image's ~4000 modules keep the ones a guest boots with (lib/bootmodules.py):
     a guest's depmod reads every module of its kernel through 9p, minutes under TCG."""
-    from vm.initramfs import BOOT_MODULES
-
     modules = root / "lib/modules" / SECOND
     subprocess.run(["depmod", "-b", str(root), SECOND], check=True)
     shown = subprocess.run(["modprobe", "-d", str(root), "-S", SECOND, "--show-depends", "-a",

@@ -12,17 +12,15 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
-import pytest
 from kit import trixie_parts
-from kit.real_parts import PartsMissing, RealParts
+from kit.real_parts import RealParts
 
 from lib.headerrepos import Key, publish_apt
 from lib.hostkit import INSTALL_DIR_HOST, REPO, RUNNING_KERNEL, installer_env
 from lib.hosttrees import make_host
+from lib.realdriver import required
 
 VERSION = trixie_parts.VERSION
 BUILD_TIMEOUT = 3000  # two real compiles side by side: 5-15 min on 2 shared cores
@@ -33,29 +31,21 @@ GCC14_LINE = (
 )
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
-T = TypeVar("T")
-
-
-def _require(what: Callable[[], T]) -> T:
-    try:
-        return what()
-    except PartsMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
 
 
 def parts() -> RealParts:
-    return _require(trixie_parts.require_parts)
+    return required(trixie_parts.require_parts)
 
 
 def headers() -> trixie_parts.TrixieHeaders:
-    return _require(trixie_parts.require_headers)
+    return required(trixie_parts.require_headers)
 
 
 def image_root(dest: Path) -> Path:
     """The trixie image root unpacked at `dest`, with nvidia-ml-py (pure Python, the
     installer's one dependency Debian has only as a package that pulls the driver's own
     libraries in) copied from this machine's site-packages."""
-    tarball = _require(trixie_parts.require_image)
+    tarball = required(trixie_parts.require_image)
     dest.mkdir(parents=True)
     subprocess.run(["tar", "-xf", str(tarball), "-C", str(dest)], check=True)
     import pynvml

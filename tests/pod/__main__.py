@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from lib.podspec import Image
 
 from pod.run import Pod
-from pod.spec import Image
 
 
 def pod_spec(manifest: Path) -> dict[str, Any]:

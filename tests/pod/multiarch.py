@@ -6,7 +6,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -15,18 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tomllib
-
-from pod.image import (
+from lib.podimage import (
     IMAGE_PYTHON,
     REPO,
     Buildah,
     base_key,
     cache_dir,
     debian_base,
+    run_build_sh,
     serve,
     wheelhouse,
 )
-from pod.spec import Image
+from lib.podspec import Image
 
 PLATFORMS = ("linux/amd64", "linux/arm64")
 FINISHED = "build-finished"  # in a CachedBuildah's storage
@@ -222,20 +221,7 @@ def build_manifest_list(buildah: Buildah, work: Path) -> ManifestList:
         buildah("images", "--all", "--json") or "[]") for name in image.get("names") or [])
     started = time.monotonic()
     with serve(multiarch_wheelhouse(work / "wheelhouse")) as links:
-        env = {
-            **os.environ,
-            "BUILDER": "buildah",
-            "BUILDAH": " ".join(buildah.argv),
-            "PLATFORMS": ",".join(PLATFORMS),
-            "BUILD_OPTS": f"--layers --build-arg BASE_IMAGE={base} --build-arg PIP_NO_INDEX=1 "
-                          f"--build-arg PIP_FIND_LINKS={links}",
-        }
-        result = subprocess.run(["bash", str(REPO / "images" / "build.sh"), "--only", "debian12"],
-                                env=env, cwd=REPO, capture_output=True, text=True, timeout=5400,
-                                check=False)
-    log = result.stdout + result.stderr
-    if result.returncode != 0:
-        raise RuntimeError(f"images/build.sh failed ({result.returncode}):\n{log[-6000:]}")
+        log = run_build_sh(buildah, base, links, timeout=5400, platforms=PLATFORMS, layers=True)
     seconds = time.monotonic() - started
     ref = next(line.split(" manifest create ", 1)[1].strip() for line in log.splitlines()
                if line.startswith("+ ") and " manifest create " in line)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pod.spec import Image, config_of, process_of
+from lib.podspec import Image, config_of, process_of
 
 # The kubelet's FallbackToLogsOnError: the log's tail, at most 80 lines and 2048 bytes.
 FALLBACK_LINES = 80

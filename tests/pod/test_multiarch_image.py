@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import tomllib
 from lib.hostshapes import header_tree, pose_host
+from lib.podimage import REPO, TOOLS
 
-from pod.image import REPO, TOOLS
 from pod.multiarch import CachedBuildah, ManifestList, binfmt_problem, build_manifest_list
 
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]

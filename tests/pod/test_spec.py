@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 import yaml
+from lib.podspec import DEFAULT_CAPS, Image, PodSpecError, command_of, config_of, env_of
 
 from pod.__main__ import image_arg, pod_spec
-from pod.spec import DEFAULT_CAPS, Image, PodSpecError, command_of, config_of, env_of
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "deploy" / "fixtures"

@@ -3,8 +3,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from lib import hostreleases
 from lib.fakes import FakeRunner
+from lib.hostreleases import HostRelease
 
+from installer import distros
 from installer.config import build_config
 from installer.headers import compiler
 
@@ -146,3 +149,19 @@ def test_a_toolset_in_the_image_is_chosen_by_path(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(compiler.shutil, "which", lambda name: None)
     chosen = compiler.choose(FakeRunner(), 13)
     assert chosen is not None and chosen.env == {"CC": str(gcc)}
+
+
+@pytest.mark.parametrize("release", [
+    pytest.param(release, id=release.name)
+    for release in hostreleases.releases() if release.proc_version])
+def test_a_kernels_proc_version_names_its_gcc_and_the_releases_image_carries_it(
+        release: HostRelease) -> None:
+    """Ubuntu and Debian name the compiler by its triplet (x86_64-linux-gnu-gcc-15); the
+    release's image tag is the first to carry that gcc, and its family installs gcc-<major>."""
+    assert compiler.kernel_gcc_major(release.proc_version) == release.gcc
+    assert compiler.tags_with(release.gcc)[0] == release.image_tag
+    if release.gcc_tags:
+        assert compiler.tags_with(release.gcc) == list(release.gcc_tags)
+    assert distros.image_compilers()[release.image_tag] == release.image_compilers
+    assert distros.for_compiler_package(f"gcc-{release.gcc}") is distros.supporting(
+        release.id, release.version_id, release.pretty_name)

@@ -7,6 +7,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 import pytest
+from lib import hostreleases
+from lib.hostreleases import HostRelease, Kernel
 from lib.hosttrees import make_host, write_os_release
 
 from installer import distros, host
@@ -98,3 +100,44 @@ def test_a_new_family_is_one_class_and_one_registration(
     assert "Install kernel-default-devel-6.4.0-150600.23.7 on the host" in error.hint
     assert compiler.Installable(7, "gcc7", "/usr/bin/gcc-7").install_argvs() == [
         ["zypper", "--non-interactive", "install", "gcc7"]]
+
+
+@pytest.mark.parametrize(("release", "kernel"), hostreleases.kernel_params())
+def test_each_host_names_its_headers_package_flavour_and_image(
+        tmp_path: Path, release: HostRelease, kernel: Kernel) -> None:
+    write_os_release(tmp_path, release.id, release.version_id)
+    distro = host.detect_distro(HostRoot(tmp_path))
+    family = distros.of(distro)
+    assert family.headers_package(kernel.release) == kernel.headers_package
+    assert family.kernel_flavour(kernel.release) == kernel.flavour
+    assert family.image_tag(distro) == release.image_tag
+    assert release.image_tag in compiler.IMAGE_COMPILERS
+
+
+def test_amazon_linux_and_oracle_offer_the_dnf_source() -> None:
+    """NVIDIA's rhel repos serve Oracle Linux as they serve RHEL; AL2023 has its amzn2023 repo
+    (tests/unit/test_dnf_commands.py)."""
+    assert distros.named("amazon").package_sources == ("dnf",)
+    assert distros.for_os_release("ol") is distros.named("rhel")
+    assert "dnf" in distros.named("rhel").package_sources
+
+
+@pytest.mark.parametrize(("distro_id", "version_id", "nearest"), hostreleases.unsupported_params())
+def test_an_unsupported_release_names_the_nearest_supported(
+        tmp_path: Path, distro_id: str, version_id: str, nearest: str) -> None:
+    write_os_release(tmp_path, distro_id, version_id)
+    with pytest.raises(UnsupportedDistro) as info:
+        host.detect_distro(HostRoot(tmp_path))
+    assert info.value.exit_code == 14
+    assert info.value.message.endswith(f"the nearest supported release is {nearest}")
+
+
+def test_debian_13_is_supported_and_14_is_not(tmp_path: Path) -> None:
+    trixie = hostreleases.release("debian-13")
+    make_host(tmp_path, distro="debian-13")
+    found = host.distro_from_os_release((tmp_path / "etc/os-release").read_text(), "os-release")
+    assert (found.id, found.version_id, found.family) == ("debian", "13", "debian")
+    # Its kernel's headers package: test_each_host_names_its_headers_package_flavour_and_image.
+    assert distros.supporting("debian", "13", trixie.pretty_name) is distros.named("debian")
+    with pytest.raises(UnsupportedDistro, match="unsupported distribution version"):
+        distros.supporting("debian", "14", "Debian GNU/Linux 14 (forky)")

@@ -476,3 +476,10 @@ def test_gather_on_a_big_server_finds_only_the_nvidia_gpus(tmp_path: Path) -> No
 def test_host_root_helper_creates_the_root(tmp_path: Path) -> None:
     root = host_root(tmp_path / "new")
     assert root.root.is_dir()
+
+
+def test_the_hosts_machine_is_read_under_its_root(tmp_path: Path) -> None:
+    root = make_host(tmp_path, distro="ubuntu-24.04", kernel="6.8.0-1036-nvidia-64k")
+    (tmp_path / "proc/sys/kernel/arch").write_text("aarch64\n")
+    facts = host.gather(root, free_space_path=tmp_path)
+    assert facts.arch == "aarch64"

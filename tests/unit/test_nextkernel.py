@@ -316,8 +316,10 @@ def test_prepare_installed_without_a_record_or_a_pending_kernel_does_nothing(
     assert runner.calls == []
 
 
-def test_watch_retries_a_failed_kernel_only_after_six_intervals(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def watch_failing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: Exception,
+                  rounds: int) -> list[float]:
+    """`rounds` rounds of the watch (10 s apart, on a posed clock) with a next kernel whose
+    preparation raises `fault`: the times it was tried."""
     recorded_host(tmp_path)
     install_kernel(tmp_path, NEXT)
     clock = [1000.0]
@@ -325,17 +327,22 @@ def test_watch_retries_a_failed_kernel_only_after_six_intervals(
 
     def failing(config: object, runner: object, build: object) -> str:
         attempts.append(clock[0])
-        raise KernelHeadersMissing("no headers")
+        raise fault
 
     def sleep(seconds: float) -> None:
         clock[0] += seconds
 
     monkeypatch.setattr(nextkernel_service, "prepare_installed", failing)
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    nextkernel.watch(from_env(root_env(tmp_path)), FakeRunner(), never_build, 10.0,
+                     sleep=sleep, rounds=rounds)
+    return attempts
+
+
+def test_watch_retries_a_failed_kernel_only_after_six_intervals(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="installer"):
-        nextkernel.watch(from_env(root_env(tmp_path)), FakeRunner(), never_build, 10.0,
-                         sleep=sleep,
-                         rounds=14)
+        attempts = watch_failing(tmp_path, monkeypatch, KernelHeadersMissing("no headers"), 14)
     assert attempts == [1000.0, 1060.0, 1120.0]
     assert caplog.text.count("error[kernel-headers-missing]: no headers") == 1  # said once
 
@@ -344,23 +351,9 @@ def test_watch_outlives_a_failure_nobody_foresaw_and_tries_again_later(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A long-running container must not die (and restart, and start over) on a fault that is
     no InstallerError: it logs it and tries that kernel again after six intervals."""
-    recorded_host(tmp_path)
-    install_kernel(tmp_path, NEXT)
-    clock = [1000.0]
-    attempts = []
-
-    def broken(config: object, runner: object, build: object) -> str:
-        attempts.append(clock[0])
-        raise ConnectionResetError(104, "Connection reset by peer")
-
-    def sleep(seconds: float) -> None:
-        clock[0] += seconds
-
-    monkeypatch.setattr(nextkernel_service, "prepare_installed", broken)
-    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    fault = ConnectionResetError(104, "Connection reset by peer")
     with caplog.at_level(logging.INFO, logger="installer"):
-        nextkernel.watch(from_env(root_env(tmp_path)), FakeRunner(), never_build, 10.0,
-                         sleep=sleep, rounds=8)
+        attempts = watch_failing(tmp_path, monkeypatch, fault, 8)
     assert attempts == [1000.0, 1060.0]
     assert caplog.text.count("unexpected ConnectionResetError: [Errno 104] Connection reset "
                              "by peer; tried again in 60 s") == 1

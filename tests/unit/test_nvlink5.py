@@ -23,10 +23,11 @@ from lib.hosttrees import (
 )
 
 from installer import components, planner
-from installer.components import nvlink5
+from installer.components import fm_archive, nvlink5, nvlsm_archive
 from installer.config import from_env
 from installer.errors import IbModuleLoadFailed, IbModulesMissing
 from installer.hostroot import HostRoot
+from installer.layout import Layout
 
 UBUNTU_KERNEL = "6.8.0-1021-aws"
 
@@ -230,23 +231,35 @@ def test_the_kit_links_sysfs_as_the_kernel_does(tmp_path: Path) -> None:
     assert b"SW_MNG" in (link / "device/vpd").read_bytes()
 
 
+def install_fabric_manager(layout: Layout, cfg: str = "FABRIC_MODE=0\n") -> None:
+    """Fabric Manager of version V as a run leaves it in the install dir (an empty binary)."""
+    share = fm_archive.config_dir(layout, V)
+    share.mkdir(parents=True)
+    (share / "fabricmanager.cfg").write_text(cfg)
+    (share / fm_archive.INSTALLED_MARKER).write_text(f"{V}\n{'0' * 64}\n")
+    fm_archive.binary(layout, V).parent.mkdir(parents=True)
+    fm_archive.binary(layout, V).write_text("")
+
+
+def install_nvlsm(layout: Layout) -> None:
+    """NVLSM beside it (after install_fabric_manager, whose bin directory it shares)."""
+    nvlsm_archive.binary(layout, V).write_text("")
+    nvlsm_archive.share_dir(layout, V).mkdir(parents=True)
+    (nvlsm_archive.share_dir(layout, V) / nvlsm_archive.INSTALLED_MARKER).write_text(
+        f"2025.10.12\n{'0' * 64}\n")
+
+
 @pytest.mark.parametrize(("mode", "resets"), [("1", 1), ("0", 0), (None, 0)])
 def test_shared_nvswitch_mode_resets_the_gpus_once_fabric_manager_is_up(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str | None, resets: int) -> None:
     from installer import verify
-    from installer.components import fabricmanager_daemon, fm_archive
+    from installer.components import fabricmanager_daemon
     from installer.components.supervisor import Driver
-    from installer.layout import Layout
 
     root = make_host(tmp_path, gpus=[B200])
     config = from_env(root_env(tmp_path))
     layout = Layout.from_config(config, root)
-    share = fm_archive.config_dir(layout, V)
-    share.mkdir(parents=True)
-    (share / "fabricmanager.cfg").write_text("LOG_LEVEL=4\nFABRIC_MODE=0\n")
-    (share / fm_archive.INSTALLED_MARKER).write_text(f"{V}\n{'0' * 64}\n")
-    fm_archive.binary(layout, V).parent.mkdir(parents=True)
-    fm_archive.binary(layout, V).write_text("")
+    install_fabric_manager(layout, "LOG_LEVEL=4\nFABRIC_MODE=0\n")
     from kit.fabric import FakeSwitch, write_pci_switch
 
     write_pci_switch(tmp_path / "sys/bus/pci/devices", FakeSwitch("0000:05:00.0"))
@@ -278,24 +291,15 @@ def test_on_nvlink5_shared_mode_resets_once_nvml_shows_the_gpus_registering(
     """NVLink5's Fabric Manager log is not documented: the reset waits for NVML to show the
     GPUs taken in hand (in progress), not for the first poll after the start."""
     from installer import verify
-    from installer.components import fabricmanager_daemon, fm_archive, nvlsm, nvlsm_archive
+    from installer.components import fabricmanager_daemon, nvlsm
     from installer.components.supervisor import Driver
-    from installer.layout import Layout
     from installer.verify import GpuInfo
 
     root = b200(tmp_path, ib_loaded=True)
     config = from_env(root_env(tmp_path))
     layout = Layout.from_config(config, root)
-    share = fm_archive.config_dir(layout, V)
-    share.mkdir(parents=True)
-    (share / "fabricmanager.cfg").write_text("FABRIC_MODE=0\n")
-    (share / fm_archive.INSTALLED_MARKER).write_text(f"{V}\n{'0' * 64}\n")
-    fm_archive.binary(layout, V).parent.mkdir(parents=True)
-    fm_archive.binary(layout, V).write_text("")
-    nvlsm_archive.binary(layout, V).write_text("")
-    nvlsm_archive.share_dir(layout, V).mkdir(parents=True)
-    (nvlsm_archive.share_dir(layout, V) / nvlsm_archive.INSTALLED_MARKER).write_text(
-        f"2025.10.12\n{'0' * 64}\n")
+    install_fabric_manager(layout)
+    install_nvlsm(layout)
     states = ["not-started"]
 
     def answer(*args: object) -> tuple[list[GpuInfo], list[str]]:
@@ -328,23 +332,14 @@ def test_on_nvlink5_nvml_alone_says_when_fabric_manager_is_ready(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fabric Manager's NVLink5 log lines are not documented: the completed fabric decides."""
     from installer import verify
-    from installer.components import fabricmanager_daemon, fm_archive, nvlsm_archive
+    from installer.components import fabricmanager_daemon
     from installer.components.supervisor import Driver
-    from installer.layout import Layout
 
     root = b200(tmp_path, ib_loaded=True)
     config = from_env(root_env(tmp_path))
     layout = Layout.from_config(config, root)
-    share = fm_archive.config_dir(layout, V)
-    share.mkdir(parents=True)
-    (share / "fabricmanager.cfg").write_text("FABRIC_MODE=0\n")
-    (share / fm_archive.INSTALLED_MARKER).write_text(f"{V}\n{'0' * 64}\n")
-    fm_archive.binary(layout, V).parent.mkdir(parents=True)
-    fm_archive.binary(layout, V).write_text("")
-    nvlsm_archive.binary(layout, V).write_text("")
-    nvlsm_archive.share_dir(layout, V).mkdir(parents=True)
-    (nvlsm_archive.share_dir(layout, V) / nvlsm_archive.INSTALLED_MARKER).write_text(
-        f"2025.10.12\n{'0' * 64}\n")
+    install_fabric_manager(layout)
+    install_nvlsm(layout)
     monkeypatch.setattr(verify, "nvml_gpus", lambda *a: ([], []))
     daemon = fabricmanager_daemon.FabricManagerDaemon(config, root, env={})
     try:

@@ -12,7 +12,13 @@ from lib.hosttrees import (
     A30,
     A100,
     B200,
+    B200_595,
+    B300,
     GB200,
+    GB300,
+    GB300_595,
+    GH200,
+    GH200_144G,
     H100,
     H200,
     K80,
@@ -23,6 +29,7 @@ from lib.hosttrees import (
     P100,
     T4,
     V100,
+    pci_gpus,
 )
 
 from installer.errors import (
@@ -32,7 +39,6 @@ from installer.errors import (
     UnknownVersion,
     UnsupportedGpu,
 )
-from installer.host import PciGpu
 from installer.release import catalog, versions
 from installer.release.gpus import GpuDatabase, parse_database, shipped_database
 from installer.release.versions import (
@@ -49,15 +55,8 @@ UNKNOWN_NEW = 0x3F10  # not in the shipped list, above Turing's id range
 UNKNOWN_OLD = 0x1C82  # a GeForce GTX 1050 Ti (Pascal): not in the shipped list
 
 
-def gpus(*device_ids: int) -> list[PciGpu]:
-    return [
-        PciGpu(address=f"0000:{0x10 + i:02x}:00.0", device_id=d, class_code=0x030200)
-        for i, d in enumerate(device_ids)
-    ]
-
-
 def run(request: str, *device_ids: int, **kwargs: Any) -> Resolution:
-    return resolve(request, SHIPPED, gpus(*device_ids), **kwargs)
+    return resolve(request, SHIPPED, pci_gpus(*device_ids), **kwargs)
 
 
 # --- parsing -----------------------------------------------------------------------------
@@ -368,7 +367,7 @@ def test_auto_falls_back_outside_the_track_when_nothing_in_it_fits() -> None:
     small = small_catalog(
         {535: ("lts branch", ["535.230.02"]), 570: ("production branch", ["570.124.06"])}
     )
-    result = resolve("auto", small, gpus(B200))
+    result = resolve("auto", small, pci_gpus(B200))
     assert (result.version, result.flavour) == ("570.124.06", "open")
     assert any("no LTS branch in the catalog supports" in r for r in result.reasons)
 
@@ -376,7 +375,7 @@ def test_auto_falls_back_outside_the_track_when_nothing_in_it_fits() -> None:
 def test_auto_with_no_branch_for_the_gpu() -> None:
     small = small_catalog({535: ("lts branch", ["535.230.02"])})
     with pytest.raises(UnsupportedGpu) as err:
-        resolve("auto", small, gpus(B200))
+        resolve("auto", small, pci_gpus(B200))
     assert "test catalog" in err.value.message
 
 
@@ -394,14 +393,14 @@ def test_auto_when_no_single_branch_fits_all() -> None:
         ).models
     )
     with pytest.raises(IncompatibleGpus) as err:
-        resolve("auto", small, gpus(0x0FFF, H100), database=database)
+        resolve("auto", small, pci_gpus(0x0FFF, H100), database=database)
     assert "Old Card" in err.value.message and "H100" in err.value.message
 
 
 def test_legacy_branch_missing_from_catalog() -> None:
     small = small_catalog({580: ("lts branch", ["580.82.07"])})
     with pytest.raises(UnknownVersion) as err:
-        resolve("auto", small, gpus(K80))
+        resolve("auto", small, pci_gpus(K80))
     assert "470" in err.value.message
 
 
@@ -518,3 +517,31 @@ def test_runfile_url_rejects_unsafe_values(
 ) -> None:
     with pytest.raises(error):
         runfile_url(version, arch, branch_path, base)
+
+
+# --- Blackwell and Grace: the open flavour whatever is asked (a proprietary request refused
+# before anything is downloaded, naming the GPU) ----------------------------------------------
+
+
+@pytest.mark.parametrize("device_id, request_", [
+    (GH200, "R550"), (GH200_144G, "R570"), (B200_595, "R595"), (B300, "R580"),
+    (GB300, "R580"), (GB300_595, "R595"), (GB200, "R570")])
+def test_blackwell_and_grace_get_the_open_flavour_under_auto(device_id: int,
+                                                              request_: str) -> None:
+    # Before R560 NVIDIA's default is proprietary: these GPUs still get the open modules.
+    assert resolve(request_, SHIPPED, pci_gpus(device_id)).flavour == "open"
+
+
+@pytest.mark.parametrize("device_id, name", [
+    (GH200, "NVIDIA GH200 480GB"), (GH200_144G, "NVIDIA GH200 144G HBM3e"),
+    (B300, "NVIDIA B300 SXM6 AC"), (GB300, "NVIDIA GB300"), (GB200, "NVIDIA GB200")])
+def test_a_proprietary_request_is_refused_naming_the_gpu(device_id: int, name: str) -> None:
+    with pytest.raises(UnsupportedGpu) as raised:
+        resolve("R580", SHIPPED, pci_gpus(device_id), module_type="proprietary")
+    assert name in raised.value.message and "0000:10:00.0" in raised.value.message
+    assert "support only the open ones" in raised.value.message
+
+
+def test_an_h100_may_still_run_proprietary() -> None:
+    assert resolve("R580", SHIPPED, pci_gpus(H100), module_type="proprietary").flavour == \
+        "proprietary"

@@ -10,12 +10,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from lib.bootmodules import BOOT_MODULES
+
 from vm.guest_kernel import GuestKernel
 
 GUEST_DIR = Path(__file__).parent / "guest"
 BUSYBOX = Path("/bin/busybox")
-# What stage 1 needs: virtio PCI transport, 9p for the host's root, overlayfs, the state disk.
-BOOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay", "virtio_blk", "ext4")
 
 
 def cache_dir() -> Path:

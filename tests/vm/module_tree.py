@@ -16,8 +16,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from lib.bootmodules import BOOT_MODULES
+
 from vm.guest_kernel import GuestKernel
-from vm.initramfs import BOOT_MODULES, cache_dir, module_files
+from vm.initramfs import cache_dir, module_files
 
 # What scenarios load from the host's tree: the boot modules again (modprobe is a no-op for them),
 # drm for NVIDIA's real nvidia.ko (tests/vm/test_real_driver_vm.py) and its helpers.

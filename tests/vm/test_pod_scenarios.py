@@ -1,4 +1,4 @@
-"""The product image, built for real (tests/pod/image.py), run as the DaemonSet's pod with runc
+"""The product image, built for real (tests/lib/podimage.py), run as the DaemonSet's pod with runc
 in a booted kernel (tests/pod), for three manifests: ours (the debian overlay rendered), seeds/000's
 and GKE's Ubuntu shape, each with only the installer's `image:` changed. Two boots share one disk:
 
@@ -47,8 +47,8 @@ import pytest
 import yaml
 from deploy.manifests import DAEMONSET_DIR, FIXTURES, render
 from kit.fabricmanager import build_fabricmanager
-from pod.image import TOOLS, Buildah, Built, build_debian_image, pause_image
-from pod.spec import Image
+from lib.podimage import TOOLS, Buildah, Built, build_debian_image, pause_image
+from lib.podspec import Image
 
 from vm.b200 import assert_fabric_manager_started_on_nvlsm
 from vm.guest_kernel import GuestKernel
@@ -266,7 +266,7 @@ def prepare_files(built: Built, pause: Image, files: Path, kernel: str,
     ours = render(DAEMONSET_DIR / "overlays" / "debian")
     (files / "ours.yaml").write_text(yaml.safe_dump_all(ours))
     # No API server runs in the guest: the held upgrade is the protocol-off path (with it on,
-    # the run stops at cluster-api-unavailable before staging, tests/unit/test_upgrade_hook.py).
+    # the run stops at cluster-api-unavailable before staging, tests/unit/test_activation.py).
     (files / "ours-no-protocol.yaml").write_text(yaml.safe_dump_all(_protocol_off(ours)))
     (files / "ours-fabric.yaml").write_text(yaml.safe_dump_all(_fabric(ours)))
     _with_image(FIXTURES / "seed000-jdcloud-daemonset.yaml", built.ref, files / "seed000.yaml")

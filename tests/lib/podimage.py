@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +22,7 @@ from pathlib import Path
 import tomllib
 from kit.cache import mmdebstrap_tarball
 
-from pod.spec import Image
+from lib.podspec import Image
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = "bookworm"
@@ -136,6 +136,28 @@ class Buildah:
         shutil.rmtree(self.storage, ignore_errors=True)
 
 
+def run_build_sh(buildah: Buildah, base: str, links: str, *, timeout: int,
+                 platforms: Sequence[str] = (), layers: bool = False) -> str:
+    """images/build.sh --only debian12 with buildah on the base image `base`, pip taking only the
+    wheels served at `links`; its log (raises with the log's tail on failure)."""
+    layer_opt = "--layers " if layers else ""
+    env = {
+        **os.environ,
+        "BUILDER": "buildah",
+        "BUILDAH": " ".join(buildah.argv),
+        **({"PLATFORMS": ",".join(platforms)} if platforms else {}),
+        "BUILD_OPTS": f"{layer_opt}--build-arg BASE_IMAGE={base} --build-arg PIP_NO_INDEX=1 "
+                      f"--build-arg PIP_FIND_LINKS={links}",
+    }
+    result = subprocess.run(["bash", str(REPO / "images" / "build.sh"), "--only", "debian12"],
+                            env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                            check=False)
+    log = result.stdout + result.stderr
+    if result.returncode != 0:
+        raise RuntimeError(f"images/build.sh failed ({result.returncode}):\n{log[-6000:]}")
+    return log
+
+
 def build_debian_image(buildah: Buildah, work: Path) -> Built:
     """images/build.sh --only debian12, on the mmdebstrap base; raises with the log on failure."""
     tarball, base_seconds = debian_base()
@@ -143,19 +165,7 @@ def build_debian_image(buildah: Buildah, work: Path) -> Built:
     buildah.import_base(tarball, base_ref)
     started = time.monotonic()
     with serve(wheelhouse(work / "wheelhouse")) as links:
-        env = {
-            **os.environ,
-            "BUILDER": "buildah",
-            "BUILDAH": " ".join(buildah.argv),
-            "BUILD_OPTS": f"--build-arg BASE_IMAGE={base_ref} --build-arg PIP_NO_INDEX=1 "
-                          f"--build-arg PIP_FIND_LINKS={links}",
-        }
-        result = subprocess.run(["bash", str(REPO / "images" / "build.sh"), "--only", "debian12"],
-                                env=env, cwd=REPO, capture_output=True, text=True, timeout=1800,
-                                check=False)
-    log = result.stdout + result.stderr
-    if result.returncode != 0:
-        raise RuntimeError(f"images/build.sh failed ({result.returncode}):\n{log[-6000:]}")
+        log = run_build_sh(buildah, base_ref, links, timeout=1800)
     ref = next(line.split("--tag ", 1)[1].split()[0] for line in log.splitlines()
                if line.startswith("+ ") and "--tag " in line)
     return Built(ref, buildah.unpack(ref), time.monotonic() - started, base_seconds, log)

@@ -5,14 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from lib import hostreleases
 from lib.hosttrees import make_host
 
+from installer import distros, errors
+from installer.config import from_env
 from installer.errors import RepoFileRefused
 from installer.host import Distro
 from installer.hostroot import HostRoot
 from installer.sources.dnf import commands as cmd
 from installer.sources.dnf import host_state
 from installer.sources.dnf import repos as dnf_repos
+from installer.sources.dnf.plan import repo_url
 
 EL9 = Distro("rocky", "9.4", 9, "rhel", "Rocky Linux 9.4 (Blue Onyx)")
 EL8 = Distro("rocky", "8.9", 8, "rhel", "Rocky Linux 8.9 (Green Obsidian)")
@@ -213,7 +217,7 @@ def test_repo_file_name_and_check() -> None:
         "cuda-rhel8.repo")
     signed = "[a]\nbaseurl=file:///r\ngpgcheck=1\ngpgkey=file:///r/k.pub\n"
     assert dnf_repos.check_repo_file(signed, url, local=True) == "a"
-    with pytest.raises(RepoFileRefused, match="defines 2 repos"):  # test_dnf_repo_policy
+    with pytest.raises(RepoFileRefused, match="defines 2 repos"):  # test_dnf_repos.py
         dnf_repos.check_repo_file(signed + "[b]\nname=b\n", url, local=True)
     with pytest.raises(RepoFileRefused):
         dnf_repos.check_repo_file("<html>404</html>", url, local=False)
@@ -295,3 +299,81 @@ def test_an_nvlink5_node_installs_nvlsm_in_the_drivers_transaction() -> None:
     assert el10.nvlsm is None
     assert cmd.dnf_target(EL9, "branch", "580", "580.126.20", 580, "open",
                           nvlsm="nvlsm").nvlsm is None
+
+
+@pytest.mark.parametrize(("kernel", "packages"), [
+    ("5.14.0-503.15.1.el9_5.aarch64+64k", ["kernel-64k-devel-5.14.0-503.15.1.el9_5.aarch64",
+                                           "kernel-headers-5.14.0-503.15.1.el9_5.aarch64"]),
+    ("6.12.0-105.51.5.el9uek.x86_64", ["kernel-uek-devel-6.12.0-105.51.5.el9uek.x86_64"]),
+    ("5.14.0-427.13.1.el9_4.x86_64", ["kernel-devel-5.14.0-427.13.1.el9_4.x86_64",
+                                      "kernel-headers-5.14.0-427.13.1.el9_4.x86_64"]),
+])
+def test_the_dnf_source_installs_the_kernels_own_devel_package(
+        kernel: str, packages: list[str]) -> None:
+    assert cmd.kernel_packages(kernel) == packages
+
+
+# --- Amazon Linux 2023: NVIDIA's amzn2023 repo, its module streams resolved against
+# platform:al2023, the host's releasever lock, each kernel line's packages, its own errors.
+
+_AMAZON = hostreleases.release("amzn-2023")
+AL2023 = Distro(_AMAZON.id, _AMAZON.version_id, int(_AMAZON.version_id), "amazon",
+                _AMAZON.pretty_name)
+K61 = _AMAZON.dnf_kernels[0][0]
+AMAZON_CACHE = Path("/cache/dnf")
+
+
+def test_the_dnf_source_is_offered_with_nvidias_amzn2023_repo() -> None:
+    assert "dnf" in distros.of(AL2023).package_sources
+    config = from_env({})
+    assert repo_url(config, AL2023, "aarch64") == (
+        "https://developer.download.nvidia.com/compute/cuda/repos/amzn2023/aarch64/"
+        "cuda-amzn2023.repo")
+
+
+def test_streams_like_el9_not_plain_packages_like_el10() -> None:
+    target = cmd.dnf_target(AL2023, "branch", "580", "580.126.20", 580, "open")
+    assert (target.stream, target.pinned) == ("580-open", None)
+    assert target.packages == ("nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe",
+                               "kmod-nvidia-open-dkms")
+    pinned = cmd.dnf_target(AL2023, "exact", "580.105.08", "580.105.08", 580, "proprietary")
+    assert (pinned.stream, pinned.pinned) == ("580-dkms", "580.105.08")
+
+
+def test_dnf_runs_against_the_hosts_releasever_lock_and_al2023_platform(tmp_path: Path) -> None:
+    root = HostRoot(tmp_path)
+    argv = cmd.dnf_base(root, AL2023, AMAZON_CACHE)
+    assert "--releasever=latest" in argv  # no lock file: the newest release
+    assert "--setopt=module_platform_id=platform:al2023" in argv
+    assert "--releasever=2023" not in argv
+    (tmp_path / "etc/dnf/vars").mkdir(parents=True)
+    (tmp_path / "etc/dnf/vars/releasever").write_text("2023.9.20251117\n")
+    assert "--releasever=2023.9.20251117" in cmd.dnf_base(root, AL2023, AMAZON_CACHE)
+
+
+@pytest.mark.parametrize(("kernel", "line"), [
+    pytest.param(kernel, line, id=kernel) for kernel, line in _AMAZON.dnf_kernels])
+def test_dkms_gets_the_kernel_lines_devel_headers_and_modules_extra(kernel: str,
+                                                                    line: str) -> None:
+    assert cmd.kernel_packages(kernel, AL2023) == [
+        f"{line}-devel-{kernel}", f"{line}-headers-{kernel}", f"{line}-modules-extra-{kernel}"]
+    target = cmd.dnf_target(AL2023, "branch", "580", "580.126.20", 580, "proprietary")
+    choice = cmd.Choice("580-dkms", "580.126.20", "kmod-nvidia-latest-dkms", False, "")
+    assert cmd.install_argv(["dnf"], target, choice, kernel, AL2023)[-3:] == (
+        cmd.kernel_packages(kernel, AL2023))
+
+
+def test_al2023_failures_have_their_own_references_and_codes() -> None:
+    family = cmd.family(AL2023)
+    found = [family.kernel_devel_missing("m", K61), family.dkms_missing("m"),
+             family.driver_missing("m")]
+    assert [(type(e), e.reference, e.exit_code) for e in found] == [
+        (errors.AmazonKernelDevelMissing, "amazon-kernel-devel-missing", 90),
+        (errors.AmazonDkmsMissing, "amazon-dkms-missing", 91),
+        (errors.AmazonDriverMissing, "amazon-driver-missing", 92)]
+    assert "/etc/dnf/vars/releasever" in found[0].hint
+    assert "aarch64" in found[1].hint
+    # RHEL's stay as they were.
+    rhel = cmd.family(Distro("rocky", "9.4", 9, "rhel", "Rocky Linux 9.4"))
+    assert rhel.dkms_missing("m").reference == "dkms-unavailable"
+    assert rhel.kernel_devel_missing("m", "k").reference == "kernel-headers-missing"

@@ -1,7 +1,6 @@
-"""Blackwell and Grace decisions: the open flavour whatever is asked (a proprietary request
-refused before anything is downloaded, naming the GPU), and coherent memory on Grace-coupled
-GPUs (NVreg_CoherentGPUMemoryMode=driver from R580 unless the operator's options set it), in
-the plan, the nvidia module's load argv and what verify reads back."""
+"""Coherent memory on Grace-coupled GPUs (steps/coherent.py): NVreg_CoherentGPUMemoryMode=driver
+from R580 unless the operator's options set it, in the plan, the nvidia module's load argv and
+what verify reads back. (Their open flavour: tests/unit/test_versions.py.)"""
 
 from __future__ import annotations
 
@@ -10,50 +9,13 @@ from pathlib import Path
 import pytest
 from lib.contexts import context
 from lib.fakes import FakeRunner
-from lib.hosttrees import B200_595, B300, GB200, GB300, GB300_595, GH200, GH200_144G, H100
+from lib.hosttrees import B300, GB200, GB300, GB300_595, GH200, GH200_144G, H100, pci_gpus
 
 from installer import steps
 from installer.config import from_env
-from installer.errors import UnsupportedGpu
-from installer.host import PciGpu
 from installer.hostroot import HostRoot
-from installer.release import catalog
-from installer.release.versions import resolve
 
-SHIPPED = catalog.shipped()
 CDMM = "NVreg_CoherentGPUMemoryMode=driver"
-
-
-def gpus(*device_ids: int) -> list[PciGpu]:
-    return [PciGpu(address=f"0000:{0x10 + i:02x}:00.0", device_id=d, class_code=0x030200)
-            for i, d in enumerate(device_ids)]
-
-
-# --- flavour -------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("device_id, request_", [
-    (GH200, "R550"), (GH200_144G, "R570"), (B200_595, "R595"), (B300, "R580"),
-    (GB300, "R580"), (GB300_595, "R595"), (GB200, "R570")])
-def test_blackwell_and_grace_get_the_open_flavour_under_auto(device_id: int,
-                                                              request_: str) -> None:
-    # Before R560 NVIDIA's default is proprietary: these GPUs still get the open modules.
-    assert resolve(request_, SHIPPED, gpus(device_id)).flavour == "open"
-
-
-@pytest.mark.parametrize("device_id, name", [
-    (GH200, "NVIDIA GH200 480GB"), (GH200_144G, "NVIDIA GH200 144G HBM3e"),
-    (B300, "NVIDIA B300 SXM6 AC"), (GB300, "NVIDIA GB300"), (GB200, "NVIDIA GB200")])
-def test_a_proprietary_request_is_refused_naming_the_gpu(device_id: int, name: str) -> None:
-    with pytest.raises(UnsupportedGpu) as raised:
-        resolve("R580", SHIPPED, gpus(device_id), module_type="proprietary")
-    assert name in raised.value.message and "0000:10:00.0" in raised.value.message
-    assert "support only the open ones" in raised.value.message
-
-
-def test_an_h100_may_still_run_proprietary() -> None:
-    assert resolve("R580", SHIPPED, gpus(H100), module_type="proprietary").flavour == \
-        "proprietary"
 
 
 # --- coherent memory -----------------------------------------------------------------------
@@ -62,7 +24,7 @@ def test_an_h100_may_still_run_proprietary() -> None:
 def decide(tmp_path: Path, device_ids: tuple[int, ...], branch: int = 580, **env: str
            ) -> steps.coherent.Coherent:
     config = from_env({"ROOT_MOUNT_DIR": str(tmp_path), **env})
-    return steps.coherent_memory(config, HostRoot(tmp_path), gpus(*device_ids), branch)
+    return steps.coherent_memory(config, HostRoot(tmp_path), pci_gpus(*device_ids), branch)
 
 
 @pytest.mark.parametrize("device_id", [GH200, GH200_144G, GB200, GB300, GB300_595])
@@ -75,7 +37,7 @@ def test_grace_coupled_gpus_get_driver_managed_memory_from_r580(tmp_path: Path,
     assert f"10de:{device_id:04x}" in coherent.decision.reason
 
 
-def test_not_before_r580_nor_on_other_gpus(tmp_path: Path) -> None:
+def test_not_before_r580_nor_on_other_pci_gpus(tmp_path: Path) -> None:
     older = decide(tmp_path, (GH200,), branch=575)
     assert older.args == () and older.decision.value == "not set"
     assert "R575 predates" in older.decision.reason
@@ -112,7 +74,7 @@ def test_the_hosts_modprobe_d_wins(tmp_path: Path) -> None:
 def test_the_nvidia_module_is_loaded_with_it(tmp_path: Path) -> None:
     runner = FakeRunner().on("modprobe").on("insmod")
     ctx = context(tmp_path, runner, NVIDIA_MODULE_ARGS="nvidia.NVreg_EnableGpuFirmware=1")
-    ctx.facts = ctx.facts._replace(gpus=tuple(gpus(GH200)))
+    ctx.facts = ctx.facts._replace(gpus=tuple(pci_gpus(GH200)))
     steps.load_step(ctx).apply()
     loads = [argv for argv in runner.argvs() if "nvidia" in argv or any(
         a.endswith("/nvidia.ko") for a in argv)]
