@@ -10,15 +10,8 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 # Folders every tier may import: the shared helpers and the fake-driver kit.
 SHARED = {"lib", "kit"}
-# Crossings in files other work is rewriting now: tests/cluster/apiserver.py is being retired
-# and cluster/admission.py's helpers go to tests/lib with it; deploy/manifests.py moves to
-# tests/lib once cluster/test_policies_real.py's import of it can change with it.
-KNOWN_CROSSINGS = {
-    ("deploy/test_admission_policy.py", "cluster"),
-    ("deploy/test_scheduling_gate.py", "cluster"),
-    ("cluster/test_policies_real.py", "deploy"),
-    ("vm/test_pod_scenarios.py", "deploy"),
-}
+# None left: a crossing found is a helper to move into tests/lib.
+KNOWN_CROSSINGS: set[tuple[str, str]] = set()
 
 
 def tiers() -> set[str]:

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy.manifests import DAEMONSET_DIR
 from lib.controlplane import ApiError, ControlPlane, kubeconfig, token_claims
+from lib.manifests import DAEMONSET_DIR
 
 from cluster.realcluster import RealNodes
 from installer.cluster import protocol

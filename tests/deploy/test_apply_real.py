@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 from lib.controlplane import ControlPlane
+from lib.manifests import CRD_GROUPS, DAEMONSET_DIR, kustomization_dirs
 from lib.nodeagent import NodeAgent
 
-from deploy.manifests import CRD_GROUPS, DAEMONSET_DIR, kustomization_dirs
 from deploy.test_helm_chart import CASES, chart_render
 
 KUSTOMIZATIONS = kustomization_dirs()

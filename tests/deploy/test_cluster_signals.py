@@ -15,8 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-from deploy.manifests import (
+from lib.manifests import (
     DAEMONSET_DIR,
     SAMPLE_NODE_NAME,
     container_env,
@@ -26,6 +25,7 @@ from deploy.manifests import (
     pod_spec,
     render,
 )
+
 from installer import setting_parsers
 from installer.cluster import condition, driver_labels
 from installer.config import from_env

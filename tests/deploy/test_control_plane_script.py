@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from deploy.manifests import REPO
+from lib.manifests import REPO
 
 SCRIPT = REPO / "scripts" / "control-plane"
 TOOLS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")

@@ -8,14 +8,14 @@ from pathlib import PurePosixPath
 from typing import Any
 
 import pytest
-
-from deploy.manifests import (
+from lib.manifests import (
     container_env,
     installer_container,
     installer_daemonset,
     pod_spec,
     shipped,
 )
+
 from installer.components import persistenced
 from installer.components.supervisor import ready_file
 from installer.config import from_env, known_env_vars
@@ -69,7 +69,8 @@ def test_the_imex_component_adds_installer_imex_with_its_socket_in_the_driver_ro
     directory (config, nodes file, command socket) writable at the place inside the install
     dir where the DRA driver's plugin asks; the nodes from the optional ConfigMap; the probe
     on the file its supervisor writes."""
-    from deploy.manifests import DAEMONSET_DIR, render
+    from lib.manifests import DAEMONSET_DIR, render
+
     from installer.components import imexd
     from installer.hostroot import HostRoot
     from installer.layout import Layout

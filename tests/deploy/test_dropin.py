@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from deploy.manifests import (
+from lib.manifests import (
     DAEMONSET_DIR,
     FIXTURES,
     K8S_VERSIONS,

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from deploy.manifests import (
+from lib.manifests import (
     DAEMONSET_DIR,
     REPO,
     container_env,

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 import yaml
-
-from deploy.manifests import (
+from lib.manifests import (
     DAEMONSET_DIR,
     container_env,
     installer_container,
     installer_daemonset,
     render,
 )
+
 from installer.config import from_env
 
 # (kustomization, the chart's values that mean the same)

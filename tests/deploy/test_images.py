@@ -10,8 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from deploy.manifests import DAEMONSET_DIR, IMAGES_DIR, REPO, need_tool
+from lib.manifests import DAEMONSET_DIR, IMAGES_DIR, REPO, need_tool
 
 DOCKERFILES = {
     "ubuntu": IMAGES_DIR / "ubuntu" / "Dockerfile",

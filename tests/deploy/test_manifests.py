@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from deploy.manifests import (
+from lib.manifests import (
     CRD_GROUPS,
     DAEMONSET_DIR,
     GPUS_READY_FILE,

@@ -9,8 +9,7 @@ import functools
 from typing import Any
 
 import yaml
-
-from deploy.manifests import (
+from lib.manifests import (
     DAEMONSET_DIR,
     SAMPLE_HOST_IP,
     container_env,
@@ -19,6 +18,7 @@ from deploy.manifests import (
     pod_spec,
     render,
 )
+
 from installer.config import from_env
 from installer.layout import READY_FILE
 from installer.metrics.exporter import parse_listen

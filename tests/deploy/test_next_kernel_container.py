@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deploy.manifests import (
+from lib.manifests import (
     DAEMONSET_DIR,
     container_env,
     host_path_of,
@@ -16,6 +16,7 @@ from deploy.manifests import (
     pod_spec,
     render,
 )
+
 from installer.config import from_env, known_env_vars
 
 

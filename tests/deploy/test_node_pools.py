@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from deploy.manifests import (
+from lib.manifests import (
     DAEMONSET_DIR,
     container_env,
     installer_container,
@@ -14,6 +14,7 @@ from deploy.manifests import (
     pod_spec,
     render,
 )
+
 from installer.cluster import pools
 from installer.config import from_env
 from installer.host import PciGpu

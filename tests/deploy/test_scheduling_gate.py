@@ -11,8 +11,7 @@ import re
 from typing import Any
 
 import pytest
-
-from deploy.manifests import (
+from lib.manifests import (
     DAEMONSET_DIR,
     READY_DIR,
     SAMPLE_NODE_NAME,
@@ -23,6 +22,7 @@ from deploy.manifests import (
     pod_spec,
     render,
 )
+
 from installer.config import from_env
 
 COMPONENTS = DAEMONSET_DIR / "components"

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from deploy.manifests import (
+from lib.manifests import (
     DAEMONSET_DIR,
     SAMPLE_NODE_NAME,
     container_env,
@@ -22,6 +21,7 @@ from deploy.manifests import (
     pod_spec,
     render,
 )
+
 from installer.cluster import protocol
 from installer.config import build_config, from_env
 

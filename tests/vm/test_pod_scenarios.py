@@ -45,8 +45,8 @@ from typing import Any
 import kit
 import pytest
 import yaml
-from deploy.manifests import DAEMONSET_DIR, FIXTURES, render
 from kit.fabricmanager import build_fabricmanager
+from lib.manifests import DAEMONSET_DIR, FIXTURES, render
 from lib.podimage import TOOLS, Buildah, Built, build_debian_image, pause_image
 from lib.podspec import Image
 

@@ -19,7 +19,7 @@ from installer import layout
 REPO = Path(__file__).resolve().parents[2]
 DAEMONSET_DIR = REPO / "daemonset"
 IMAGES_DIR = REPO / "images"
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "deploy" / "fixtures"  # the seeds' DaemonSets
 
 INSTALLER_CONTAINER = "nvidia-driver-installer"
 READY_FILE = str(layout.READY_FILE)
