@@ -59,6 +59,7 @@ class Seen:
     bytes_in: int
     bytes_out: int
     at: float = field(default_factory=time.monotonic)
+    bearer: str | None = None  # the token the request carried (Authorization: Bearer)
 
     @property
     def is_write(self) -> bool:
@@ -66,9 +67,17 @@ class Seen:
 
 
 class ApiProxy:
-    def __init__(self, cp: ControlPlane, directory: Path) -> None:
+    def __init__(self, cp: ControlPlane, directory: Path, *,
+                 certificate: tuple[Path, Path] | None = None) -> None:
+        """`certificate`: a PEM chain and its key to present instead of the proxy's own
+        (a server certificate a test chose: another CA's, one for a name only); self.tls.ca_file
+        then trusts nothing it serves."""
         self.cp = cp
         self.tls = make_tls(directory)
+        if certificate is not None:
+            chosen = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            chosen.load_cert_chain(*certificate)
+            self.tls = self.tls._replace(context=chosen)
         self.faults: list[Fault] = []
         self.hooks: list[Hook] = []
         self.seen: list[Seen] = []
@@ -189,9 +198,12 @@ class ApiProxy:
                 self._record(resp.status, False, len(body), len(data))
 
             def _record(self, status: int, injected: bool, bytes_in: int, out: int) -> None:
+                authorization = self.headers.get("Authorization") or ""
+                bearer = (authorization.removeprefix("Bearer ")
+                          if authorization.startswith("Bearer ") else None)
                 with proxy.lock:
                     proxy.seen.append(Seen(self.command, self.path, status, injected, bytes_in,
-                                           out))
+                                           out, bearer=bearer))
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _any
 
