@@ -1,15 +1,18 @@
 """How the installer finds the API server and proves who it is (installer/cluster/credentials.py),
-against the stand-in API server serving real HTTPS: the pod's service account (its token read
-again on every request, as bound tokens rotate, and the cluster's CA), kubeconfig files in YAML
-with inline or relative-path CA and client certificates, tls-server-name, and every malformed or
-unsupported kubeconfig refused with a clear error before a request is made."""
+against the real kube-apiserver (tests/lib/controlplane.py), directly or through
+tests/lib/apiproxy.py presenting the server certificate a case needs: the pod's service account
+(its token, from the TokenRequest API, read again on every request, as bound tokens rotate, and
+the cluster's CA), kubeconfig files in YAML with inline or relative-path CA and client
+certificates the server verifies itself, tls-server-name, and every malformed or unsupported
+kubeconfig refused with a clear error before a request is made (those need no server)."""
 
 from __future__ import annotations
 
 import base64
-import ipaddress
-import ssl
+import contextlib
 import tempfile
+import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,22 +20,24 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from lib.tlskit import issue_certificate, new_key, write_key
+from lib.apiproxy import ApiProxy
+from lib.controlplane import ApiError, ControlPlane
+from lib.tlskit import issue_certificate, issue_client_certificate, new_key, write_key
 
-from cluster.apiserver import ApiServer, Cluster
 from installer.cluster import credentials
 from installer.cluster.client import NodeClient
 from installer.errors import ClusterApiForbidden, ClusterApiUnavailable, KubeconfigInvalid
 
-NODE = "gpu-node-1"
+NODE = "gpu-node-1"  # in the cases that make no request
 SERVICE_NAME = "kubernetes.default.svc"
+CLUSTERROLES = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
+CLUSTERROLEBINDINGS = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
 
 
 @dataclass
 class Pki:
-    """PEM files: a cluster CA, two API server certificates it signed (one for 127.0.0.1 and
-    the service name, one for the service name alone), a client certificate, and a CA that
-    signed none of them."""
+    """PEM files that are no cluster's: a CA and a server certificate it signed for the
+    service name alone (not 127.0.0.1), and a CA that signed nothing here."""
 
     directory: Path
 
@@ -42,53 +47,81 @@ class Pki:
     def data(self, name: str) -> str:
         return base64.b64encode(self.pem(name)).decode()
 
+    def chain(self, name: str) -> tuple[Path, Path]:
+        return self.directory / f"{name}.crt", self.directory / f"{name}.key"
+
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     directory = tmp_path_factory.mktemp("pki")
-    ca_key, other_key = new_key(), new_key()
+    ca_key, other_key, server_key = new_key(), new_key(), new_key()
     ca = issue_certificate("cluster-ca", ca_key, None)
     other = issue_certificate("another-ca", other_key, None)
-    issued = {
-        "server": [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName(SERVICE_NAME)],
-        "server-by-name": [x509.DNSName(SERVICE_NAME)],
-        "client": None,
-    }
-    for name, names in issued.items():
-        key = new_key()
-        certificate = issue_certificate(f"stand-in-{name}", key, (ca, ca_key), names)
-        pem = certificate.public_bytes(serialization.Encoding.PEM)
-        (directory / f"{name}.crt").write_bytes(pem)
-        write_key(directory / f"{name}.key", key)
-    (directory / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (directory / "other-ca.crt").write_bytes(other.public_bytes(serialization.Encoding.PEM))
+    server = issue_certificate("api-by-name", server_key, (ca, ca_key),
+                               [x509.DNSName(SERVICE_NAME)])
+    for name, cert in (("ca", ca), ("other-ca", other), ("server-by-name", server)):
+        (directory / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    write_key(directory / "server-by-name.key", server_key)
     return Pki(directory)
 
 
-def _server_tls(pki: Pki, certificate: str = "server",
-                client_certificates: bool = False) -> ssl.SSLContext:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(pki.directory / f"{certificate}.crt",
-                            pki.directory / f"{certificate}.key")
-    if client_certificates:
-        # kube-apiserver's --client-ca-file: a certificate is asked for and verified when
-        # given; a client without one still connects (Go's VerifyClientCertIfGiven).
-        context.load_verify_locations(pki.directory / "ca.crt")
-        context.verify_mode = ssl.CERT_OPTIONAL
-    return context
+@dataclass
+class Reader:
+    """A ServiceAccount allowed to get Nodes and list Pods (a ClusterRole of this module's,
+    bound and seen by the authorizer), and a Node of this module's for its pod."""
+
+    cp: ControlPlane
+    namespace: str
+    account: str
+    node: str
+
+    def token(self, pod: str = "main") -> str:
+        """A TokenRequest token bound to a Pod of the account on the node (a fresh token
+        each call; the Pod is made once)."""
+        return self.cp.pod_token(self.node, account=self.account, namespace=self.namespace,
+                                 pod=f"{self.account}-{pod}")
+
+
+@pytest.fixture(scope="module")
+def reader(control_plane: ControlPlane) -> Iterator[Reader]:
+    cp = control_plane
+    suffix = uuid.uuid4().hex[:8]
+    name = f"credentials-{suffix}"
+    r = Reader(cp, cp.namespace(name), "installer", f"{name}-node")
+    cp.node(r.node)
+    cp.service_account(r.namespace, r.account)
+    cp.create(CLUSTERROLES, {"metadata": {"name": name}, "rules": [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]})
+    cp.create(CLUSTERROLEBINDINGS, {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": r.account, "namespace": r.namespace}]})
+    try:
+        deadline = time.monotonic() + 30
+        while not cp.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", {"spec": {
+                "user": f"system:serviceaccount:{r.namespace}:{r.account}",
+                "resourceAttributes": {"verb": "list", "resource": "pods"}}})["status"].get(
+                    "allowed"):
+            assert time.monotonic() < deadline, "the binding never reached the authorizer"
+            time.sleep(0.1)
+        yield r
+    finally:
+        with contextlib.suppress(ApiError):  # no kubelet to wait for: gone at once
+            cp.request("DELETE", f"/api/v1/namespaces/{r.namespace}/pods/{r.account}-main",
+                       {"gracePeriodSeconds": 0})
+        for path in (f"{CLUSTERROLEBINDINGS}/{name}", f"{CLUSTERROLES}/{name}",
+                     f"/api/v1/nodes/{r.node}"):
+            with contextlib.suppress(ApiError):
+                cp.request("DELETE", path)
 
 
 @pytest.fixture
-def cluster() -> Cluster:
-    cluster = Cluster()
-    cluster.add_node(NODE, {"nvidia.com/gpu.present": "true"})
-    return cluster
-
-
-@pytest.fixture
-def https(pki: Pki, cluster: Cluster) -> Iterator[ApiServer]:
-    with ApiServer(cluster, tls=_server_tls(pki)) as server:
-        yield server
+def proxy(reader: Reader, tmp_path: Path) -> Iterator[ApiProxy]:
+    """The real server behind a certificate of the proxy's own CA (proxy.tls.ca_file)."""
+    with ApiProxy(reader.cp, tmp_path / "proxy-tls") as p:
+        yield p
 
 
 def _kubeconfig(path: Path, cluster: str, user: str) -> Path:
@@ -116,107 +149,158 @@ users:
     return path
 
 
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def _requests(proxy: ApiProxy) -> list[tuple[str, str, int]]:
+    return [(s.method, s.path, s.status) for s in proxy.seen]
+
+
 def test_a_yaml_kubeconfig_with_the_cluster_ca_inline_and_a_token(
-        tmp_path: Path, pki: Pki, https: ApiServer) -> None:
+        tmp_path: Path, reader: Reader, proxy: ApiProxy) -> None:
     kubeconfig = _kubeconfig(tmp_path / "config",
-                             f"    server: {https.url}\n"
-                             f"    certificate-authority-data: {pki.data('ca.crt')}",
-                             "    token: stand-in-token")
-    node = NodeClient(NODE, str(kubeconfig)).get_node()
-    assert node["metadata"]["name"] == NODE
-    assert [(r.method, r.path, r.status) for r in https.cluster.requests] == [
-        ("GET", f"/api/v1/nodes/{NODE}", 200)]
+                             f"    server: {proxy.url}\n"
+                             f"    certificate-authority-data: {_b64(proxy.tls.ca_file)}",
+                             f"    token: {reader.token()}")
+    node = NodeClient(reader.node, str(kubeconfig)).get_node()
+    assert node["metadata"]["name"] == reader.node
+    assert _requests(proxy) == [("GET", f"/api/v1/nodes/{reader.node}", 200)]
 
 
-def test_a_server_the_ca_did_not_sign_is_refused(tmp_path: Path, pki: Pki,
-                                                 https: ApiServer) -> None:
+def test_a_server_the_ca_did_not_sign_is_refused(tmp_path: Path, pki: Pki, reader: Reader,
+                                                 proxy: ApiProxy) -> None:
     kubeconfig = _kubeconfig(tmp_path / "config",
-                             f"    server: {https.url}\n"
+                             f"    server: {proxy.url}\n"
                              f"    certificate-authority-data: {pki.data('other-ca.crt')}",
-                             "    token: stand-in-token")
-    with pytest.raises(ClusterApiUnavailable, match=r"could not read node gpu-node-1: .*"
+                             f"    token: {reader.token()}")
+    with pytest.raises(ClusterApiUnavailable, match=rf"could not read node {reader.node}: .*"
                        r"CERTIFICATE_VERIFY_FAILED") as caught:
-        NodeClient(NODE, str(kubeconfig)).get_node()
+        NodeClient(reader.node, str(kubeconfig)).get_node()
     assert caught.value.exit_code == 70
-    assert https.cluster.requests == []  # nothing was sent: the token never left
+    assert proxy.seen == []  # nothing was sent: the token never left
 
 
-def test_a_wrong_token_is_forbidden(tmp_path: Path, pki: Pki, https: ApiServer) -> None:
+def test_a_wrong_token_is_refused_by_the_server(tmp_path: Path, reader: Reader,
+                                                proxy: ApiProxy) -> None:
     kubeconfig = _kubeconfig(tmp_path / "config",
-                             f"    server: {https.url}\n"
-                             f"    certificate-authority-data: {pki.data('ca.crt')}",
+                             f"    server: {proxy.url}\n"
+                             f"    certificate-authority-data: {_b64(proxy.tls.ca_file)}",
                              "    token: stale")
     with pytest.raises(ClusterApiForbidden, match=r"answered 401 \(Unauthorized\)"):
-        NodeClient(NODE, str(kubeconfig)).get_node()
+        NodeClient(reader.node, str(kubeconfig)).get_node()
+    assert _requests(proxy) == [("GET", f"/api/v1/nodes/{reader.node}", 401)]
+
+
+def _client_certificate(cp: ControlPlane, directory: Path, user: str, groups: list[str],
+                        *, signed_by_cluster: bool = True) -> tuple[Path, Path]:
+    """A client certificate and key for `user` in `groups`, signed by the control plane's
+    client CA (its --client-ca-file) or by a CA of its own."""
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    if signed_by_cluster:
+        issuer_key = load_pem_private_key((cp.dir / "ca.key").read_bytes(), None)
+        issuer = (x509.load_pem_x509_certificate(cp.ca.read_bytes()), issuer_key)
+    else:
+        own_key = new_key()
+        issuer = (issue_certificate("not-the-cluster-ca", own_key, None), own_key)
+    key = new_key()
+    cert = issue_client_certificate(user, groups, key, issuer)  # type: ignore[arg-type]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "client.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    write_key(directory / "client.key", key)
+    return directory / "client.crt", directory / "client.key"
 
 
 def test_client_certificate_files_relative_to_the_kubeconfig(
-        tmp_path: Path, pki: Pki, cluster: Cluster) -> None:
-    """A kubelet's kubeconfig: CA, certificate and key as files beside it, no token; the
-    server takes a client certificate its CA signed as the identity."""
-    cluster.token = None  # the client certificate is the identity
+        tmp_path: Path, reader: Reader) -> None:
+    """A kubelet's kubeconfig: CA, certificate and key as files beside it, no token; the real
+    server verifies the certificate against its client CA and takes its subject as the user
+    (system:node:<name>, whom the Node authorizer lets read its own Node)."""
+    cp = reader.cp
     kubeconfig_dir = tmp_path / "etc-kubernetes"
-    kubeconfig_dir.mkdir()
-    for name in ("ca.crt", "client.crt", "client.key"):
-        (kubeconfig_dir / name).write_bytes(pki.pem(name))
-    with ApiServer(cluster, tls=_server_tls(pki, client_certificates=True)) as server:
-        user = "    client-certificate: client.crt\n    client-key: client.key"
-        kubeconfig = _kubeconfig(kubeconfig_dir / "kubelet.conf",
-                                 f"    server: {server.url}\n    certificate-authority: ca.crt",
-                                 user)
-        assert NodeClient(NODE, str(kubeconfig)).get_node()["metadata"]["name"] == NODE
-        # The same server answers a client without a certificate (or a token) 401.
-        bare = _kubeconfig(kubeconfig_dir / "bare.conf",
-                           f"    server: {server.url}\n    certificate-authority: ca.crt",
-                           "    {}")
-        with pytest.raises(ClusterApiForbidden, match=r"could not read node gpu-node-1: the "
-                           r"API server answered 401 \(Unauthorized\)"):
-            NodeClient(NODE, str(bare)).get_node()
+    _client_certificate(cp, kubeconfig_dir, f"system:node:{reader.node}", ["system:nodes"])
+    (kubeconfig_dir / "ca.crt").write_bytes(cp.ca.read_bytes())
+    cluster = f"    server: {cp.url}\n    certificate-authority: ca.crt"
+    kubeconfig = _kubeconfig(kubeconfig_dir / "kubelet.conf", cluster,
+                             "    client-certificate: client.crt\n    client-key: client.key")
+    node = NodeClient(reader.node, str(kubeconfig)).get_node()
+    assert node["metadata"]["name"] == reader.node
+    # The same server takes a client without a certificate (or a token) as system:anonymous,
+    # whom it refuses the Node.
+    bare = _kubeconfig(kubeconfig_dir / "bare.conf", cluster, "    {}")
+    with pytest.raises(ClusterApiForbidden, match=rf"could not read node {reader.node}: the "
+                       r"API server answered 403 \(.*User \"system:anonymous\" cannot get "
+                       r"resource \"nodes\""):
+        NodeClient(reader.node, str(bare)).get_node()
+    # A certificate its client CA did not sign: the server takes it for no one, not even
+    # system:anonymous.
+    _client_certificate(cp, tmp_path / "forged", f"system:node:{reader.node}", ["system:nodes"],
+                        signed_by_cluster=False)
+    forged = _kubeconfig(tmp_path / "forged" / "kubelet.conf",
+                         f"    server: {cp.url}\n"
+                         f"    certificate-authority-data: {_b64(cp.ca)}",
+                         "    client-certificate: client.crt\n    client-key: client.key")
+    with pytest.raises(ClusterApiForbidden, match=rf"could not read node {reader.node}: the "
+                       r"API server answered 401 \(Unauthorized\)"):
+        NodeClient(reader.node, str(forged)).get_node()
 
 
 def test_inline_client_certificate_leaves_no_key_on_disk(
-        tmp_path: Path, pki: Pki, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster.token = None
+        tmp_path: Path, reader: Reader, monkeypatch: pytest.MonkeyPatch) -> None:
+    cp = reader.cp
+    cert, key = _client_certificate(cp, tmp_path / "pem", f"system:node:{reader.node}",
+                                    ["system:nodes"])
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    with ApiServer(cluster, tls=_server_tls(pki, client_certificates=True)) as server:
-        kubeconfig = _kubeconfig(
-            tmp_path / "config",
-            f"    server: {server.url}\n    certificate-authority-data: {pki.data('ca.crt')}",
-            f"    client-certificate-data: {pki.data('client.crt')}\n"
-            f"    client-key-data: {pki.data('client.key')}")
-        assert NodeClient(NODE, str(kubeconfig)).get_node()["metadata"]["name"] == NODE
+    kubeconfig = _kubeconfig(
+        tmp_path / "config",
+        f"    server: {cp.url}\n    certificate-authority-data: {_b64(cp.ca)}",
+        f"    client-certificate-data: {_b64(cert)}\n    client-key-data: {_b64(key)}")
+    node = NodeClient(reader.node, str(kubeconfig)).get_node()
+    assert node["metadata"]["name"] == reader.node
     assert list(scratch.iterdir()) == []
 
 
 def test_tls_server_name_checks_the_certificate_against_that_name(
-        tmp_path: Path, pki: Pki, cluster: Cluster) -> None:
-    with ApiServer(cluster, tls=_server_tls(pki, "server-by-name")) as server:
-        ca = f"    server: {server.url}\n    certificate-authority-data: {pki.data('ca.crt')}"
-        plain = _kubeconfig(tmp_path / "plain", ca, "    token: stand-in-token")
+        tmp_path: Path, pki: Pki, reader: Reader) -> None:
+    with ApiProxy(reader.cp, tmp_path / "proxy-tls",
+                  certificate=pki.chain("server-by-name")) as proxy:
+        ca = f"    server: {proxy.url}\n    certificate-authority-data: {pki.data('ca.crt')}"
+        token = f"    token: {reader.token()}"
+        plain = _kubeconfig(tmp_path / "plain", ca, token)
         with pytest.raises(ClusterApiUnavailable, match="IP address mismatch"):
-            NodeClient(NODE, str(plain)).get_node()
+            NodeClient(reader.node, str(plain)).get_node()
+        assert proxy.seen == []
         named = _kubeconfig(tmp_path / "named", f"{ca}\n    tls-server-name: {SERVICE_NAME}",
-                            "    token: stand-in-token")
-        assert NodeClient(NODE, str(named)).get_node()["metadata"]["name"] == NODE
+                            token)
+        node = NodeClient(reader.node, str(named)).get_node()
+        assert node["metadata"]["name"] == reader.node
+        assert _requests(proxy) == [("GET", f"/api/v1/nodes/{reader.node}", 200)]
 
 
 def test_in_cluster_reads_the_rotated_token_on_every_request(
-        tmp_path: Path, pki: Pki, https: ApiServer,
+        tmp_path: Path, reader: Reader, proxy: ApiProxy,
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kubelet rotates the projected token (a second TokenRequest): the next request
+    carries the new one, and the server takes it."""
     account = tmp_path / "serviceaccount"
     account.mkdir()
-    (account / "ca.crt").write_bytes(pki.pem("ca.crt"))
-    (account / "token").write_text("stand-in-token\n")
+    (account / "ca.crt").write_bytes(proxy.tls.ca_file.read_bytes())
+    first = reader.token()
+    (account / "token").write_text(first + "\n")
     monkeypatch.setattr(credentials, "SERVICE_ACCOUNT", account)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", https.url.rsplit(":", 1)[1])
-    client = NodeClient(NODE, None)
-    assert client.get_node()["metadata"]["name"] == NODE
-    https.cluster.token = "rotated"  # the kubelet refreshed the projected token
-    (account / "token").write_text("rotated\n")
-    assert client.pods_on_node() == []
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", proxy.url.rsplit(":", 1)[1])
+    client = NodeClient(reader.node, None)
+    assert client.get_node()["metadata"]["name"] == reader.node
+    rotated = reader.token()
+    assert rotated != first
+    (account / "token").write_text(rotated + "\n")
+    pods = [p["metadata"]["name"] for p in client.pods_on_node()]
+    assert pods == [f"{reader.account}-main"]  # the server's answer for this node
+    assert [(s.status, s.bearer) for s in proxy.seen] == [(200, first), (200, rotated)]
 
 
 @pytest.mark.parametrize(("env", "files", "message"), [
@@ -283,32 +367,33 @@ def test_a_malformed_kubeconfig(tmp_path: Path, text: str, message: str) -> None
         NodeClient(NODE, str(tmp_path / "absent"))
 
 
-def test_a_server_url_path_prefixes_every_request(tmp_path: Path, pki: Pki,
-                                                  cluster: Cluster) -> None:
-    """An API proxy's URL (Rancher's /k8s/clusters/<id>): the stand-in serves only /api/v1,
-    so the prefix must reach it and comes back as the 404 it does not serve."""
-    with ApiServer(cluster, tls=_server_tls(pki)) as server:
-        kubeconfig = _kubeconfig(tmp_path / "config",
-                                 f"    server: {server.url}/k8s/clusters/c-1/\n"
-                                 f"    certificate-authority-data: {pki.data('ca.crt')}",
-                                 "    token: stand-in-token")
-        with pytest.raises(ClusterApiUnavailable, match="the stand-in does not serve GET "
-                           "/k8s/clusters/c-1/api/v1/pods"):
-            NodeClient(NODE, str(kubeconfig)).pods_on_node()
-        assert [r.path for r in cluster.requests] == ["/k8s/clusters/c-1/api/v1/pods"]
+def test_a_server_url_path_prefixes_every_request(tmp_path: Path, reader: Reader,
+                                                  proxy: ApiProxy) -> None:
+    """An API proxy's URL (Rancher's /k8s/clusters/<id>): kube-apiserver serves no such
+    prefix, so the prefix must reach it and comes back as the path the account may not get."""
+    kubeconfig = _kubeconfig(tmp_path / "config",
+                             f"    server: {proxy.url}/k8s/clusters/c-1/\n"
+                             f"    certificate-authority-data: {_b64(proxy.tls.ca_file)}",
+                             f"    token: {reader.token()}")
+    with pytest.raises(ClusterApiForbidden, match=r"answered 403 \(forbidden: User .* cannot "
+                       r"get path \"/k8s/clusters/c-1/api/v1/pods\"\)"):
+        NodeClient(reader.node, str(kubeconfig)).pods_on_node()
+    assert [(s.path.split("?")[0], s.status) for s in proxy.seen] == [
+        ("/k8s/clusters/c-1/api/v1/pods", 403)]
 
 
 @pytest.mark.parametrize("value", ['"false"', "'true'", '"no"', "0", "1", "[true]", "{}",
                                    '""'])
 def test_insecure_skip_tls_verify_must_be_a_yaml_boolean(tmp_path: Path, pki: Pki,
-                                                         https: ApiServer, value: str) -> None:
+                                                         value: str) -> None:
     """kubectl refuses anything but a boolean there; a quoted "false" once turned verification
-    off (a non-empty string is truthy). Refused before a connection is made."""
+    off (a non-empty string is truthy). Refused while the client is made, before any
+    connection (no server listens at that port)."""
     kubeconfig = _kubeconfig(tmp_path / "config",
-                             f"    server: {https.url}\n"
+                             "    server: https://127.0.0.1:6443\n"
                              f"    certificate-authority-data: {pki.data('other-ca.crt')}\n"
                              f"    insecure-skip-tls-verify: {value}",
-                             "    token: stand-in-token")
+                             "    token: some-token")
     with pytest.raises(KubeconfigInvalid, match=(
             rf"kubeconfig {tmp_path}/config: insecure-skip-tls-verify of cluster 'stand-in' is "
             r".*, not a boolean: write insecure-skip-tls-verify: true or false, without quotes"
@@ -316,26 +401,27 @@ def test_insecure_skip_tls_verify_must_be_a_yaml_boolean(tmp_path: Path, pki: Pk
         NodeClient(NODE, str(kubeconfig))
     assert caught.value.exit_code == 100
     assert caught.value.hint and "kubeconfig" in caught.value.hint
-    assert https.cluster.requests == []
 
 
 @pytest.mark.parametrize(("flag", "verifies"), [("false", True), (None, True), ("true", False)])
-def test_insecure_skip_tls_verify_booleans(tmp_path: Path, pki: Pki, https: ApiServer,
-                                           flag: str | None, verifies: bool) -> None:
+def test_insecure_skip_tls_verify_booleans(tmp_path: Path, pki: Pki, reader: Reader,
+                                           proxy: ApiProxy, flag: str | None,
+                                           verifies: bool) -> None:
     """`false` and absent verify the server against the CA (here one that did not sign it);
     `true` is honoured as kubectl honours it."""
     line = f"\n    insecure-skip-tls-verify: {flag}" if flag else ""
     kubeconfig = _kubeconfig(tmp_path / "config",
-                             f"    server: {https.url}\n"
+                             f"    server: {proxy.url}\n"
                              f"    certificate-authority-data: {pki.data('other-ca.crt')}{line}",
-                             "    token: stand-in-token")
-    client = NodeClient(NODE, str(kubeconfig))
+                             f"    token: {reader.token()}")
+    client = NodeClient(reader.node, str(kubeconfig))
     if verifies:
         with pytest.raises(ClusterApiUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
             client.get_node()
-        assert https.cluster.requests == []
+        assert proxy.seen == []
     else:
-        assert client.get_node()["metadata"]["name"] == NODE
+        assert client.get_node()["metadata"]["name"] == reader.node
+        assert _requests(proxy) == [("GET", f"/api/v1/nodes/{reader.node}", 200)]
 
 
 @pytest.mark.parametrize(("cluster_block", "user_block", "message"), [

@@ -1,31 +1,27 @@
-"""A node's token against the fleet: it reaches only its own node (the stand-in API server runs
-the shipped RBAC and ValidatingAdmissionPolicy), an admin's cordon made during an upgrade is
-never undone, DaemonSet, mirror and unschedulable-tolerating GPU pods are waited for, not
-evicted, a malformed annotation is a clear error naming it, and a node left mid-upgrade is
-restored even once the protocol is switched off."""
+"""A node's token against the fleet, on the real control plane (tests/cluster/realdrain.py: the
+shipped upgrade-protocol RBAC bound to the test's account, its ValidatingAdmissionPolicy
+enforced, a token bound to a Pod on the node, the installer's requests through the recording
+proxy, the node agent running the pods): the token reaches only its own node, an admin's cordon
+made during an upgrade is never undone, DaemonSet (a real DaemonSet's, taken back by its
+controller), mirror and unschedulable-tolerating GPU pods are waited for, not evicted, a
+malformed annotation is a clear error naming it, and a node left mid-upgrade is restored even
+once the protocol is switched off."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-
-pytest.importorskip("celpy", reason="pip install cel-python")
-
 import requests
+from lib.controlplane import ApiError
 from lib.fakes import FakeRunner
 from lib.hosttrees import make_host
 
-from cluster.apiserver import Cluster
-from cluster.nodes import (
-    LABELS,
-    NODE,
-    PAUSED,
-    PLUGIN,
-    Env,
-    make_room,
-)
+from cluster.realdrain import PLUGIN, Drain, drain, ready
 from installer import app, host
 from installer.cluster import protocol
 from installer.cluster.client import NodeClient
@@ -36,161 +32,247 @@ from installer.errors import (
     EvictionTimeout,
     UpgradeAnnotationInvalid,
 )
+from installer.hostroot import HostRoot
+from installer.layout import Layout
 from installer.plan import Context, Plan, Target
 
-OTHER = "gpu-node-2"
-CONTROL_PLANE = "control-plane-1"
+__all__ = ["drain"]  # the fixture, imported for pytest
+
+PAUSED = "paused-for-driver-upgrade"
 NO_SCHEDULE = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+MERGE = "application/merge-patch+json"
 
 
-def _raw_patch(env: Env, node: str, patch: dict, manager: str) -> requests.Response:
-    """A merge patch as `kubectl` sends it (its own field manager), with the same token."""
-    return requests.patch(f"{env.server.url}/api/v1/nodes/{node}?fieldManager={manager}",
-                          json=patch, timeout=10,
-                          headers={"Authorization": f"Bearer {env.cluster.token}",
-                                   "Content-Type": "application/merge-patch+json"})
+def layout_of(config: Config) -> Layout:
+    layout = Layout.from_config(config, HostRoot(config.root))
+    layout.install_local.mkdir(parents=True, exist_ok=True)
+    return layout
+
+
+def node_of(d: Drain, name: str | None = None) -> dict[str, Any]:
+    return d.cp.get(f"/api/v1/nodes/{name or d.node}")
+
+
+def events(d: Drain, name: str | None = None) -> list[tuple[str, str]]:
+    return [(e["reason"], e["message"]) for e in d.real.events(name or d.node)]
+
+
+def admin_patch(d: Drain, node: str, patch: dict[str, Any], manager: str) -> None:
+    """A merge patch as `kubectl` sends it, with its own field manager."""
+    d.cp.request("PATCH", f"/api/v1/nodes/{node}", patch, content_type=MERGE,
+                 query={"fieldManager": manager})
+
+
+def raw(d: Drain, token: str, method: str, path: str,
+        body: dict[str, Any] | None = None) -> requests.Response:
+    """A request with the node's token, as an attacker holding it would send it."""
+    return requests.request(method, f"{d.proxy.url}{path}", json=body, timeout=30,
+                            verify=str(d.proxy.tls.ca_file),
+                            headers={"Authorization": f"Bearer {token}"})
+
+
+def token_in(d: Drain) -> str:
+    import json
+
+    return str(json.loads(d.kubeconfig.read_text())["users"][0]["user"]["token"])
 
 
 # ------------------------------------------------------------- a token reaches its own node only
 
 
-def _raw(env: Env, method: str, path: str, body: dict | None = None) -> requests.Response:
-    """A request with the node's token, as an attacker holding it would send it."""
-    return requests.request(method, f"{env.server.url}{path}", json=body, timeout=10,
-                            headers={"Authorization": f"Bearer {env.cluster.token}"})
+def test_the_token_of_one_node_cannot_touch_another(drain: Drain) -> None:
+    cp = drain.cp
+    control = f"{drain.ns}-control-plane"
+    drain.real.node(control)
+    admin_patch(drain, control, {"spec": {"taints": [NO_SCHEDULE]}}, "kubeadm")
+    drain.gpu_pod("coredns-1", node=drain.other, gpus=0)
+    drain.gpu_pod("train-elsewhere", node=drain.other)
+    ready(drain)
+    token = token_in(drain)
+    before = {n: node_of(drain, n)["metadata"]["resourceVersion"] for n in (drain.other, control)}
 
-
-def test_the_token_of_one_node_cannot_touch_another(env: Env) -> None:
-    env.cluster.add_node(OTHER, {"nvidia.com/gpu.deploy.device-plugin": "true"})
-    control = env.cluster.add_node(CONTROL_PLANE, {})
-    control["spec"]["taints"] = [NO_SCHEDULE]
-    coredns = env.cluster.add_pod("kube-system", "coredns-1", OTHER)
-    env.cluster.add_pod("ml", "train-elsewhere", OTHER, gpus=1)
-    before = {n: env.cluster.node(n) for n in (OTHER, CONTROL_PLANE)}
-
-    other = NodeClient(OTHER, str(env.kubeconfig))
+    other = NodeClient(drain.other, str(drain.kubeconfig))
     with pytest.raises(ClusterApiForbidden) as cordon:
         other.patch_node({"spec": {"unschedulable": True}})
-    assert (f"may change only the node its pod runs on ({NODE}), not {OTHER}"
+    assert (f"may change only the node its pod runs on ({drain.node}), not {drain.other}"
             in cordon.value.message)
     with pytest.raises(ClusterApiForbidden):
         other.patch_node({"spec": {"taints": [{"key": "evil", "effect": "NoExecute"}]}})
     with pytest.raises(ClusterApiForbidden):
-        NodeClient(CONTROL_PLANE, str(env.kubeconfig)).patch_node({"spec": {"taints": None}})
-    own = NodeClient(NODE, str(env.kubeconfig))
+        NodeClient(control, str(drain.kubeconfig)).patch_node({"spec": {"taints": None}})
+    own = NodeClient(drain.node, str(drain.kubeconfig))
     with pytest.raises(ClusterApiForbidden, match="may not add, change or remove taints"):
         own.patch_node({"spec": {"taints": [{"key": "evil", "effect": "NoExecute"}]}})
-    with pytest.raises(ClusterApiForbidden, match="labels"):
+    with pytest.raises(ClusterApiForbidden, match="label"):
         own.patch_node({"metadata": {"labels": {"kubernetes.io/hostname": "elsewhere"}}})
-    # Deleting a pod of another node: the role may delete pods, the policy refuses (the
-    # request carries the pod, so its node), with or without the uid.
+    # Deleting a pod of another node: the role may delete pods, the policy refuses, with or
+    # without the uid.
+    coredns = cp.get(f"/api/v1/namespaces/{drain.ns}/pods/coredns-1")
     with pytest.raises(ClusterApiForbidden, match=r"may delete only pods on its own node "
-                       rf"\({NODE}\)"):
-        own.delete_pod("kube-system", "coredns-1", coredns["metadata"]["uid"])
-    deleted = _raw(env, "DELETE", "/api/v1/namespaces/kube-system/pods/coredns-1",
-                   {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+                       rf"\({drain.node}\)"):
+        own.delete_pod(drain.ns, "coredns-1", coredns["metadata"]["uid"])
+    deleted = raw(drain, token, "DELETE", f"/api/v1/namespaces/{drain.ns}/pods/coredns-1",
+                  {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
     assert deleted.status_code == 403 and "pods on its own node" in deleted.json()["message"]
     # An Eviction names a pod, not its node, so no policy can scope it: the role grants none.
-    for namespace, name in (("kube-system", "coredns-1"), ("ml", "train-elsewhere")):
-        evicted = _raw(env, "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
-                       {"apiVersion": "policy/v1", "kind": "Eviction",
-                        "metadata": {"name": name, "namespace": namespace}})
+    for name in ("coredns-1", "train-elsewhere"):
+        evicted = raw(drain, token, "POST",
+                      f"/api/v1/namespaces/{drain.ns}/pods/{name}/eviction",
+                      {"apiVersion": "policy/v1", "kind": "Eviction",
+                       "metadata": {"name": name, "namespace": drain.ns}})
         assert evicted.status_code == 403, evicted.text
         assert 'cannot create resource "pods/eviction"' in evicted.json()["message"]
-    own.event(env.node()["metadata"]["uid"], "Probe", "about my own node")
-    other.event(env.node(OTHER)["metadata"]["uid"], "Forged",
+    own.event(node_of(drain)["metadata"]["uid"], "Probe", "about my own node")
+    other.event(node_of(drain, drain.other)["metadata"]["uid"], "Forged",
                 "about another node")  # best effort: refused, logged
 
-    assert {n: env.cluster.node(n) for n in (OTHER, CONTROL_PLANE)} == before
-    assert {("kube-system", "coredns-1"), ("ml", "train-elsewhere")} <= set(env.cluster.pods)
-    assert not any(p["metadata"].get("deletionTimestamp") for p in env.cluster.pods.values())
-    assert [r for r, _ in env.events()] == ["Probe"]
+    after = {n: node_of(drain, n)["metadata"]["resourceVersion"] for n in (drain.other, control)}
+    assert after == before
+    pods = cp.get(f"/api/v1/namespaces/{drain.ns}/pods")["items"]
+    assert {p["metadata"]["name"] for p in pods} == {"coredns-1", "train-elsewhere"}
+    assert not any(p["metadata"].get("deletionTimestamp") for p in pods)
+    assert [r for r, _ in events(drain)] == ["Probe"]
+    assert events(drain, drain.other) == []
     # What the protocol itself writes on its own node passes (the other tests run it all).
-    own.patch_node({"spec": {"unschedulable": True},
-                    "metadata": {"labels": {PLUGIN: PAUSED}}})
+    own.patch_node({"spec": {"unschedulable": True}, "metadata": {"labels": {PLUGIN: PAUSED}}})
 
 
-def test_a_token_without_a_node_claim_changes_no_node(env: Env) -> None:
-    env.cluster.token_node = None  # a long-lived Secret token, or a cluster older than 1.30
+def test_a_token_without_a_node_claim_changes_no_node(drain: Drain) -> None:
+    """A token bound to no Pod (a long-lived Secret's, or one from an older cluster) carries
+    no node claim: the shipped policy refuses its writes to any node."""
+    config = ready(drain)
+    unbound = drain.cp.create(
+        f"/api/v1/namespaces/{drain.real.namespace}/serviceaccounts/{drain.real.account}/token",
+        {"spec": {"audiences": [], "expirationSeconds": 3600}})["status"]["token"]
+    drain.proxy.kubeconfig(drain.kubeconfig, unbound)
+    labels = node_of(drain)["metadata"]["labels"]
     with pytest.raises(ClusterApiForbidden, match="the token carries no node claim"):
-        make_room(env, env.config())
-    assert env.node()["metadata"]["labels"] == LABELS
-    assert "unschedulable" not in env.node()["spec"]
+        drain.make_room(config)
+    assert node_of(drain)["metadata"]["labels"] == labels
+    assert "unschedulable" not in node_of(drain)["spec"]
 
 
 # ---------------------------------------------------------------- an admin's cordon is theirs
 
 
-def test_an_admins_cordon_made_during_the_upgrade_is_never_undone(env: Env) -> None:
-    config = env.config()
-    layout = env.layout(config)
-    make_room(env, config)
+def test_an_admins_cordon_made_during_the_upgrade_is_never_undone(drain: Drain) -> None:
+    config = ready(drain)
+    drain.make_room(config)
     # During the upgrade an admin takes the node out for maintenance: `kubectl uncordon`,
     # `kubectl cordon` (each its own field manager, as kubectl sends them).
-    assert _raw_patch(env, NODE, {"spec": {"unschedulable": None}},
-                      "kubectl-uncordon").status_code == 200
-    assert _raw_patch(env, NODE, {"spec": {"unschedulable": True}},
-                      "kubectl-cordon").status_code == 200
+    admin_patch(drain, drain.node, {"spec": {"unschedulable": None}}, "kubectl-uncordon")
+    admin_patch(drain, drain.node, {"spec": {"unschedulable": True}}, "kubectl-cordon")
 
-    protocol.finish(config, layout)
+    protocol.finish(config, layout_of(config))
 
-    after = env.node()
+    after = node_of(drain)
     assert after["spec"]["unschedulable"] is True
     assert after["metadata"]["labels"][PLUGIN] == "true"  # the rest is restored
-    assert after["metadata"]["annotations"] == {}
-    assert "left cordoned" in env.events()[-1][1]
+    assert protocol.ANNOTATION not in (after["metadata"].get("annotations") or {})
+    assert "left cordoned" in events(drain)[-1][1]
 
 
-def test_the_installers_own_cordon_is_undone(env: Env) -> None:
-    config = env.config()
-    make_room(env, config)
-    manager = [e["manager"] for e in env.node()["metadata"]["managedFields"]]
-    assert manager == ["nvidia-driver-installer"]
-    protocol.finish(config, env.layout(config))
-    assert "unschedulable" not in env.node()["spec"]
+def test_the_installers_own_cordon_is_undone(drain: Drain) -> None:
+    config = ready(drain)
+    drain.make_room(config)
+    cordoned_by = [e["manager"] for e in node_of(drain)["metadata"]["managedFields"]
+                   if "f:unschedulable" in str(e.get("fieldsV1"))]
+    assert cordoned_by == ["nvidia-driver-installer"]
+    protocol.finish(config, layout_of(config))
+    assert "unschedulable" not in node_of(drain)["spec"]
 
 
 # ------------------------------------------------- pods that would come back are waited for
 
 
-def test_daemonset_mirror_and_tolerating_pods_are_waited_for_not_evicted(env: Env) -> None:
-    env.cluster.add_pod("kube-system", "dcgm-exporter-x", NODE, gpus=1, owner_kind="DaemonSet")
-    env.cluster.add_pod("kube-system", "static-gpu-probe", NODE, gpus=1,
-                        annotations={"kubernetes.io/config.mirror": "abc123"})
-    env.cluster.add_pod("ml", "train", NODE, gpus=1)
+def test_daemonset_mirror_and_tolerating_pods_are_waited_for_not_evicted(drain: Drain) -> None:
+    """A real DaemonSet's GPU pod and a mirror pod are waited for, never deleted by the
+    installer: once the installer says it waits for each (its GpuPodNotEvicted event), the
+    DaemonSet stops selecting the node (its controller takes the pod back) and the static
+    pod's manifest is removed; only the workload's pod is deleted by the installer."""
+    cp = drain.cp
+    selected = "test.nvidia.com/dcgm-exporter"
+    admin_patch(drain, drain.node, {"metadata": {"labels": {selected: "true"}}}, "kubectl")
+    cp.request("PATCH", f"/api/v1/nodes/{drain.node}/status", {"status": {
+        "capacity": {"nvidia.com/gpu": "4"}, "allocatable": {"nvidia.com/gpu": "4"}}},
+        content_type="application/strategic-merge-patch+json")
+    daemonsets = f"/apis/apps/v1/namespaces/{drain.ns}/daemonsets"
+    cp.create(daemonsets, {
+        "metadata": {"name": "dcgm-exporter"},
+        "spec": {"selector": {"matchLabels": {"app": "dcgm-exporter"}},
+                 "template": {"metadata": {"labels": {"app": "dcgm-exporter"}}, "spec": {
+                     "nodeSelector": {selected: "true", "kubernetes.io/hostname": drain.node},
+                     # The node keeps the not-ready taint admission put on it at creation
+                     # (no node lifecycle controller here to lift it).
+                     "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "main", "image": "dcgm-exporter", "resources": {
+                         "limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    cp.create(f"/api/v1/namespaces/{drain.ns}/pods", {
+        "metadata": {"name": "static-gpu-probe",
+                     "annotations": {"kubernetes.io/config.mirror": "abc123"}},
+        "spec": {"nodeName": drain.node, "containers": [{
+            "name": "main", "image": "probe",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    drain.gpu_pod("train")
+    deadline = time.monotonic() + 60
+    while len(drain.pods()) != 3:  # the DaemonSet's pod, scheduled onto the node
+        assert time.monotonic() < deadline, drain.pods()
+        time.sleep(0.1)
+    config = ready(drain)
+    stop = threading.Event()
 
-    def controllers_react(cluster: Cluster, node: dict) -> None:
-        # The DaemonSet stops selecting the paused node; the static pod's manifest is removed.
-        if node["metadata"]["labels"].get(PLUGIN) == PAUSED:
-            def leave() -> None:
-                with cluster.lock:
-                    cluster.pods.pop(("kube-system", "dcgm-exporter-x"), None)
-                    cluster.pods.pop(("kube-system", "static-gpu-probe"), None)
-            threading.Timer(0.5, leave).start()
+    def leave_once_waited_for() -> None:
+        left: set[str] = set()
+        while len(left) < 2 and not stop.wait(0.1):
+            waited = " ".join(m for r, m in events(drain) if r == "GpuPodNotEvicted")
+            if "dcgm-exporter-" in waited and "daemonset" not in left:
+                admin_patch(drain, drain.node, {"metadata": {"labels": {selected: None}}},
+                            "kubectl")
+                left.add("daemonset")
+            if "static-gpu-probe" in waited and "mirror" not in left:
+                with contextlib.suppress(ApiError):
+                    cp.request("DELETE", f"/api/v1/namespaces/{drain.ns}/pods/static-gpu-probe",
+                               {"gracePeriodSeconds": 0})
+                left.add("mirror")
 
-    env.cluster.on_node_change.append(controllers_react)
-    make_room(env, env.config())
+    watcher = threading.Thread(target=leave_once_waited_for, daemon=True)
+    watcher.start()
+    try:
+        drain.make_room(config)
+    finally:
+        stop.set()
+        watcher.join(10)
+        with contextlib.suppress(ApiError):
+            cp.request("DELETE", f"{daemonsets}/dcgm-exporter")
 
-    deleted = [r.path for r in env.cluster.requests if r.method == "DELETE"]
-    assert deleted == ["/api/v1/namespaces/ml/pods/train"]
-    not_evicted = [m for r, m in env.events() if r == "GpuPodNotEvicted"]
+    deleted = [s.path.split("?")[0] for s in drain.proxy.writes() if s.method == "DELETE"]
+    assert deleted == [f"/api/v1/namespaces/{drain.ns}/pods/train"]
+    assert not any(s.path.split("?")[0].endswith("/eviction") for s in drain.proxy.seen)
+    assert drain.pods() == set()
+    not_evicted = [m for r, m in events(drain) if r == "GpuPodNotEvicted"]
     assert len(not_evicted) == 2
     assert any("DaemonSet pod" in m for m in not_evicted)
     assert any("mirror pod" in m for m in not_evicted)
 
 
-def test_a_pod_tolerating_unschedulable_is_named_not_evicted_or_deleted(env: Env) -> None:
-    env.cluster.add_pod("ml", "sticky", NODE, gpus=1,
-                        tolerations=[{"key": "node.kubernetes.io/unschedulable",
-                                      "operator": "Exists", "effect": "NoSchedule"}])
-    config = env.config(NVIDIA_INSTALLER_EVICTION_TIMEOUT="0.5",
-                        NVIDIA_INSTALLER_FORCE_EVICTION="true")
-    with pytest.raises(EvictionTimeout, match=r"ml/sticky \(tolerates node\.kubernetes\.io/"
-                       "unschedulable: it would come back at once\\)"):
-        make_room(env, config)
-    assert not [r for r in env.cluster.requests
-                if r.path.endswith("/eviction") or r.method == "DELETE"]
-    assert "unschedulable" not in env.node()["spec"]  # restored
+def test_a_pod_tolerating_unschedulable_is_named_not_evicted_or_deleted(drain: Drain) -> None:
+    drain.cp.create(f"/api/v1/namespaces/{drain.ns}/pods", {
+        "metadata": {"name": "sticky"},
+        "spec": {"nodeName": drain.node, "tolerations": [
+            {"key": "node.kubernetes.io/unschedulable", "operator": "Exists",
+             "effect": "NoSchedule"}],
+            "containers": [{"name": "main", "image": "cuda",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    ready(drain)
+    config = drain.config(NVIDIA_INSTALLER_EVICTION_TIMEOUT="0.5",
+                          NVIDIA_INSTALLER_FORCE_EVICTION="true")
+    with pytest.raises(EvictionTimeout, match=rf"{drain.ns}/sticky \(tolerates node\."
+                       r"kubernetes\.io/unschedulable: it would come back at once\)"):
+        drain.make_room(config)
+    assert not [s for s in drain.proxy.seen
+                if s.path.split("?")[0].endswith("/eviction") or s.method == "DELETE"]
+    assert drain.pods() == {"sticky"}
+    assert "unschedulable" not in node_of(drain)["spec"]  # restored
 
 
 # ----------------------------------------------------------------- a malformed annotation
@@ -199,63 +281,66 @@ def test_a_pod_tolerating_unschedulable_is_named_not_evicted_or_deleted(env: Env
 @pytest.mark.parametrize("annotation", ['{"labels":{}}', "not json", '{"from": 1}',
                                         '{"from":"a","to":"b","cordoned":true,'
                                         '"labels":{"kubernetes.io/hostname":"x"}}'])
-def test_a_malformed_upgrade_annotation_is_a_clear_error_naming_it(env: Env,
+def test_a_malformed_upgrade_annotation_is_a_clear_error_naming_it(drain: Drain,
                                                                    annotation: str) -> None:
-    env.cluster.nodes[NODE]["metadata"]["annotations"][protocol.ANNOTATION] = annotation
-    env.cluster.nodes[NODE]["spec"]["unschedulable"] = True
-    config = env.config()
-    layout = env.layout(config)
-    before = env.node()
-    for attempt in (lambda: protocol.finish(config, layout), lambda: make_room(env, config)):
+    config = ready(drain)
+    admin_patch(drain, drain.node, {"metadata": {"annotations": {protocol.ANNOTATION:
+                                                                 annotation}},
+                                    "spec": {"unschedulable": True}}, "kubectl-edit")
+    layout = layout_of(config)
+    before = node_of(drain)
+    for attempt in (lambda: protocol.finish(config, layout), lambda: drain.make_room(config)):
         with pytest.raises(UpgradeAnnotationInvalid) as info:
             attempt()
         assert info.value.exit_code == 89
-        assert f"node {NODE}: the annotation {protocol.ANNOTATION} is " in info.value.message
-        assert "kubectl annotate node" in info.value.hint
-    assert env.node() == before  # nothing was changed
+        assert (f"node {drain.node}: the annotation {protocol.ANNOTATION} is "
+                in info.value.message)
+        assert info.value.hint and "kubectl annotate node" in info.value.hint
+    assert node_of(drain) == before  # nothing was changed
+    assert drain.proxy.writes() == []
 
 
 # -------------------------------------------------- a node left mid-upgrade, protocol now off
 
-def no_steps(env: Env, config: Config) -> Plan:
+def no_steps(root: Path, config: Config) -> Plan:
     """A plan with no steps (the install itself is stubbed out) for a real host context, whose
     upgrade gate the run chooses from `config` as the planner does."""
-    root = make_host(env.root)
-    layout = env.layout(config)
-    facts = host.gather(root, free_space_path=env.root)
+    host_root = make_host(root)
+    layout = layout_of(config)
+    facts = host.gather(host_root, free_space_path=root)
     target = Target("580.126.20", 580, "open", facts.kernel_release, "runfile", [], None, True,
                     ())
-    ctx = Context(config, root, layout, FakeRunner(), facts, target, lambda *a: Path())
+    ctx = Context(config, host_root, layout, FakeRunner(), facts, target, lambda *a: Path())
     return Plan(ctx, [], [])
 
 
 def test_a_node_left_mid_upgrade_is_restored_with_the_protocol_switched_off(
-    env: Env, monkeypatch: pytest.MonkeyPatch
+    drain: Drain, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    on = env.config()
-    make_room(env, on)  # then the run is killed, and the operator turns the protocol off
-    off = env.config(NVIDIA_INSTALLER_UPGRADE_PROTOCOL="false")
-    layout = env.layout(off)
+    on = ready(drain)
+    drain.make_room(on)  # then the run is killed, and the operator turns the protocol off
+    off = drain.config(NVIDIA_INSTALLER_UPGRADE_PROTOCOL="false")
+    layout = layout_of(off)
     monkeypatch.setattr(app.pipeline, "execute", lambda plan, done=None: [])  # the install itself
 
-    app._execute(off, layout, plan=no_steps(env, off))
+    app._execute(off, layout, plan=no_steps(drain.root, off))
 
-    after = env.node()
+    after = node_of(drain)
     assert "unschedulable" not in after["spec"]
     assert after["metadata"]["labels"][PLUGIN] == "true"
-    assert after["metadata"]["annotations"] == {}
+    assert protocol.ANNOTATION not in (after["metadata"].get("annotations") or {})
     assert not protocol.hint_path(layout).exists()
-    writes = len(env.cluster.writes())
-    app._execute(off, layout, plan=no_steps(env, off))
-    assert len(env.cluster.writes()) == writes  # and then never again
+    writes = len(drain.proxy.writes())
+    app._execute(off, layout, plan=no_steps(drain.root, off))
+    assert len(drain.proxy.writes()) == writes  # and then never again
 
 
 def test_without_node_name_a_node_left_mid_upgrade_is_an_error_not_forgotten(
-    env: Env, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    drain: Drain, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    make_room(env, env.config())
-    off = env.config(NVIDIA_INSTALLER_UPGRADE_PROTOCOL="false", NODE_NAME="")
+    drain.make_room(ready(drain))
+    off = drain.config(NVIDIA_INSTALLER_UPGRADE_PROTOCOL="false", NODE_NAME="")
     monkeypatch.setattr(app.pipeline, "execute", lambda plan, done=None: [])
     with pytest.raises(ClusterApiUnavailable, match="NODE_NAME is unset: cannot restore it"):
-        app._execute(off, env.layout(off), plan=no_steps(env, off))
-    assert env.node()["spec"]["unschedulable"] is True
+        app._execute(off, layout_of(off), plan=no_steps(drain.root, off))
+    assert node_of(drain)["spec"]["unschedulable"] is True

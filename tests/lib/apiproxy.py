@@ -70,6 +70,7 @@ class Seen:
     bytes_out: int
     at: float = field(default_factory=time.monotonic)
     body: bytes = b""  # what the client sent (a DELETE's options, a PATCH's patch)
+    bearer: str | None = None  # the token the request carried (Authorization: Bearer)
 
     @property
     def is_write(self) -> bool:
@@ -77,9 +78,17 @@ class Seen:
 
 
 class ApiProxy:
-    def __init__(self, cp: ControlPlane, directory: Path) -> None:
+    def __init__(self, cp: ControlPlane, directory: Path, *,
+                 certificate: tuple[Path, Path] | None = None) -> None:
+        """`certificate`: a PEM chain and its key to present instead of the proxy's own
+        (a server certificate a test chose: another CA's, one for a name only); self.tls.ca_file
+        then trusts nothing it serves."""
         self.cp = cp
         self.tls = make_tls(directory)
+        if certificate is not None:
+            chosen = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            chosen.load_cert_chain(*certificate)
+            self.tls = self.tls._replace(context=chosen)
         self.faults: list[Fault] = []
         self.hooks: list[Hook] = []
         self.rewrites: list[Rewrite] = []
@@ -91,7 +100,9 @@ class ApiProxy:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._server.socket = self.tls.context.wrap_socket(self._server.socket, server_side=True)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # shutdown() waits for serve_forever's next poll: 0.5 s by default, paid per test.
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property
     def url(self) -> str:
@@ -230,9 +241,12 @@ class ApiProxy:
 
             def _record(self, status: int, injected: bool, bytes_in: int, out: int,
                         body: bytes = b"") -> None:
+                authorization = self.headers.get("Authorization") or ""
+                bearer = (authorization.removeprefix("Bearer ")
+                          if authorization.startswith("Bearer ") else None)
                 with proxy.lock:
                     proxy.seen.append(Seen(self.command, self.path, status, injected, bytes_in,
-                                           out, body=body))
+                                           out, body=body, bearer=bearer))
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _any
 

@@ -104,3 +104,24 @@ def serve_directory_tls(directory: Path, certs: Path) -> Iterator[Served]:
     tls = make_tls(certs)
     with static_server(directory, tls.context) as (port, requests):
         yield Served(f"https://127.0.0.1:{port}", tls.ca_file, requests)
+
+
+def issue_client_certificate(user: str, groups: list[str], key: ec.EllipticCurvePrivateKey,
+                             issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey]
+                             ) -> x509.Certificate:
+    """A client certificate as kube-apiserver reads one: the common name is the user, each
+    organization a group (system:node:<name> in system:nodes is a kubelet), valid for a day."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    subject = x509.Name([*(x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups),
+                         x509.NameAttribute(NameOID.COMMON_NAME, user)])
+    return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer[0].subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .sign(issuer[1], hashes.SHA256()))
