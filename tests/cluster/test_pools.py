@@ -229,15 +229,17 @@ def test_two_nodes_queued_at_once_agree_on_who_goes_first(env: Pools) -> None:
     queue label taken off again; the same entry left by a run that died an hour ago is not
     ahead, and this node goes."""
     node = env.node("infer-1", "inference")
+    other = env.node("infer-2", "inference")
+    config = env.config(node, NVIDIA_INSTALLER_POOL_WAIT_TIMEOUT="3")
+    # Queued just before this node queues: not stale by then, even on a slow machine.
     now = int(time.time() * 1000)
-    other = env.node("infer-2", "inference", f"{pools.QUEUED}{now - 50}")
-    # Long enough that the entry is not stale by the time this node queues (a slow machine).
+    env.set_state(other, f"{pools.QUEUED}{now - 50}")
     with pytest.raises(PoolBudgetTimeout, match=rf"{other} \(queued-{now - 50}\)"):
-        env.make_room(env.config(node, NVIDIA_INSTALLER_POOL_WAIT_TIMEOUT="2"))
+        env.make_room(config)
     assert STATE not in env.labels(node)
     assert "unschedulable" not in env.real.get_node(node)["spec"]
     env.set_state(other, f"{pools.QUEUED}{now - 3_600_000}")
-    env.make_room(env.config(node, NVIDIA_INSTALLER_POOL_WAIT_TIMEOUT="2"))
+    env.make_room(config)
     assert env.real.get_node(node)["spec"]["unschedulable"] is True
 
 
