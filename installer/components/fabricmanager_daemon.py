@@ -148,8 +148,9 @@ class FabricManagerDaemon:
     def plan(self, driver: Driver) -> Union[Idle, Callable[[], Running]]:
         if self.config.fabricmanager == "false":
             return self._watch("NVIDIA_FABRICMANAGER=false")
-        gpus = host.nvidia_gpus(self.root)
-        switches = nvlink5.fabric(self.root, tuple(g.device_id for g in gpus))
+        hardware = host.fabric_hardware(self.root)  # read once for both questions below
+        switches = nvlink5.fabric(hardware, tuple(g.device_id for g in host.nvidia_gpus(
+            self.root)))
         if not switches.needed:
             return self._watch(switches.reason)
         version = driver.version
@@ -165,7 +166,7 @@ class FabricManagerDaemon:
         command = argv(fm_archive.binary(self.layout, version), config_file)
         environment = {"LD_LIBRARY_PATH": str(self.layout.version_dir(version) / "lib64")}
         self.library_env = environment
-        found = nvlink5.detect(self.root)
+        found = nvlink5.detect(hardware.lpf_ports)
         self.pair = found.detected
         if found.detected:  # NVLSM first, on the port Fabric Manager then manages through
             from installer.components import nvlsm

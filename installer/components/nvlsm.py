@@ -16,7 +16,7 @@ from installer.components.component import Part
 from installer.dirs import scratch
 from installer.errors import NvlsmMissing
 from installer.layout import Layout
-from installer.plan import Context, Step
+from installer.plan import Context, ShippedBy, Step
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,8 @@ def pair_start(layout: Layout, driver: str, found: nvlink5.Nvlink5, fabricmanage
 def steps(ctx: Context) -> list[Step]:
     """NVLSM into versions/<ver>/ beside Fabric Manager (the runfile source's; on a dnf host
     sources/dnf/nvlsm.py installs NVIDIA's nvlsm package instead)."""
-    if not nvlink5.applies(ctx) or ctx.target.packages_own_user_space:
+    if not nvlink5.applies(ctx) or (
+            ctx.target.ships_user_space(DAEMON) is not ShippedBy.COMPONENT):
         return []
     layout, driver, arch = ctx.layout, ctx.target.version, ctx.facts.arch
 
