@@ -5,7 +5,6 @@ Manager on the same GUID; stopped in the other order)."""
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,16 +37,6 @@ def fabricmanager_argv(binary: Path, config_file: Path, guid: str) -> list[str]:
     return [str(binary), "--config", str(config_file), "--fm-sm-mgmt-port-guid", guid]
 
 
-def _stop(child: runner.Child, name: str, timeout: float) -> None:
-    if child.poll() is not None:
-        return
-    child.send_signal(signal.SIGTERM)
-    if child.wait(timeout) is None:
-        log.warning("%s ignored SIGTERM for %.0f s: killing it", name, timeout)
-        child.send_signal(signal.SIGKILL)
-        child.wait(10)
-
-
 class PairRunning:
     """NVLSM and Fabric Manager, one unit for the supervisor: it has exited when either has
     (the other is stopped then), and stops Fabric Manager before NVLSM (the order NVIDIA's
@@ -56,8 +45,13 @@ class PairRunning:
     def __init__(self, nvlsm: runner.Child, fabricmanager: runner.Child | None,
                  code: int | None = None) -> None:
         self.nvlsm = nvlsm
-        self.child = fabricmanager  # what `ready` reports as the pid
+        self.child = fabricmanager
         self.code = code
+
+    @property
+    def pid(self) -> int:
+        """Fabric Manager's (what `ready` reports), 0 before it started."""
+        return self.child.pid if self.child is not None else 0
 
     def poll(self) -> int | None:
         if self.code is not None:
@@ -74,8 +68,8 @@ class PairRunning:
 
     def stop(self, timeout: float) -> None:
         if self.child is not None:
-            _stop(self.child, "nv-fabricmanager", timeout)
-        _stop(self.nvlsm, DAEMON, timeout)
+            self.child.stop(timeout)
+        self.nvlsm.stop(timeout)
 
 
 def start_pair(nvlsm: list[str], fabricmanager: list[str], socket: Path,
