@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -59,6 +60,20 @@ class UpgradeGate(Protocol):
         """After an install step raised `error` (which is raised on; best effort)."""
 
 
+class ShippedBy(enum.Enum):
+    """Who puts a component's user space (Fabric Manager, NVLSM, IMEX) beside the driver's, as
+    the source answers it (sources.Source.ships_user_space; Target.ships_user_space carries
+    it)."""
+
+    COMPONENT = "component"  # its own steps, from NVIDIA's redist archive of the driver's version
+    SOURCE = "source"  # the source's own packages
+    HOST = "host"  # nobody here: the host's own packages and services
+
+
+def _shipped_by_component(component: str) -> ShippedBy:
+    return ShippedBy.COMPONENT
+
+
 class Decision(NamedTuple):
     topic: str
     value: str
@@ -95,8 +110,8 @@ class Target:
     # True when its install replaces the loaded driver's user space before the unload.
     stages_module_files: bool = True
     replaces_user_space_before_unload: bool = False
-    # True when the distro's packages own the user space (and so Fabric Manager's files too).
-    packages_own_user_space: bool = False
+    # Who ships a component's user space, by the component's name: the chosen source's answer.
+    ships_user_space: Callable[[str], ShippedBy] = _shipped_by_component
 
 
 @dataclass

@@ -111,7 +111,7 @@ def make_plan(
         gpu_addresses=tuple(g.address for g in facts.gpus),
         stages_module_files=source.stages_module_files,
         replaces_user_space_before_unload=source.replaces_user_space_before_unload,
-        packages_own_user_space=source.packages_own_user_space,
+        ships_user_space=lambda component: source.ships_user_space(component, facts.distro),
     )
     ctx = Context(config, root, layout, runner, facts, target, fetch_runfile,
                   upgrade_gate=upgrade_gate.choose(config, pool))  # refuse or free a held driver

@@ -7,6 +7,7 @@ import collections
 import logging
 import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -182,6 +183,19 @@ class Child:
     def send_signal(self, signum: int) -> None:
         if self._proc.poll() is None:
             self._proc.send_signal(signum)
+
+    def stop(self, timeout: float) -> None:
+        """SIGTERM, and SIGKILL when it is still there after `timeout` seconds (a daemon the
+        supervisor stops; nothing once it exited). With `poll` this makes a started daemon the
+        supervisor's `Running`."""
+        if self.poll() is not None:
+            return
+        self.send_signal(signal.SIGTERM)
+        if self.wait(timeout) is None:
+            log.warning("%s ignored SIGTERM for %.0f s: killing it",
+                        os.path.basename(self.argv[0]), timeout)
+            self.send_signal(signal.SIGKILL)
+            self.wait(10)
 
 
 def spawn(

@@ -84,10 +84,8 @@ def parse(text: str, where: str) -> Policy:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise PoolPolicyInvalid(f"pool policy {where} is not YAML: {exc}") from exc
-    if not isinstance(document, dict) or set(document) != {"rules"}:
-        raise PoolPolicyInvalid(f"pool policy {where}: the top level must be a mapping with "
-                                "one key, `rules` (an ordered list)")
-    entries = document["rules"]
+    entries = _sole_key(document, "rules", f"pool policy {where}: the top level must be a "
+                        "mapping with one key, `rules` (an ordered list)")
     if not isinstance(entries, list) or not entries:
         raise PoolPolicyInvalid(f"pool policy {where}: `rules` must be a non-empty list")
     rules = [_rule(where, index, entry) for index, entry in enumerate(entries)]
@@ -100,6 +98,14 @@ def parse(text: str, where: str) -> Policy:
         raise PoolPolicyInvalid(f"pool policy {where}: rules {defaults[0]!r} and "
                                 f"{defaults[1]!r} are both the default; one default at most")
     return Policy(tuple(rules), where)
+
+
+def _sole_key(value: Any, key: str, otherwise: str) -> Any:
+    """`value[key]` where `value` is a mapping that holds `key` and nothing else; raises
+    PoolPolicyInvalid saying `otherwise` for anything else."""
+    if not isinstance(value, dict) or set(value) != {key}:
+        raise PoolPolicyInvalid(otherwise)
+    return value[key]
 
 
 def _rule(where: str, index: int, entry: Any) -> Rule:
@@ -143,10 +149,8 @@ def _match_labels(at: str, selector: Any, default: bool) -> tuple[tuple[str, str
             raise PoolPolicyInvalid(f"{at}: the default rule takes every node no other rule "
                                     "matches; it has no nodeSelector")
         return ()
-    if not isinstance(selector, dict) or set(selector) != {"matchLabels"}:
-        raise PoolPolicyInvalid(f"{at}: nodeSelector must hold `matchLabels` only (a rule "
-                                "without one would match every node: use `default: true`)")
-    labels = selector["matchLabels"]
+    labels = _sole_key(selector, "matchLabels", f"{at}: nodeSelector must hold `matchLabels` "
+                       "only (a rule without one would match every node: use `default: true`)")
     if not isinstance(labels, dict) or not labels:
         raise PoolPolicyInvalid(f"{at}: nodeSelector.matchLabels must map label keys to values")
     for key, value in labels.items():

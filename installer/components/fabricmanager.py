@@ -14,7 +14,7 @@ from installer.components.fabricmanager_daemon import DAEMON, NAME, FabricManage
 from installer.config import Config
 from installer.dirs import scratch
 from installer.hostroot import HostRoot
-from installer.plan import Context, Decision, Step
+from installer.plan import Context, Decision, ShippedBy, Step
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -24,33 +24,27 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _fabric(ctx: Context) -> nvswitch.Fabric:
-    return nvlink5.fabric(ctx.root, tuple(g.device_id for g in ctx.facts.gpus))
-
-
 def applies(ctx: Context) -> bool:
-    return ctx.config.fabricmanager != "false" and _fabric(ctx).needed
+    return ctx.config.fabricmanager != "false" and nvlink5.planned_fabric(ctx.facts).needed
 
 
 def decision(ctx: Context) -> Decision:
-    fabric = _fabric(ctx)
+    fabric = nvlink5.planned_fabric(ctx.facts)
     if ctx.config.fabricmanager == "false":
         return Decision("fabric-manager", "off", "NVIDIA_FABRICMANAGER=false (the host runs its "
                         f"own Fabric Manager); {fabric.reason}")
     if not fabric.needed:
         return Decision("fabric-manager", "not applicable", fabric.reason)
     t = ctx.target
-    from installer import distros
-
-    if t.packages_own_user_space and distros.of(ctx.facts.distro).module_platform(
-            ctx.facts.distro) is not None:
+    shipped_by = t.ships_user_space(NAME)
+    if shipped_by is ShippedBy.SOURCE:
         return Decision("fabric-manager", "the stream's fm profile", f"{fabric.reason}: CUDA "
                         "needs Fabric Manager of exactly the driver's version; the driver's dnf "
                         "transaction installs profile nvidia-driver:<stream>/fm with NVIDIA's "
                         "Fabric Manager package of the same version pinned, its files go into "
                         "versions/<ver>/; it runs in the fabricmanager container "
                         "(`installer fabricmanager`)")
-    if t.packages_own_user_space:
+    if shipped_by is ShippedBy.HOST:
         return Decision("fabric-manager", "not installed by the installer", f"{fabric.reason}; "
                         f"the {t.source} source on {ctx.facts.distro.id} "
                         f"{ctx.facts.distro.version_id} does not install it (no module "
@@ -67,7 +61,7 @@ def decision(ctx: Context) -> Decision:
 
 def steps(ctx: Context) -> list[Step]:
     """The runfile source's; the dnf source's come with its packages (sources/dnf/steps.py)."""
-    if not applies(ctx) or ctx.target.packages_own_user_space:
+    if not applies(ctx) or ctx.target.ships_user_space(NAME) is not ShippedBy.COMPONENT:
         return []
     return [fetch_step(ctx), install_step(ctx)]
 
@@ -128,7 +122,7 @@ def fabric_reasons(root: HostRoot, gpus: Sequence[GpuInfo]) -> list[str]:
         return [f"the GPUs ({', '.join(off_host)}) are NVL72 parts whose fabric the rack's "
                 "switch trays bring up (NVLSM, Fabric Manager and NMX-C there, not on this "
                 "node)"]
-    switches = nvlink5.fabric(root, ids)
+    switches = nvlink5.fabric(host.fabric_hardware(root), ids)
     if switches.needed and not fabric.process_running(root, DAEMON):
         kind = "NVSwitch" if switches.switches else "NVLink5"
         return [f"Fabric Manager ({DAEMON}) is not running on this {kind} node "

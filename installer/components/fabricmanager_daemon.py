@@ -8,7 +8,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -97,21 +96,6 @@ def argv(binary: Path, config_file: Path) -> list[str]:
 # --- `installer fabricmanager` ---------------------------------------------------------------
 
 
-class ChildRunning:
-    def __init__(self, child: runner.Child) -> None:
-        self.child = child
-
-    def poll(self) -> int | None:
-        return self.child.poll()
-
-    def stop(self, timeout: float) -> None:
-        self.child.send_signal(signal.SIGTERM)
-        if self.child.wait(timeout) is None:
-            log.warning("%s ignored SIGTERM for %.0f s: killing it", DAEMON, timeout)
-            self.child.send_signal(signal.SIGKILL)
-            self.child.wait(10)
-
-
 class FabricManagerDaemon:
     """nv-fabricmanager of the verified driver's version, in the foreground."""
 
@@ -148,8 +132,9 @@ class FabricManagerDaemon:
     def plan(self, driver: Driver) -> Union[Idle, Callable[[], Running]]:
         if self.config.fabricmanager == "false":
             return self._watch("NVIDIA_FABRICMANAGER=false")
-        gpus = host.nvidia_gpus(self.root)
-        switches = nvlink5.fabric(self.root, tuple(g.device_id for g in gpus))
+        hardware = host.fabric_hardware(self.root)  # read once for both questions below
+        switches = nvlink5.fabric(hardware, tuple(g.device_id for g in host.nvidia_gpus(
+            self.root)))
         if not switches.needed:
             return self._watch(switches.reason)
         version = driver.version
@@ -165,7 +150,7 @@ class FabricManagerDaemon:
         command = argv(fm_archive.binary(self.layout, version), config_file)
         environment = {"LD_LIBRARY_PATH": str(self.layout.version_dir(version) / "lib64")}
         self.library_env = environment
-        found = nvlink5.detect(self.root)
+        found = nvlink5.detect(hardware.lpf_ports)
         self.pair = found.detected
         if found.detected:  # NVLSM first, on the port Fabric Manager then manages through
             from installer.components import nvlsm
@@ -190,7 +175,7 @@ class FabricManagerDaemon:
             self.reset_pending = self.shared_mode
             self.tail.clear()
             log.info("starting %s %s: %s", DAEMON, version, " ".join(command))
-            return ChildRunning(runner.spawn(command, env=environment, on_line=self._line))
+            return runner.spawn(command, env=environment, on_line=self._line)
 
         return start
 
@@ -244,8 +229,7 @@ class FabricManagerDaemon:
         states = self.wait.check(runner.SubprocessRunner(), ours_running=True)
         if states is None:
             return None
-        child = getattr(running, "child", None)  # nv-fabricmanager alone, or beside NVLSM
-        pid = child.pid if child is not None else 0
+        pid = getattr(running, "pid", 0)  # nv-fabricmanager's, alone or beside NVLSM
         return (f"DRIVER_VERSION={self._version()}\nSTATE=running\nPID={pid}\n"
                 f"FABRIC={states}\n")
 

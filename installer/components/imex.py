@@ -17,7 +17,7 @@ from installer.dirs import mark_complete, scratch
 from installer.errors import ImexMismatch, ImexUnavailable
 from installer.hostroot import HostRoot
 from installer.layout import Layout
-from installer.plan import Context, Decision, Step
+from installer.plan import Context, Decision, ShippedBy, Step
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def decision(ctx: Context) -> Decision:
     where = (f"into versions/{ctx.target.version}/bin (the DRA driver finds them with "
              f"nvidiaDriverRoot={ctx.layout.install_host})")
     t = ctx.target
-    if t.packages_own_user_space:
+    if t.ships_user_space(COMPONENT_KEY) is not ShippedBy.COMPONENT:
         package = (f"nvidia-imex-{t.version}" if t.branch >= 580 else
                    f"nvidia-imex-{t.branch}-{t.version}")
         return Decision("imex", "not installed by the installer", f"{why}; the {t.source} "
@@ -150,7 +150,7 @@ def decision(ctx: Context) -> Decision:
 
 
 def steps(ctx: Context) -> list[Step]:
-    if ctx.target.packages_own_user_space or not wanted(
+    if ctx.target.ships_user_space(COMPONENT_KEY) is not ShippedBy.COMPONENT or not wanted(
             ctx.config, tuple(g.device_id for g in ctx.facts.gpus))[0]:
         return []
     layout, version, arch = ctx.layout, ctx.target.version, ctx.facts.arch

@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import ipaddress
 import logging
-import signal
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Union
@@ -127,21 +126,6 @@ def host_service(root: HostRoot, layout: Layout, config: Config) -> str | None:
     return None
 
 
-class ChildRunning:
-    def __init__(self, child: runner.Child) -> None:
-        self.child = child
-
-    def poll(self) -> int | None:
-        return self.child.poll()
-
-    def stop(self, timeout: float) -> None:
-        self.child.send_signal(signal.SIGTERM)
-        if self.child.wait(timeout) is None:
-            log.warning("%s ignored SIGTERM for %.0f s: killing it", DAEMON, timeout)
-            self.child.send_signal(signal.SIGKILL)
-            self.child.wait(10)
-
-
 class ImexDaemon:
     """nvidia-imex of the verified driver's version, in the foreground."""
 
@@ -200,7 +184,7 @@ class ImexDaemon:
             self.state = ""
             log.info("starting %s %s for %d node(s), command socket %s: %s", DAEMON,
                      driver.version, len(addresses), self.socket_path, " ".join(command))
-            return ChildRunning(runner.spawn(command, env=environment, on_line=self._line))
+            return runner.spawn(command, env=environment, on_line=self._line)
 
         return start
 
@@ -232,8 +216,7 @@ class ImexDaemon:
             self.state = said
         if result.returncode != 0 or said != "READY":
             return None
-        child = getattr(running, "child", None)
-        pid = child.pid if child is not None else 0
+        pid = getattr(running, "pid", 0)
         host_socket = self.layout.install_host.joinpath(
             *self.socket_path.relative_to(self.layout.install_local).parts)
         return (f"DRIVER_VERSION={self.version}\nSTATE=running\nPID={pid}\nIMEX=READY\n"

@@ -1,29 +1,25 @@
-"""NVLink5 nodes (HGX B200/B300): the ConnectX-7 "Limited PF" ports that manage the switches,
-the InfiniBand modules NVLSM needs, and why such a node's fabric is not complete."""
+"""NVLink5 nodes (HGX B200/B300): whether the ConnectX-7 "Limited PF" ports of the host's fabric
+facts make one, the InfiniBand modules NVLSM needs, and why such a node's fabric is not
+complete."""
 
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import NamedTuple
 
 from installer import host, modules
 from installer.components import nvswitch
 from installer.components.component import Part
 from installer.errors import IbModuleLoadFailed, IbModulesMissing
+from installer.host import FabricHardware, HostFacts, LpfPort
 from installer.hostroot import HostRoot
-from installer.plan import Context, Decision, Step
+from installer.plan import Context, Decision, ShippedBy, Step
 
 log = logging.getLogger(__name__)
 
-MELLANOX_VENDOR_ID = 0x15B3
-# On NVLink5 boards the switches sit behind ConnectX-7 bridges (MT2910). Each port has a full PF
-# and a Limited PF; the LPF's VPD carries SMDL=SW_MNG: NVLSM and Fabric Manager manage the
-# NVLink switches through it (what NVIDIA's driver container greps for).
-SW_MNG = b"SW_MNG"
 # NVLSM binds libibumad on an mlx5 IB port: the PCI driver, its IB half (which makes
 # /sys/class/infiniband) and the user MAD device. Loaded in this order (each needs the one
 # before), unloaded after NVLSM stops.
@@ -32,62 +28,6 @@ IB_MODULES = ("mlx5_core", "mlx5_ib", "ib_umad")
 FM_RUN_DIR = "/var/run/nvidia-fabricmanager"
 NVLSM_PID_FILE = f"{FM_RUN_DIR}/nvlsm.pid"
 SM_SOCKET = f"{FM_RUN_DIR}/fm_sm_ipc.socket"
-_GID = r"^[0-9a-f]{4}(:[0-9a-f]{4}){7}$"
-_NODE_GUID = r"^[0-9a-f]{4}(:[0-9a-f]{4}){3}$"
-
-
-class LpfPort(NamedTuple):
-    """A Limited PF of a ConnectX-7 bridge: its PCI function, its IB device once mlx5_ib made
-    one, and the port GUID NVLSM and Fabric Manager are given (None until then)."""
-
-    address: str
-    device_id: int
-    ib_device: str | None
-    guid: str | None  # 0x + 16 hex digits
-
-
-def lpf_ports(root: HostRoot) -> tuple[LpfPort, ...]:
-    """The Mellanox PCI functions whose VPD says SW_MNG, by address. Reads sysfs only: the PCI
-    function's vpd is there before mlx5_ib is loaded (/sys/class/infiniband/*/device/vpd, where
-    NVIDIA's driver container looks, is the same file once it is)."""
-    devices = root.local_resolved("/sys/bus/pci/devices")
-    try:
-        entries = sorted(os.listdir(devices))
-    except OSError:
-        return ()
-    found = []
-    for name in entries:
-        function = devices / name
-        if _hex(function / "vendor") != MELLANOX_VENDOR_ID:
-            continue
-        try:
-            vpd = (function / "vpd").read_bytes()
-        except OSError:  # no VPD capability, or unreadable: not an LPF we can tell
-            continue
-        if SW_MNG not in vpd:
-            continue
-        ib_device, guid = _port_guid(function)
-        found.append(LpfPort(name, _hex(function / "device") or 0, ib_device, guid))
-    return tuple(found)
-
-
-def _port_guid(function: Path) -> tuple[str | None, str | None]:
-    """Port 1's GUID of the IB device mlx5_ib made for this PCI function: the interface id of
-    its GID 0 (fe80::<port GUID>), else the node GUID (the same on a single-port LPF)."""
-    try:
-        names = sorted(os.listdir(function / "infiniband"))
-    except OSError:
-        return None, None
-    if not names:
-        return None, None
-    ib = function / "infiniband" / names[0]
-    gid = _read(ib / "ports" / "1" / "gids" / "0")
-    if gid is not None and re.match(_GID, gid) and not gid.endswith("0000:0000:0000:0000"):
-        return names[0], "0x" + gid.replace(":", "")[16:]
-    node = _read(ib / "node_guid")
-    if node is not None and re.match(_NODE_GUID, node) and node != "0000:0000:0000:0000":
-        return names[0], "0x" + node.replace(":", "")
-    return names[0], None
 
 
 class Nvlink5(NamedTuple):
@@ -108,8 +48,8 @@ class Nvlink5(NamedTuple):
         return chosen[0] if chosen else None
 
 
-def detect(root: HostRoot) -> Nvlink5:
-    ports = lpf_ports(root)
+def detect(ports: tuple[LpfPort, ...]) -> Nvlink5:
+    """Whether the LPF ports of the host's fabric facts make this an NVLink5 node."""
     if not ports:
         return Nvlink5((), "no PCI function of vendor 15b3 whose VPD says SW_MNG (a ConnectX-7 "
                        "Limited PF managing NVLink switches)")
@@ -122,14 +62,14 @@ def detect(root: HostRoot) -> Nvlink5:
                    f"says SW_MNG, first {where}, {guid}")
 
 
-def fabric(root: HostRoot, gpu_device_ids: tuple[int, ...]) -> nvswitch.Fabric:
+def fabric(hardware: FabricHardware, gpu_device_ids: tuple[int, ...]) -> nvswitch.Fabric:
     """Whether the node's fabric needs Fabric Manager on the node: NVSwitch functions on the
     host (HGX A100/H100/H200), or LPF ports (NVLink5, where NVLSM must run first); never for
     NVL72 trays, whose fabric is managed off the node."""
-    switches = nvswitch.fabric(root, gpu_device_ids)
+    switches = nvswitch.fabric(hardware.switches, gpu_device_ids)
     if switches.needed or switches.switches:
         return switches
-    found = detect(root)
+    found = detect(hardware.lpf_ports)
     if not found.detected:
         return switches
     off_host = sorted(i for i in gpu_device_ids if i in nvswitch.OFF_HOST_FABRIC_GPUS)
@@ -138,6 +78,17 @@ def fabric(root: HostRoot, gpu_device_ids: tuple[int, ...]) -> nvswitch.Fabric:
                                f"({host.pci_id(off_host[0])}) are NVL72 parts whose fabric is "
                                "managed off the node")
     return nvswitch.Fabric((), True, found.reason)
+
+
+def planned_fabric(facts: HostFacts) -> nvswitch.Fabric:
+    """The node's fabric from the facts the planner gathered."""
+    return fabric(facts.fabric, tuple(g.device_id for g in facts.gpus))
+
+
+def fabric_now(root: HostRoot) -> nvswitch.Fabric:
+    """The node's fabric read now (the container commands and `installer verify`, which
+    gather no plan)."""
+    return fabric(host.fabric_hardware(root), tuple(g.device_id for g in host.nvidia_gpus(root)))
 
 
 # --- the InfiniBand modules ------------------------------------------------------------------
@@ -219,21 +170,19 @@ def _package(ctx: Context) -> str:
 
 
 def applies(ctx: Context) -> bool:
-    return (ctx.config.fabricmanager != "false"
-            and fabric(ctx.root, tuple(g.device_id for g in ctx.facts.gpus)).needed
-            and detect(ctx.root).detected)
+    return (ctx.config.fabricmanager != "false" and planned_fabric(ctx.facts).needed
+            and detect(ctx.facts.fabric.lpf_ports).detected)
 
 
 def decision(ctx: Context) -> Decision:
-    found = detect(ctx.root)
+    found = detect(ctx.facts.fabric.lpf_ports)
     if not found.detected:
         return Decision("nvlink5", "no", found.reason)
     if ctx.config.fabricmanager == "false":
         return Decision("nvlink5", "off", f"{found.reason}; NVIDIA_FABRICMANAGER=false: the "
                         "host runs NVLSM and Fabric Manager")
     if not applies(ctx):
-        return Decision("nvlink5", "not managed here",
-                        fabric(ctx.root, tuple(g.device_id for g in ctx.facts.gpus)).reason)
+        return Decision("nvlink5", "not managed here", planned_fabric(ctx.facts).reason)
     kernel = ctx.target.kernel
     wanted = not_loaded(ctx.root, kernel)
     absent = [name for name in unavailable(ctx.root, kernel) if name in wanted]
@@ -247,16 +196,14 @@ def decision(ctx: Context) -> Decision:
         modules_said = f"{', '.join(wanted)} will be loaded (modprobe)"
     else:
         modules_said = f"{', '.join(IB_MODULES)} loaded"
-    from installer import distros
-
-    streams = distros.of(ctx.facts.distro).module_platform(ctx.facts.distro) is not None
-    if ctx.target.packages_own_user_space and streams:
+    shipped_by = ctx.target.ships_user_space("nvlsm")
+    if shipped_by is ShippedBy.SOURCE:
         # Fabric Manager comes with the stream's fm profile there (fabricmanager.decision).
         package = (f"nvlsm-{ctx.config.nvlsm_version} (NVIDIA_NVLSM_VERSION)"
                    if ctx.config.nvlsm_version else "nvlsm (the host's, else the repo's newest)")
         nvlsm_said = (f"NVLSM: NVIDIA's package {package} from the host's NVIDIA repo (signed, "
                       "as the driver's), its files into versions/<ver>/")
-    elif ctx.target.packages_own_user_space:
+    elif shipped_by is ShippedBy.HOST:
         nvlsm_said = ("NVLSM is not installed by the installer on this source, so the "
                       "fabricmanager container fails with nvlsm-missing: set "
                       "NVIDIA_FABRICMANAGER=false and run NVIDIA's nvlsm package and Fabric "
@@ -273,7 +220,7 @@ def decision(ctx: Context) -> Decision:
 def steps(ctx: Context) -> list[Step]:
     if not applies(ctx) or not ctx.target.load:
         return []
-    return [ib_modules_step(ctx, detect(ctx.root))]
+    return [ib_modules_step(ctx, detect(ctx.facts.fabric.lpf_ports))]
 
 
 def diagnose(root: HostRoot) -> str | None:
@@ -282,7 +229,7 @@ def diagnose(root: HostRoot) -> str | None:
     and the host's /proc only (any nvlsm process counts: ours, or the host's own service)."""
     from installer.components import processes
 
-    found = detect(root)
+    found = detect(host.lpf_ports(root))
     if not found.detected:
         return None
     release = (root.read_text("/proc/sys/kernel/osrelease", "") or "").strip()
@@ -303,20 +250,6 @@ def fabric_reasons(root: HostRoot, gpus: Sequence[object]) -> list[str]:
     NVML reported are not needed: sysfs and /proc say it)."""
     said = diagnose(root)
     return [said] if said else []
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip().lower()
-    except OSError:
-        return None
-
-
-def _hex(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip(), 16)
-    except (OSError, ValueError):
-        return None
 
 
 class Nvlink5Prerequisites(Part):

@@ -5,7 +5,6 @@ Manager on the same GUID; stopped in the other order)."""
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +15,7 @@ from installer.components.component import Part
 from installer.dirs import scratch
 from installer.errors import NvlsmMissing
 from installer.layout import Layout
-from installer.plan import Context, Step
+from installer.plan import Context, ShippedBy, Step
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +37,6 @@ def fabricmanager_argv(binary: Path, config_file: Path, guid: str) -> list[str]:
     return [str(binary), "--config", str(config_file), "--fm-sm-mgmt-port-guid", guid]
 
 
-def _stop(child: runner.Child, name: str, timeout: float) -> None:
-    if child.poll() is not None:
-        return
-    child.send_signal(signal.SIGTERM)
-    if child.wait(timeout) is None:
-        log.warning("%s ignored SIGTERM for %.0f s: killing it", name, timeout)
-        child.send_signal(signal.SIGKILL)
-        child.wait(10)
-
-
 class PairRunning:
     """NVLSM and Fabric Manager, one unit for the supervisor: it has exited when either has
     (the other is stopped then), and stops Fabric Manager before NVLSM (the order NVIDIA's
@@ -56,8 +45,13 @@ class PairRunning:
     def __init__(self, nvlsm: runner.Child, fabricmanager: runner.Child | None,
                  code: int | None = None) -> None:
         self.nvlsm = nvlsm
-        self.child = fabricmanager  # what `ready` reports as the pid
+        self.child = fabricmanager
         self.code = code
+
+    @property
+    def pid(self) -> int:
+        """Fabric Manager's (what `ready` reports), 0 before it started."""
+        return self.child.pid if self.child is not None else 0
 
     def poll(self) -> int | None:
         if self.code is not None:
@@ -74,8 +68,8 @@ class PairRunning:
 
     def stop(self, timeout: float) -> None:
         if self.child is not None:
-            _stop(self.child, "nv-fabricmanager", timeout)
-        _stop(self.nvlsm, DAEMON, timeout)
+            self.child.stop(timeout)
+        self.nvlsm.stop(timeout)
 
 
 def start_pair(nvlsm: list[str], fabricmanager: list[str], socket: Path,
@@ -137,7 +131,8 @@ def pair_start(layout: Layout, driver: str, found: nvlink5.Nvlink5, fabricmanage
 def steps(ctx: Context) -> list[Step]:
     """NVLSM into versions/<ver>/ beside Fabric Manager (the runfile source's; on a dnf host
     sources/dnf/nvlsm.py installs NVIDIA's nvlsm package instead)."""
-    if not nvlink5.applies(ctx) or ctx.target.packages_own_user_space:
+    if not nvlink5.applies(ctx) or (
+            ctx.target.ships_user_space(DAEMON) is not ShippedBy.COMPONENT):
         return []
     layout, driver, arch = ctx.layout, ctx.target.version, ctx.facts.arch
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from installer import host
 from installer.components import (
     fabric,
     fabricmanager,
@@ -114,8 +113,7 @@ def fabric_required(root: HostRoot) -> tuple[bool, tuple[str, ...]]:
     """Whether readiness needs the NVLink fabric (an NVSwitch or NVLink5 node whose fabric the
     node manages), and the switches: the driver's list, else the PCI functions (none listed on
     an NVLink5 node, whose switches are behind its LPF ports)."""
-    gpus = host.nvidia_gpus(root)
-    fabric = nvlink5.fabric(root, tuple(g.device_id for g in gpus))
+    fabric = nvlink5.fabric_now(root)
     switches = nvswitch.driver_switches(root) or tuple(s.address for s in fabric.switches)
     return fabric.needed, switches
 

@@ -28,18 +28,11 @@ class Body(NamedTuple):
     hops: tuple[str, ...]
 
 
-def fetch_bytes(
-    url: str,
-    settings: DownloadSettings | None = None,
-    *,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    _http: Http | None = None,
-    _next_source: bool = False,
-    https_only: bool = False,
-) -> bytes:
-    """fetch_body's content alone (see there)."""
-    return fetch_body(url, settings, max_bytes=max_bytes, _http=_http,
-                      _next_source=_next_source, https_only=https_only).data
+def fetch_bytes(url: str, settings: DownloadSettings | None = None, *,
+                max_bytes: int = DEFAULT_MAX_BYTES, https_only: bool = False) -> bytes:
+    """fetch_body's content alone (see there; its session and source hooks are the vouching
+    lookup's, which reads the whole body)."""
+    return fetch_body(url, settings, max_bytes=max_bytes, https_only=https_only).data
 
 
 def fetch_body(

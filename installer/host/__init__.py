@@ -1,6 +1,6 @@
-"""Read-only facts about the host: distro, kernel, arch, NVIDIA GPUs, modules, Secure Boot,
-gathered once for the planner. distro.py, pci.py and loaded.py read their parts; this door
-exports them all."""
+"""Read-only facts about the host: distro, kernel, arch, NVIDIA GPUs, modules, Secure Boot, the
+NVLink fabric's hardware, gathered once for the planner. distro.py, pci.py, fabric.py and
+loaded.py read their parts; this door exports them all."""
 
 from __future__ import annotations
 
@@ -17,6 +17,14 @@ from installer.host.distro import (
     distro_from_os_release,
     parse_os_release,
 )
+from installer.host.fabric import (
+    FabricHardware,
+    LpfPort,
+    PciSwitch,
+    fabric_hardware,
+    lpf_ports,
+    pci_switches,
+)
 from installer.host.loaded import (
     Flavour,
     Holder,
@@ -28,23 +36,35 @@ from installer.host.loaded import (
     parse_driver_version,
     parse_proc_modules,
 )
-from installer.host.pci import NVIDIA_VENDOR_ID, PciGpu, nvidia_gpus, pci_id
+from installer.host.pci import (
+    MELLANOX_VENDOR_ID,
+    NVIDIA_VENDOR_ID,
+    PciGpu,
+    nvidia_gpus,
+    pci_id,
+    vendor_functions,
+)
 from installer.hostroot import HostRoot
 
 __all__ = [
+    "MELLANOX_VENDOR_ID",
     "NVIDIA_VENDOR_ID",
     "OS_RELEASE_PATHS",
     "SECURE_BOOT_EFIVAR",
     "Distro",
+    "FabricHardware",
     "Flavour",
     "Holder",
     "HostFacts",
     "LoadedDriver",
     "LoadedModule",
+    "LpfPort",
     "PciGpu",
+    "PciSwitch",
     "SecureBoot",
     "detect_distro",
     "distro_from_os_release",
+    "fabric_hardware",
     "free_bytes",
     "gather",
     "holders_of",
@@ -52,13 +72,16 @@ __all__ = [
     "kernel_release",
     "loaded_driver",
     "loaded_modules",
+    "lpf_ports",
     "normalise_arch",
     "nvidia_gpus",
     "parse_driver_version",
     "parse_os_release",
     "parse_proc_modules",
     "pci_id",
+    "pci_switches",
     "secure_boot",
+    "vendor_functions",
 ]
 
 SECURE_BOOT_EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
@@ -84,6 +107,8 @@ class HostFacts(NamedTuple):
     loaded_driver: LoadedDriver | None
     secure_boot: SecureBoot
     free_bytes: int
+    # NVSwitch functions and NVLink5 LPF ports: whether Fabric Manager and NVLSM apply.
+    fabric: FabricHardware
 
     @property
     def nouveau_loaded(self) -> bool:
@@ -200,4 +225,5 @@ def gather(
         loaded_driver=loaded_driver(root),
         secure_boot=secure_boot(root),
         free_bytes=free_bytes(free_space_path),
+        fabric=fabric_hardware(root),
     )

@@ -1,4 +1,5 @@
-"""NVIDIA GPUs on the PCI bus, from sysfs (no driver needed)."""
+"""PCI functions from sysfs (no driver needed): the one scan of /sys/bus/pci/devices by vendor,
+and NVIDIA's GPUs among them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import NamedTuple
 from installer.hostroot import HostRoot
 
 NVIDIA_VENDOR_ID = 0x10DE
+MELLANOX_VENDOR_ID = 0x15B3
+PCI_DEVICES = "/sys/bus/pci/devices"
 # PCI base class 03 (display): 0x0300 VGA controller, 0x0302 3D controller (headless
 # data-center GPUs). NVIDIA cards also expose audio (0x0403) and bridge functions.
 _GPU_CLASS_PREFIXES = (0x0300, 0x0302)
@@ -34,11 +37,26 @@ class PciGpu(NamedTuple):
         return pci_id(self.device_id)
 
 
-def _read_hex(path: Path) -> int | None:
+def read_hex(path: Path) -> int | None:
+    """A sysfs attribute written in hex (vendor, device, class), or None when unreadable."""
     try:
         return int(path.read_text().strip(), 16)
     except (OSError, ValueError):
         return None
+
+
+def vendor_functions(root: HostRoot, vendor: int) -> tuple[tuple[str, Path], ...]:
+    """The PCI functions of `vendor` in /sys/bus/pci/devices, sorted by address: each address
+    with its sysfs directory here, for the caller to read further. Reads sysfs only."""
+    devices = root.local_resolved(PCI_DEVICES)
+    try:
+        entries = sorted(os.listdir(devices))
+    except OSError:
+        return ()
+    # The per-device links are relative (../../../devices/pci...), so plain local path
+    # resolution stays inside the root; one HostRoot.resolve per file is not needed.
+    return tuple((name, devices / name) for name in entries
+                 if read_hex(devices / name / "vendor") == vendor)
 
 
 def nvidia_gpus(root: HostRoot) -> tuple[PciGpu, ...]:
@@ -46,22 +64,12 @@ def nvidia_gpus(root: HostRoot) -> tuple[PciGpu, ...]:
 
     Audio and bridge functions of NVIDIA cards are ignored. Reads sysfs only.
     """
-    devices = root.local_resolved("/sys/bus/pci/devices")
-    try:
-        entries = sorted(os.listdir(devices))
-    except OSError:
-        return ()
     found: list[PciGpu] = []
-    for name in entries:
-        # The per-device links are relative (../../../devices/pci...), so plain local
-        # path resolution stays inside the root; one HostRoot.resolve per file is not needed.
-        device_dir = devices / name
-        if _read_hex(device_dir / "vendor") != NVIDIA_VENDOR_ID:
-            continue
-        class_code = _read_hex(device_dir / "class")
+    for name, device_dir in vendor_functions(root, NVIDIA_VENDOR_ID):
+        class_code = read_hex(device_dir / "class")
         if class_code is None or (class_code >> 8) not in _GPU_CLASS_PREFIXES:
             continue
-        device_id = _read_hex(device_dir / "device")
+        device_id = read_hex(device_dir / "device")
         if device_id is None:
             continue
         try:
@@ -73,8 +81,8 @@ def nvidia_gpus(root: HostRoot) -> tuple[PciGpu, ...]:
                 address=name,
                 device_id=device_id,
                 class_code=class_code,
-                subsystem_vendor=_read_hex(device_dir / "subsystem_vendor"),
-                subsystem_device=_read_hex(device_dir / "subsystem_device"),
+                subsystem_vendor=read_hex(device_dir / "subsystem_vendor"),
+                subsystem_device=read_hex(device_dir / "subsystem_device"),
                 bound_driver=driver,
             )
         )

@@ -11,7 +11,7 @@ from installer.config import Config
 from installer.errors import ConfigError
 from installer.hostroot import HostRoot
 from installer.layout import Layout
-from installer.plan import Context, Decision, Step
+from installer.plan import Context, Decision, ShippedBy, Step
 from installer.runner import Runner
 
 if TYPE_CHECKING:
@@ -63,8 +63,6 @@ class Source:
     frees_driver_itself: ClassVar[bool] = False
     # True: its install replaces the loaded driver's user space before the unload.
     replaces_user_space_before_unload: ClassVar[bool] = False
-    # True: the distro's packages own the user space; nothing is put beside it from archives.
-    packages_own_user_space: ClassVar[bool] = False
     # True: it builds modules into the install dir's cache, for any kernel (prebuild, the next
     # kernel); the sources that cannot are given this one's name for such builds.
     builds_modules: ClassVar[bool] = False
@@ -105,6 +103,12 @@ class Source:
     def steps(self, ctx: Context) -> list[Step]:
         """Its steps, between the guards and the shared staging steps."""
         raise NotImplementedError
+
+    def ships_user_space(self, component: str, distro: Distro) -> ShippedBy:
+        """Who puts `component`'s user space (fabricmanager, nvlsm, imex) beside the driver's on
+        `distro`: by default the component itself, from NVIDIA's redist archive of the
+        driver's version into versions/<ver>/."""
+        return ShippedBy.COMPONENT
 
     def next_kernel_elsewhere(self, root: HostRoot, kernel: str) -> ManagedElsewhere | None:
         """The next kernel's modules when the host's tools, not the installer, put them there."""

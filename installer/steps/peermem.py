@@ -10,7 +10,6 @@ ib_core has none. NCCL and UCX look for /sys/module/nvidia_peermem/version.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import PurePosixPath
@@ -18,13 +17,13 @@ from typing import NamedTuple
 
 from installer import modules
 from installer.errors import ModuleLoadFailed, OfedNotReady, PeermemLoadFailed, PeermemNeedsOfed
+from installer.host import MELLANOX_VENDOR_ID, vendor_functions
 from installer.hostroot import HostRoot
 from installer.plan import Context, Decision, Headers, Step
 
 log = logging.getLogger(__name__)
 
 MODULE = "nvidia-peermem"
-MELLANOX_VENDOR_ID = 0x15B3
 VERSION_FILE = "/sys/module/nvidia_peermem/version"
 IB_CORE = "/sys/module/ib_core"
 # The peer-memory API nvidia-peermem needs: exported by MOFED/DOCA-OFED's ib_core only.
@@ -42,20 +41,7 @@ POLL_SECONDS = 5.0
 
 def mellanox_functions(root: HostRoot) -> tuple[str, ...]:
     """PCI functions of vendor 15b3 (ConnectX, BlueField), by address. Reads sysfs only."""
-    devices = root.local_resolved("/sys/bus/pci/devices")
-    try:
-        entries = sorted(os.listdir(devices))
-    except OSError:
-        return ()
-    found = []
-    for name in entries:
-        try:
-            vendor = int((devices / name / "vendor").read_text().strip(), 16)
-        except (OSError, ValueError):
-            continue
-        if vendor == MELLANOX_VENDOR_ID:
-            found.append(name)
-    return tuple(found)
+    return tuple(address for address, _ in vendor_functions(root, MELLANOX_VENDOR_ID))
 
 
 class Ofed(NamedTuple):

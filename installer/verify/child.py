@@ -21,7 +21,7 @@ def nvml_query() -> dict[str, Any]:
 
         call = "nvmlInit"
         pynvml.nvmlInit()
-        answer["library"] = _loaded_library_path()
+        answer["library"] = loaded_library_path("libnvidia-ml.so")
         try:
             call = "nvmlSystemGetDriverVersion"
             answer["driver_version"] = _text(pynvml.nvmlSystemGetDriverVersion())
@@ -172,12 +172,15 @@ def _text(value: object) -> str:
     return str(value)
 
 
-def _loaded_library_path() -> Optional[str]:
+def loaded_library_path(prefix: str) -> Optional[str]:
+    """The file of the shared library named `prefix`* that this process mapped (what the
+    dynamic loader found), from /proc/self/maps; None when none is mapped or maps is unreadable.
+    The CUDA child asks it too."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             for line in maps:
                 path = line.split(None, 5)[-1].strip()
-                if os.path.basename(path).startswith("libnvidia-ml.so"):
+                if os.path.basename(path).startswith(prefix):
                     return path
     except OSError:
         pass

@@ -8,6 +8,8 @@ import json
 import os
 from typing import Any, Optional
 
+from installer.verify.child import loaded_library_path
+
 # out[i] = a * i + b, one thread per element. PTX ISA 6.0 for sm_50: every driver since CUDA 9
 # JIT-compiles it for the GPU it finds (PTX is forward compatible), so one text fits all GPUs.
 KERNEL = "installer_check"
@@ -77,7 +79,7 @@ def cuda_check() -> dict[str, Any]:
         answer["error"] = {"call": "dlopen libcuda.so.1", "code": None, "name": None,
                            "text": str(exc)}
         return answer
-    answer["library"] = _loaded_library_path()
+    answer["library"] = loaded_library_path("libcuda.so")
     version = ctypes.c_int()
     if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
         answer["driver_version"] = version.value
@@ -169,18 +171,6 @@ def _error_text(lib: ctypes.CDLL, call: str, code: int) -> Optional[str]:
     except AttributeError:
         return None
     return text.value.decode(errors="replace")
-
-
-def _loaded_library_path() -> Optional[str]:
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            for line in maps:
-                path = line.split(None, 5)[-1].strip()
-                if os.path.basename(path).startswith("libcuda.so"):
-                    return path
-    except OSError:
-        pass
-    return None
 
 
 def main() -> int:

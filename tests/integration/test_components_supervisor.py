@@ -19,7 +19,7 @@ from lib.hosttrees import CLASS_BRIDGE, H100, add_pci_device, make_host, write_d
 
 from installer import runner
 from installer.components import fm_archive, processes
-from installer.components.fabricmanager_daemon import ChildRunning, FabricManagerDaemon
+from installer.components.fabricmanager_daemon import FabricManagerDaemon
 from installer.components.supervisor import (
     PAUSE_FILE,
     Driver,
@@ -59,8 +59,7 @@ class ScriptDaemon:
         def start() -> Running:
             self.starts.append(time.monotonic())
             self.up = False
-            return ChildRunning(runner.spawn([sys.executable, "-u", "-c", self.script],
-                                             on_line=self._line))
+            return runner.spawn([sys.executable, "-u", "-c", self.script], on_line=self._line)
 
         return start
 

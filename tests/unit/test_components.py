@@ -27,7 +27,7 @@ from lib.hosttrees import (
     write_proc_modules,
 )
 
-from installer import components, planner, steps
+from installer import components, host, planner, steps
 from installer.components import (
     fabricmanager_daemon,
     fm_archive,
@@ -59,10 +59,10 @@ A100_SWITCH = 0x1AF1
 
 
 def hgx(root: Path, gpus: tuple[int, ...] = (H100, H100)) -> HostRoot:
-    host = make_host(root, distro="debian-12", kernel="6.1.0-56-amd64", gpus=gpus)
+    host_root = make_host(root, distro="debian-12", kernel="6.1.0-56-amd64", gpus=gpus)
     add_pci_device(root, "0000:05:00.0", device=H100_SWITCH, klass=CLASS_BRIDGE)
     add_pci_device(root, "0000:06:00.0", device=H100_SWITCH, klass=CLASS_BRIDGE)
-    return host
+    return host_root
 
 
 def test_switches_are_nvidia_functions_of_class_0680(tmp_path: Path) -> None:
@@ -70,10 +70,10 @@ def test_switches_are_nvidia_functions_of_class_0680(tmp_path: Path) -> None:
     add_pci_device(tmp_path, "0000:07:00.0", vendor=0x8086, device=0x1234, klass=CLASS_BRIDGE)
     add_pci_device(tmp_path, "0000:10:00.1", device=0x22BA, klass=CLASS_AUDIO)
     add_pci_device(tmp_path, "0000:08:00.0", device=A100_SWITCH, klass=CLASS_BRIDGE)
-    found = nvswitch.pci_switches(root)
+    found = host.pci_switches(root)
     assert [(s.address, s.device_id) for s in found] == [
         ("0000:05:00.0", 0x22A3), ("0000:06:00.0", 0x22A3), ("0000:08:00.0", 0x1AF1)]
-    fabric = nvswitch.fabric(root, (H100,))
+    fabric = nvswitch.fabric(host.pci_switches(root), (H100,))
     assert fabric.needed
     assert fabric.reason == ("3 NVSwitch function(s) (10de:1af1, 10de:22a3) at 0000:05:00.0, "
                              "0000:06:00.0, 0000:08:00.0")
@@ -82,7 +82,7 @@ def test_switches_are_nvidia_functions_of_class_0680(tmp_path: Path) -> None:
 def test_no_switch_no_fabric_manager(tmp_path: Path) -> None:
     root = make_host(tmp_path, gpus=[H100])
     add_pci_device(tmp_path, "0000:20:00.0", device=H100, klass=CLASS_3D)
-    fabric = nvswitch.fabric(root, (H100,))
+    fabric = nvswitch.fabric(host.pci_switches(root), (H100,))
     assert not fabric.needed and fabric.switches == ()
     assert "no NVSwitch PCI function" in fabric.reason
     assert components.fabric_required(root) == (False, ())
@@ -90,7 +90,7 @@ def test_no_switch_no_fabric_manager(tmp_path: Path) -> None:
 
 def test_nvl72_gpus_have_their_fabric_managed_off_the_node(tmp_path: Path) -> None:
     root = hgx(tmp_path, gpus=(GB200,))
-    fabric = nvswitch.fabric(root, (GB200,))
+    fabric = nvswitch.fabric(host.pci_switches(root), (GB200,))
     assert not fabric.needed
     assert "NVL72 parts" in fabric.reason and "10de:2941" in fabric.reason
 

@@ -81,10 +81,13 @@ def test_the_dnf_source_names_nvidias_imex_package_by_branch(
 
     from lib.contexts import context
 
+    from installer import sources
+
     ctx = context(tmp_path, FakeRunner(), NVIDIA_IMEX="install")
+    dnf = sources.named("dnf")
     ctx = dataclasses.replace(ctx, target=dataclasses.replace(
         ctx.target, version=version, branch=branch, source="dnf",
-        packages_own_user_space=True))
+        ships_user_space=lambda component: dnf.ships_user_space(component, ctx.facts.distro)))
     said = imex.decision(ctx)
     assert said.value == "not installed by the installer"
     assert f"install NVIDIA's {package} package of the driver's version" in said.reason

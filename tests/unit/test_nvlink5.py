@@ -22,7 +22,7 @@ from lib.hosttrees import (
     write_proc_modules,
 )
 
-from installer import components, planner
+from installer import components, host, planner
 from installer.components import fm_archive, nvlink5, nvlsm_archive
 from installer.config import from_env
 from installer.errors import IbModuleLoadFailed, IbModulesMissing
@@ -35,13 +35,13 @@ UBUNTU_KERNEL = "6.8.0-1021-aws"
 def b200(root: Path, *, distro: str = "ubuntu-24.04", kernel: str = UBUNTU_KERNEL,
          ib_loaded: bool = False, gpus: Sequence[int] = (B200,) * 8,
          tree: tuple[str, ...] = ("mlx5_core", "mlx5_ib", "ib_umad")) -> HostRoot:
-    host = make_host(root, distro=distro, kernel=kernel, gpus=gpus)
+    host_root = make_host(root, distro=distro, kernel=kernel, gpus=gpus)
     for port in hgx_b200_ports():
         write_cx7_port(root, port, ib_loaded=ib_loaded)
     write_module_tree(root, kernel, tree)
     if ib_loaded:
         write_proc_modules(root, [module_line(n) for n in nvlink5.IB_MODULES])
-    return host
+    return host_root
 
 
 def test_the_kits_vpd_is_well_formed_pci_vpd() -> None:
@@ -54,11 +54,11 @@ def test_the_kits_vpd_is_well_formed_pci_vpd() -> None:
 
 def test_limited_pfs_are_found_by_their_vpd_with_their_port_guid(tmp_path: Path) -> None:
     root = b200(tmp_path, ib_loaded=True)
-    ports = nvlink5.lpf_ports(root)
+    ports = host.lpf_ports(root)
     assert ports == (
-        nvlink5.LpfPort("0000:c1:00.1", 0x1021, "mlx5_1", "0xb8cef60300e61201"),
-        nvlink5.LpfPort("0000:c2:00.1", 0x1021, "mlx5_3", "0xb8cef60300e61203"))
-    found = nvlink5.detect(root)
+        host.LpfPort("0000:c1:00.1", 0x1021, "mlx5_1", "0xb8cef60300e61201"),
+        host.LpfPort("0000:c2:00.1", 0x1021, "mlx5_3", "0xb8cef60300e61203"))
+    found = nvlink5.detect(host.lpf_ports(root))
     assert found.port == ports[0]
     assert found.reason == ("NVLink5 node: 2 ConnectX-7 Limited PF port(s) whose VPD says "
                             "SW_MNG, first 0000:c1:00.1 (15b3:1021, mlx5_1), port GUID "
@@ -66,31 +66,31 @@ def test_limited_pfs_are_found_by_their_vpd_with_their_port_guid(tmp_path: Path)
     # The node GUID serves where the port has no GID yet.
     (tmp_path / "sys/devices/pci0000:c0/0000:c1:00.1/infiniband/mlx5_1/ports/1/gids/0"
      ).write_text("fe80:0000:0000:0000:0000:0000:0000:0000\n")
-    assert nvlink5.lpf_ports(root)[0].guid == "0xb8cef60300e61201"
+    assert host.lpf_ports(root)[0].guid == "0xb8cef60300e61201"
 
 
 def test_the_ports_are_found_before_mlx5_ib_is_loaded(tmp_path: Path) -> None:
     root = b200(tmp_path, ib_loaded=False)
-    ports = nvlink5.lpf_ports(root)
+    ports = host.lpf_ports(root)
     assert [(p.address, p.ib_device, p.guid) for p in ports] == [
         ("0000:c1:00.1", None, None), ("0000:c2:00.1", None, None)]
-    assert nvlink5.detect(root).reason.endswith("port GUID known once mlx5_ib is loaded")
+    assert nvlink5.detect(ports).reason.endswith("port GUID known once mlx5_ib is loaded")
 
 
 def test_full_pfs_and_other_nodes_are_not_nvlink5(tmp_path: Path) -> None:
     root = make_host(tmp_path, gpus=[B200])
     write_cx7_port(tmp_path, Cx7Port("0000:c1:00.0", "mlx5_0", 1, lpf=False))
-    assert not nvlink5.detect(root).detected
-    assert not nvlink5.fabric(root, (B200,)).needed
+    assert not nvlink5.detect(host.lpf_ports(root)).detected
+    assert not nvlink5.fabric(host.fabric_hardware(root), (B200,)).needed
     assert components.fabric_required(root) == (False, ())
 
 
 def test_an_nvlink5_node_needs_its_fabric_unless_managed_off_the_node(tmp_path: Path) -> None:
     root = b200(tmp_path)
-    fabric = nvlink5.fabric(root, (B200,))
+    fabric = nvlink5.fabric(host.fabric_hardware(root), (B200,))
     assert fabric.needed and fabric.switches == ()
     assert components.fabric_required(root) == (True, ())
-    off = nvlink5.fabric(root, (GB200,))
+    off = nvlink5.fabric(host.fabric_hardware(root), (GB200,))
     assert not off.needed and "managed off the node" in off.reason
 
 
@@ -382,6 +382,11 @@ def test_on_dnf_hosts_the_plan_says_where_nvlsm_comes_from(
 
     b200(tmp_path, distro=distro, kernel=kernel)
     plan = plan_for(tmp_path, NVIDIA_DRIVER_SOURCE="runfile", NVIDIA_NVLSM_VERSION=pin)
+    from installer import sources
+
+    dnf = sources.named("dnf")  # its answer: who ships NVLSM there
+    distro = plan.context.facts.distro
     ctx = dataclasses.replace(plan.context, target=dataclasses.replace(
-        plan.context.target, packages_own_user_space=True))
+        plan.context.target,
+        ships_user_space=lambda component: dnf.ships_user_space(component, distro)))
     assert module.decision(ctx).reason.endswith(said)

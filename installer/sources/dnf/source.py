@@ -11,7 +11,7 @@ from installer import distros
 from installer.config import Config
 from installer.errors import ConfigError
 from installer.hostroot import HostRoot
-from installer.plan import Context, Decision, Step
+from installer.plan import Context, Decision, ShippedBy, Step
 from installer.sources.source import Arrival, Groundwork, ManagedElsewhere, Source
 
 if TYPE_CHECKING:
@@ -33,7 +33,16 @@ class DnfSource(Source):
     stages_module_files = False
     frees_driver_itself = True  # checked before its packages change (dnf.dnf_steps)
     replaces_user_space_before_unload = True
-    packages_own_user_space = True
+
+    def ships_user_space(self, component: str, distro: Distro) -> ShippedBy:
+        """The distro's packages own the user space, so no redist archive goes beside it: the
+        module streams' fm profile brings Fabric Manager of the driver's version and NVIDIA's
+        repo NVLSM beside it; without streams (EL10), and for IMEX, none of its packages
+        does, and the host's own must."""
+        streams = distros.of(distro).module_platform(distro) is not None
+        if streams and component in ("fabricmanager", "nvlsm"):
+            return ShippedBy.SOURCE
+        return ShippedBy.HOST
 
     def refuse_unless_offered(self, distro: Distro) -> None:
         if not self.offered(distro):
