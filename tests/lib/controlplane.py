@@ -334,9 +334,11 @@ def _wait(cp: ControlPlane, what: str, ok: Any, deadline: float) -> None:
     raise RuntimeError(f"control plane: {what} not ready in {START_TIMEOUT:.0f} s")
 
 
-def start() -> ControlPlane:
+def start(extra_controllers: tuple[str, ...] = ()) -> ControlPlane:
     """Boots the control plane and waits until the API server is ready and the controllers
-    have made the namespaces' ServiceAccounts."""
+    have made the namespaces' ServiceAccounts. `extra_controllers`: kube-controller-manager's
+    names of controllers to run beside CONTROLLERS (bench/bench_fleet_rollout.py runs the
+    replicaset controller, so that pods evicted under a PDB are replaced)."""
     bin_dir, etcd = paths()
     d = Path(tempfile.mkdtemp(prefix="control-plane-"))
     _pki(d)
@@ -376,7 +378,7 @@ def start() -> ControlPlane:
             "--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0",
             f"--service-account-private-key-file={d / 'sa.key'}", f"--root-ca-file={d / 'ca.crt'}",
             "--use-service-account-credentials=false", "--profiling=false",
-            "--controllers=" + ",".join(CONTROLLERS)])
+            "--controllers=" + ",".join(CONTROLLERS + tuple(extra_controllers))])
         _spawn(cp, "kube-scheduler", [
             str(bin_dir / "kube-scheduler"), f"--kubeconfig={cp.admin_kubeconfig}",
             f"--authentication-kubeconfig={cp.admin_kubeconfig}",
