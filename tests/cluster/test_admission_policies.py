@@ -7,6 +7,7 @@ report no type-checking warning for any of them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -104,17 +105,23 @@ _count = iter(range(1_000_000))
 
 @pytest.fixture
 def nodes(cluster: ControlPlane, request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
-    """Makes Nodes named after the test (a real registration: labels, a taint, Ready)."""
+    """Makes Nodes named after the test (a real registration: labels, a taint, Ready), deleted
+    when it ends: a Node left with an upgrade state would count in another test's pool."""
     base = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    made: list[str] = []
 
     def make(taints: list[dict[str, str]] | None = None, **labels: str) -> str:
         name = f"{base}-{next(_count)}"
         cluster.node(name, labels={PLUGIN: "true", **labels},
                      taints=taints or [{"key": "nvidia.com/gpu", "value": "present",
                                         "effect": "NoSchedule"}])
+        made.append(name)
         return name
 
     yield make
+    for name in made:
+        with contextlib.suppress(ApiError):
+            cluster.request("DELETE", f"/api/v1/nodes/{name}")
 
 
 def _pod(cp: ControlPlane, node: str, name: str, namespace: str = "workloads") -> tuple[str, str]:

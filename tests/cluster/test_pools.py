@@ -225,11 +225,13 @@ def test_the_default_pools_budget_is_one_and_counts_no_training_node(env: Pools)
 
 
 def test_two_nodes_queued_at_once_agree_on_who_goes_first(env: Pools) -> None:
-    """inference's budget is 1: a node queued earlier is ahead and this one times out with its
-    queue label taken off again; the same entry left by a run that died an hour ago is not
-    ahead, and this node goes."""
-    node = env.node("infer-1", "inference")
-    other = env.node("infer-2", "inference")
+    """training's budget is 2, one taken by a node draining: a node queued earlier is ahead and
+    this one times out with its queue label taken off again; the same entry left by a run that
+    died an hour ago is not ahead, and this node goes. (Training, not the default rule: Nodes
+    other tests on this server leave behind are in the default pool.)"""
+    node = env.node("train-1", "training")
+    env.node("train-2", "training", "draining")
+    other = env.node("train-3", "training")
     config = env.config(node, NVIDIA_INSTALLER_POOL_WAIT_TIMEOUT="3")
     # Queued just before this node queues: not stale by then, even on a slow machine.
     now = int(time.time() * 1000)
