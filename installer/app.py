@@ -246,8 +246,8 @@ def _daemons(root: HostRoot) -> dict[str, Any]:
 def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
     """Unload the driver and remove what the installer put on the host. Returns what it
     removed. Raises DriverInUse when the driver is held."""
-    from installer import components, modules
-    from installer.cluster import gate_steps
+    from installer import components, kmod
+    from installer.cluster import scheduling_gate_steps
     from installer.dirs import remove_tree
     from installer.steps import ldcache
 
@@ -260,10 +260,11 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
         holders = components.holders(root, layout, config)
         # When the unload goes ahead, the scheduling gate closes (the label goes),
         # then our daemons stop (they run again only for a driver verified anew).
-        gate_steps.close_before_unload(config, root, "uninstalling the driver", drop_label=True)
+        scheduling_gate_steps.close_before_unload(config, root, "uninstalling the driver",
+                                                  drop_label=True)
         with components.paused(root, layout, config, when=not holders):
-            modules.unload(root, runner, holders)
-        removed += modules.remove_nodes(layout.dev_dir)
+            kmod.unload(root, runner, holders)
+        removed += kmod.remove_nodes(layout.dev_dir)
         root.local(GPUS_READY_FILE).unlink(missing_ok=True)
         ready = root.local(READY_FILE)
         if ready.exists():
@@ -275,7 +276,7 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
             if target.exists():
                 remove_tree(target)
                 removed.append(str(layout.host_modules_dir(kernel)))
-                runner.run(modules.depmod_argv(root, kernel), check=False, timeout=300)
+                runner.run(kmod.depmod_argv(root, kernel), check=False, timeout=300)
         if record:
             fw = root.local_resolved(layout.host_firmware_dir(record.version))
             if fw.exists():
@@ -308,9 +309,9 @@ def serve_gate(config: Config) -> None:
         raise ConfigError("`installer gate` needs NVIDIA_INSTALLER_SCHEDULING_GATE=true or "
                           "NVIDIA_INSTALLER_CLUSTER_SIGNALS=true (and NODE_NAME)")
     from installer import components
-    from installer.cluster import gate
+    from installer.cluster import scheduling_gate
 
-    gate.serve(config, components.names())
+    scheduling_gate.serve(config, components.names())
 
 
 def list_versions(config: Config) -> list[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from installer import components, host, sources, steps
-from installer.cluster import gate_steps, upgrade_gate
+from installer.cluster import scheduling_gate_steps, upgrade_gate
 from installer.config import Config, check_build_path
 from installer.errors import NoNvidiaGpu
 from installer.headers import platform
@@ -129,7 +129,7 @@ def _steps(ctx: Context) -> list[Step]:
     plan = [steps.secure_boot_step(ctx)]
     gate = load and ctx.config.scheduling_gate  # tainted while not ready
     if gate:
-        plan.append(gate_steps.close_step(ctx))
+        plan.append(scheduling_gate_steps.close_step(ctx))
     if load:
         plan.append(steps.nouveau_step(ctx))
     plan += source.steps(ctx)
@@ -150,7 +150,7 @@ def _steps(ctx: Context) -> list[Step]:
         plan += [steps.device_nodes_step(ctx), steps.verify_step(ctx)]
     plan += [steps.record_step(ctx), steps.prune_step(ctx)]
     if gate:
-        plan.append(gate_steps.open_step(ctx))
+        plan.append(scheduling_gate_steps.open_step(ctx))
     return plan
 
 

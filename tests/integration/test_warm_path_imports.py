@@ -68,7 +68,7 @@ def imported(importtime_stderr: str) -> set[str]:
 # steps in a plan. They touch the API server only through installer.cluster's other modules,
 # imported inside functions when the protocol or the gate is on.
 ON_THE_WARM_PATH = {"installer.cluster", "installer.cluster.upgrade_gate",
-                    "installer.cluster.gate_steps",
+                    "installer.cluster.scheduling_gate_steps",
                     # the dnf source's answers (offered where, its evidence): the registry asks
                     # every source, as it asked via_dnf before the rooms; its door is empty
                     "installer.sources.dnf", "installer.sources.dnf.source"}

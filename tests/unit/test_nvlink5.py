@@ -383,10 +383,8 @@ def test_on_dnf_hosts_the_plan_says_where_nvlsm_comes_from(
 ) -> None:
     import dataclasses
 
-    from installer.components import nvlink5 as module
-
     b200(tmp_path, distro=distro, kernel=kernel)
     plan = plan_for(tmp_path, NVIDIA_DRIVER_SOURCE="runfile", NVIDIA_NVLSM_VERSION=pin)
     ctx = dataclasses.replace(plan.context, target=dataclasses.replace(
         plan.context.target, packages_own_user_space=True))
-    assert module.decision(ctx).reason.endswith(said)
+    assert nvlink5.decision(ctx).reason.endswith(said)
