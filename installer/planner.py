@@ -16,10 +16,10 @@ from installer.layout import Layout
 from installer.plan import Context, Decision, Plan, Step, Target
 from installer.release import catalog, floors, versions
 from installer.runner import Runner
-from installer.sources.source import Groundwork, Source
+from installer.sources import Groundwork, Source
 
 if TYPE_CHECKING:
-    from installer.cluster.pools import Pool
+    from installer.cluster import pools
 
 FetchBytes = Callable[[str], bytes]
 FetchRunfile = Callable[[list[str], Path, str], Path]
@@ -39,7 +39,7 @@ def make_plan(
     invalid-version, unsupported-gpu, incompatible-gpus, catalog-unavailable, ...).
     """
     pool_decision: list[Decision] = []
-    pool: Pool | None = None
+    pool: pools.Pool | None = None
     if config.pool_policy:
         # The node's pool rule replaces the DaemonSet's version settings: read first, so a bad
         # policy or an unreadable node stops the run before anything else is looked at.

@@ -50,14 +50,17 @@ __all__ = [
     "holders_of",
     "host_machine",
     "kernel_release",
+    "kmsg",
     "loaded_driver",
     "loaded_modules",
     "normalise_arch",
     "nvidia_gpus",
+    "pagesize",
     "parse_driver_version",
     "parse_os_release",
     "parse_proc_modules",
     "pci_id",
+    "readiness",
     "secure_boot",
 ]
 
