@@ -109,7 +109,7 @@ def client(url: str, dest: Path, sha256: str) -> None:
     import logging
 
     sys.path.insert(0, str(REPO))
-    import installer.delivery as download
+    from installer import delivery
     from installer.delivery import fetch as delivery_fetch
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
@@ -128,9 +128,9 @@ def client(url: str, dest: Path, sha256: str) -> None:
         fsync_seconds += time.perf_counter() - t0
 
     delivery_fetch.os.fsync = timed_fsync  # type: ignore[attr-defined]
-    settings = download.DownloadSettings(progress="log")
+    settings = delivery.DownloadSettings(progress="log")
     started = time.perf_counter()
-    got = download.fetch_file([url], dest, Path(url).name, sha256=sha256, settings=settings)
+    got = delivery.fetch_file([url], dest, Path(url).name, sha256=sha256, settings=settings)
     seconds = time.perf_counter() - started
     status = Path("/proc/self/status").read_text()
     hwm_kb = int(next(line for line in status.splitlines() if line.startswith("VmHWM")).split()[1])

@@ -17,12 +17,11 @@ from installer.errors import InstallerError
 from installer.hostroot import HostRoot
 from installer.layout import GPUS_READY_FILE, LD_DROP_IN, READY_FILE, Layout
 from installer.plan import Plan
-from installer.release import catalog
-from installer.release.download import fetch_bytes_for, fetch_runfile_for
+from installer.release import catalog, download
 from installer.runner import Runner, SubprocessRunner
 
 if TYPE_CHECKING:
-    from installer.cluster.signals import Told
+    from installer.cluster import signals
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +30,8 @@ def build_plan(config: Config, runner: Runner | None = None, arch: str | None = 
     plan = planner.make_plan(
         config,
         runner or SubprocessRunner(),
-        fetch_bytes=fetch_bytes_for(config),
-        fetch_runfile=fetch_runfile_for(config),
+        fetch_bytes=download.fetch_bytes_for(config),
+        fetch_runfile=download.fetch_runfile_for(config),
         machine=arch,
     )
     nextkernel.extend(plan, build_modules)  # the next kernel before the reboot
@@ -98,7 +97,7 @@ def _run(config: Config, runner: Runner,
     return outcomes
 
 
-def _told(config: Config) -> Told | None:
+def _told(config: Config) -> signals.Told | None:
     if not config.cluster_signals:
         return None
     from installer.cluster import signals
@@ -224,20 +223,19 @@ def status(config: Config) -> dict[str, Any]:
 
 def _invalid_records(root: HostRoot, layout: Layout) -> dict[str, str]:
     from installer.components import names
-    from installer.metrics.snapshot import record_problems
+    from installer.metrics import snapshot
 
-    return {k: v for k, v in record_problems(root, layout, names()).items() if v}
+    return {k: v for k, v in snapshot.record_problems(root, layout, names()).items() if v}
 
 
 def _daemons(root: HostRoot) -> dict[str, Any]:
     """What each component's container command (`installer fabricmanager`, ...) last said
     (their files)."""
-    from installer.components import commands
-    from installer.components.supervisor import ready_file
+    from installer.components import commands, supervisor
 
     found: dict[str, Any] = {}
     for name in commands():
-        text = root.read_text(ready_file(name))
+        text = root.read_text(supervisor.ready_file(name))
         found[name] = dict(line.split("=", 1) for line in text.splitlines() if "=" in line) \
             if text else None
     return found
@@ -246,8 +244,8 @@ def _daemons(root: HostRoot) -> dict[str, Any]:
 def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
     """Unload the driver and remove what the installer put on the host. Returns what it
     removed. Raises DriverInUse when the driver is held."""
-    from installer import components, modules
-    from installer.cluster import gate_steps
+    from installer import components, kmod
+    from installer.cluster import scheduling_gate_steps
     from installer.dirs import remove_tree
     from installer.steps import ldcache
 
@@ -260,10 +258,11 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
         holders = components.holders(root, layout, config)
         # When the unload goes ahead, the scheduling gate closes (the label goes),
         # then our daemons stop (they run again only for a driver verified anew).
-        gate_steps.close_before_unload(config, root, "uninstalling the driver", drop_label=True)
+        scheduling_gate_steps.close_before_unload(config, root, "uninstalling the driver",
+                                                  drop_label=True)
         with components.paused(root, layout, config, when=not holders):
-            modules.unload(root, runner, holders)
-        removed += modules.remove_nodes(layout.dev_dir)
+            kmod.unload(root, runner, holders)
+        removed += kmod.remove_nodes(layout.dev_dir)
         root.local(GPUS_READY_FILE).unlink(missing_ok=True)
         ready = root.local(READY_FILE)
         if ready.exists():
@@ -275,7 +274,7 @@ def uninstall(config: Config, runner: Runner | None = None) -> list[str]:
             if target.exists():
                 remove_tree(target)
                 removed.append(str(layout.host_modules_dir(kernel)))
-                runner.run(modules.depmod_argv(root, kernel), check=False, timeout=300)
+                runner.run(kmod.depmod_argv(root, kernel), check=False, timeout=300)
         if record:
             fw = root.local_resolved(layout.host_firmware_dir(record.version))
             if fw.exists():
@@ -308,13 +307,13 @@ def serve_gate(config: Config) -> None:
         raise ConfigError("`installer gate` needs NVIDIA_INSTALLER_SCHEDULING_GATE=true or "
                           "NVIDIA_INSTALLER_CLUSTER_SIGNALS=true (and NODE_NAME)")
     from installer import components
-    from installer.cluster import gate
+    from installer.cluster import scheduling_gate
 
-    gate.serve(config, components.names())
+    scheduling_gate.serve(config, components.names())
 
 
 def list_versions(config: Config) -> list[str]:
-    loaded = catalog.load(config.catalog, fetch_bytes_for(config))
+    loaded = catalog.load(config.catalog, download.fetch_bytes_for(config))
     lines = []
     for branch in loaded.branches:
         releases = ", ".join(r.version for r in branch.releases)
@@ -349,7 +348,7 @@ def prebuild(config: Config, runner: Runner | None = None, arch: str | None = No
     from dataclasses import replace
 
     from installer import sources
-    from installer.sources.prebuilt.modules import publish
+    from installer.sources.prebuilt import modules as prebuilt_modules
 
     # Never pull what we are asked to build; the lookup below only reports.
     config = replace(config, allow_no_gpu=True, source=sources.module_builder().name)
@@ -363,18 +362,18 @@ def prebuild(config: Config, runner: Runner | None = None, arch: str | None = No
         built = layout.module_build(t.version, t.kernel, t.flavour)
         if not config.module_registry_push:
             return str(built)
-        artifact = publish(plan.context)
+        artifact = prebuilt_modules.publish(plan.context)
         if plan.context.facts.arch != host.normalise_arch():
             # The user space is placed by the target's nvidia-installer, which cannot run here.
             log.warning("the %s user space is not published by a cross build: the first %s "
                         "node that installs the .run with NVIDIA_MODULE_REGISTRY_PUSH=true "
                         "publishes it", plan.context.facts.arch, plan.context.facts.arch)
             return f"{artifact.reference}"
-        from installer.sources.prebuilt.userspace import publish_for_prebuild
-        from installer.sources.runfile.steps import place_userspace
+        from installer.sources.prebuilt import userspace
+        from installer.sources.runfile import steps as runfile_steps
 
         # Only warns: the modules come first.
-        publish_for_prebuild(plan.context, place_userspace)
+        userspace.publish_for_prebuild(plan.context, runfile_steps.place_userspace)
         return f"{artifact.reference}"
 
 

@@ -426,7 +426,7 @@ class Config:
         "died (backoff 1 s doubling to 30 s) within 10 minutes before exiting non-zero.",
     )
 
-    # the scheduling gate (installer/cluster/gate.py, docs/deploy.md)
+    # the scheduling gate (installer/cluster/scheduling_gate.py, docs/deploy.md)
     scheduling_gate: bool = setting(
         "NVIDIA_INSTALLER_SCHEDULING_GATE", "false", setting_parsers.switch,
         "Keep the node tainted (NVIDIA_INSTALLER_GATE_TAINT, NoSchedule) until the driver is "

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from installer import components, host, sources, steps
-from installer.cluster import gate_steps, upgrade_gate
+from installer.cluster import scheduling_gate_steps, upgrade_gate
 from installer.config import Config, check_build_path
 from installer.errors import NoNvidiaGpu
 from installer.headers import platform
@@ -16,10 +16,10 @@ from installer.layout import Layout
 from installer.plan import Context, Decision, Plan, Step, Target
 from installer.release import catalog, floors, versions
 from installer.runner import Runner
-from installer.sources.source import Groundwork, Source
+from installer.sources import Groundwork, Source
 
 if TYPE_CHECKING:
-    from installer.cluster.pools import Pool
+    from installer.cluster import pools
 
 FetchBytes = Callable[[str], bytes]
 FetchRunfile = Callable[[list[str], Path, str], Path]
@@ -39,7 +39,7 @@ def make_plan(
     invalid-version, unsupported-gpu, incompatible-gpus, catalog-unavailable, ...).
     """
     pool_decision: list[Decision] = []
-    pool: Pool | None = None
+    pool: pools.Pool | None = None
     if config.pool_policy:
         # The node's pool rule replaces the DaemonSet's version settings: read first, so a bad
         # policy or an unreadable node stops the run before anything else is looked at.
@@ -129,7 +129,7 @@ def _steps(ctx: Context) -> list[Step]:
     plan = [steps.secure_boot_step(ctx)]
     gate = load and ctx.config.scheduling_gate  # tainted while not ready
     if gate:
-        plan.append(gate_steps.close_step(ctx))
+        plan.append(scheduling_gate_steps.close_step(ctx))
     if load:
         plan.append(steps.nouveau_step(ctx))
     plan += source.steps(ctx)
@@ -150,7 +150,7 @@ def _steps(ctx: Context) -> list[Step]:
         plan += [steps.device_nodes_step(ctx), steps.verify_step(ctx)]
     plan += [steps.record_step(ctx), steps.prune_step(ctx)]
     if gate:
-        plan.append(gate_steps.open_step(ctx))
+        plan.append(scheduling_gate_steps.open_step(ctx))
     return plan
 
 

@@ -111,7 +111,7 @@ def url(value: str, setting: Named) -> str | None:
     # Control characters are not printable: a printable URL needs no closer look (and the
     # defaults, parsed when config is imported, load nothing of delivery).
     if not value.isprintable():
-        from installer.delivery.urls import control_character
+        from installer.delivery import control_character
 
         bad = control_character(value)
     else:
@@ -193,7 +193,7 @@ def optional_text(value: str, setting: Named) -> str | None:
 
 
 def _redact(url: str) -> str:
-    from installer.delivery.urls import redact_url
+    from installer.delivery import redact_url
 
     return redact_url(url)
 

@@ -307,6 +307,118 @@ def test_no_module_imports_the_door_of_its_own_room() -> None:
     assert offenders == []
 
 
+@functools.lru_cache(maxsize=1)
+def doors() -> dict[str, frozenset[str] | None]:
+    """Package (dotted) -> the names its door's `__all__` lists (None: it has no `__all__`)."""
+    found: dict[str, frozenset[str] | None] = {}
+    for path in source_files():
+        if path.name == "__init__.py":
+            listed = None
+            for node in ast.parse(path.read_text()).body:
+                targets = node.targets if isinstance(node, ast.Assign) else (
+                    [node.target] if isinstance(node, ast.AnnAssign) else [])
+                if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                    assert isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value
+                    listed = frozenset(ast.literal_eval(node.value))
+            found[_dotted(path)] = listed
+    return found
+
+
+def _imported(node: ast.AST) -> list[str]:
+    """The dotted installer names an import statement reaches (`from installer.release import
+    versions` -> installer.release.versions)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name.split(".")[0] == "installer"]
+    if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "installer":
+        return [f"{node.module}.{a.name}" for a in node.names]
+    return []
+
+
+def past_doors(importer: str, is_door: bool, reached: str) -> list[str]:
+    """Why `importer` reaching `reached` goes past a door, if it does: from outside a package,
+    each package on the way must list the next name in its `__all__`, and nothing may be
+    reached inside a plain module behind it. A module inside the package, and the door of a
+    package around it (a door gathers what it exports), are not outside."""
+    parts = reached.split(".")
+    listed = doors()
+    passed = ""  # the last door passed from outside its package
+    for depth in range(2, len(parts)):
+        package = ".".join(parts[:depth])
+        if package not in listed:  # a plain module: a name inside it
+            return [f"{importer} reaches {reached} behind {passed}'s door"] if passed else []
+        inside = importer == package or importer.startswith(package + ".")
+        if inside or (is_door and package.startswith(importer + ".")):
+            passed = ""
+            continue
+        if parts[depth] not in (listed[package] or ()):
+            return [f"{importer} reaches {reached}: {package}'s door does not list "
+                    f"{parts[depth]!r}"]
+        passed = package
+    return []
+
+
+def test_every_package_has_a_door() -> None:
+    """Every package's `__init__` says, in `__all__`, what other rooms may import from it."""
+    assert sorted(p for p, names in doors().items() if names is None and p != "installer") == []
+
+
+def test_other_rooms_come_in_through_the_door() -> None:
+    """docs/architecture.md's door rule: from outside a package, only the names its door lists,
+    imported from the package (`from installer.release import versions`), never a name from a
+    module behind the door (`from installer.release.versions import ...`)."""
+    offenders = []
+    for path in source_files():
+        importer = _dotted(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            for reached in _imported(node):
+                offenders += past_doors(importer, path.name == "__init__.py", reached)
+    assert offenders == []
+
+
+def test_the_door_check_finds_a_way_past_a_door() -> None:
+    assert past_doors("installer.app", False, "installer.release.versions") == []
+    assert past_doors("installer.app", False, "installer.release.versions.parse_request")
+    assert past_doors("installer.app", False, "installer.delivery.part")
+    assert past_doors("installer.delivery.fetch", False, "installer.delivery.part.PartFile") == []
+
+
+def _aliases(source: str) -> list[str]:
+    """Installer modules imported under a name that does not hold the module's own."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        for alias in getattr(node, "names", ()):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or not alias.asname:
+                continue
+            reached = f"{node.module}.{alias.name}" if isinstance(node, ast.ImportFrom) else (
+                alias.name)
+            if reached.split(".")[0] != "installer":
+                continue
+            name = reached.rsplit(".", 1)[-1]
+            module = PACKAGE.parent.joinpath(*reached.split("."))
+            is_module = module.with_suffix(".py").is_file() or module.is_dir()
+            if alias.asname and is_module and name not in alias.asname:
+                found.append(f"{node.lineno}: {reached} as {alias.asname}")
+    return found
+
+
+def test_a_module_imported_under_another_name_keeps_its_own_in_it() -> None:
+    """`from installer.sources.dnf import repos as dnf_repos`, never `... as cmd` or a name
+    the module had before a move: grep for the module finds every user."""
+    paths = [*source_files(), *sorted((ROOT / "tests").rglob("*.py"))]
+    assert [f"{path.relative_to(ROOT)}:{found}" for path in paths
+            for found in _aliases(path.read_text())] == []
+
+
+def test_the_alias_check_finds_a_module_under_an_old_name() -> None:
+    assert _aliases("from installer.headers import trees as kernel\n"
+                    "from installer.release import download as prefetch\n"
+                    "import installer.sources.dnf.commands as cmd\n") == [
+        "1: installer.headers.trees as kernel", "2: installer.release.download as prefetch",
+        "3: installer.sources.dnf.commands as cmd"]
+    assert _aliases("from installer.sources.dnf import repos as dnf_repos\n"
+                    "from installer.steps.coherent import decide as coherent_memory\n") == []
+
+
 @pytest.mark.parametrize(("library", "owner"), sorted(ONLY_IN.items()))
 def test_each_boundary_library_has_one_importer(library: str, owner: str) -> None:
     importers = sorted(unit for unit, found in found_imports().items()

@@ -148,12 +148,11 @@ def versions(**options: Any) -> None:
 @settings_options
 def download(dest: Path, arch: str, **options: Any) -> None:
     """Prefetch the .run for a version (air-gapped nodes, mirrors)."""
-    from installer.release import (
-        download as prefetch,  # not app: the planner and its steps are not needed here
-    )
+    # not app: the planner and its steps are not needed here
+    from installer.release import download as release_download
 
     config = make_config(options)
-    path = prefetch.download_runfile(config, dest, arch)
+    path = release_download.download_runfile(config, dest, arch)
     click.echo(str(path))
 
 
@@ -236,11 +235,11 @@ def metrics(listen: str, access: str, max_connections: int, client_timeout: floa
             nvml_interval: float, **options: Any) -> None:
     """Serve Prometheus metrics of this node's driver (the metrics container): ready, version,
     install time by phase, failures by reference, fabric, daemons, the next kernel."""
-    from installer import metrics as exporter
+    from installer.metrics import serve
 
     config = make_config(options)
-    exporter.serve(config, listen, nvml_interval, access=access,
-                   max_connections=max_connections, read_timeout=client_timeout)
+    serve(config, listen, nvml_interval, access=access, max_connections=max_connections,
+          read_timeout=client_timeout)
 
 
 def main(args: list[str]) -> None:

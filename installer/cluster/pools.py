@@ -127,10 +127,10 @@ def _rule(where: str, index: int, entry: Any) -> Rule:
     match = _match_labels(at, entry.get("nodeSelector"), default)
     version = _choice(at, entry, "version", None)
     if version is not None:
-        from installer.release.versions import parse_request
+        from installer.release import versions
 
         try:
-            parse_request(version)
+            versions.parse_request(version)
         except InvalidVersion as exc:
             raise PoolPolicyInvalid(f"{at}: {exc.message} (an exact version, a branch such as "
                                     "R595, or auto, latest, production, lts)") from exc

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from installer import components, modules
+from installer import components, kmod
 from installer.config import Config
 from installer.errors import InstallerError
 from installer.layout import Layout
@@ -35,11 +35,11 @@ class RefusingGate:
         self.pool = pool
 
     def preflight(self, ctx: Context, holders: Sequence[str]) -> None:
-        raise modules.in_use_error(holders, modules.loaded_modules(ctx.root))
+        raise kmod.in_use_error(holders, kmod.loaded_modules(ctx.root))
 
     def free_driver(self, ctx: Context, holders: Sequence[str], old: str, new: str,
                     detail: str = "") -> None:
-        raise modules.in_use_error(holders, modules.loaded_modules(ctx.root), detail)
+        raise kmod.in_use_error(holders, kmod.loaded_modules(ctx.root), detail)
 
     def finished(self, config: Config, layout: Layout) -> None:
         # A node an earlier run left mid-upgrade (its marker, protocol.HINT_NAME) is

@@ -35,9 +35,9 @@ FABRIC_ARCHITECTURES = frozenset({"hopper", "blackwell"})
 def may_report_fabric(root: HostRoot) -> bool:
     """Whether any GPU in sysfs is of an architecture NVML keeps a fabric state for (an
     unknown id newer than the shipped list counts: it is newer than Blackwell's first)."""
-    from installer.release.gpus import shipped_database
+    from installer.release import gpus
 
-    database = shipped_database()
+    database = gpus.shipped_database()
     for gpu in host.nvidia_gpus(root):
         model = database.describe(gpu).model
         if model.architecture in FABRIC_ARCHITECTURES or (

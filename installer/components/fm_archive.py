@@ -60,7 +60,7 @@ def installed(layout: Layout, version: str) -> bool:
 def record_archive_digest(archive: Path, tree: Path) -> None:
     """The archive's SHA-256 beside its unpacked tree, for install() to put in the marker (a
     top-level dot-file: install() moves only bin/, lib/, etc/ and share/)."""
-    from installer.delivery.checksums import file_sha256
+    from installer.delivery import file_sha256
 
     (tree / _ARCHIVE_DIGEST).write_text(file_sha256(archive) + "\n")
 
@@ -68,7 +68,7 @@ def record_archive_digest(archive: Path, tree: Path) -> None:
 def _source_digest(tree: Path) -> str:
     """What the install came from: the archive's digest unpack() recorded, else (a tree the
     host's own packages made, which its package manager vouched for) the daemon's own."""
-    from installer.delivery.checksums import file_sha256
+    from installer.delivery import file_sha256
 
     try:
         recorded = (tree / _ARCHIVE_DIGEST).read_text().strip()
@@ -155,7 +155,7 @@ def unpack(archive: Path, dest: Path) -> Path:
     paths (installer.delivery.unpack), and that directory holds bin/nv-fabricmanager. Returns
     the top directory. Raises ArchiveUnsafe (a member that would escape) or
     FabricManagerMismatch (no daemon)."""
-    from installer.delivery.unpack import extract  # only when unpacking: the warm path never does
+    from installer.delivery import extract
 
     tree = extract(archive, dest, archive.name[: -len(".tar.xz")])
     if not (tree / "bin" / "nv-fabricmanager").is_file():

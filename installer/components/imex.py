@@ -105,8 +105,7 @@ def install(archive: Path, work: Path, layout: Layout, version: str) -> list[str
     """nvidia-imex and nvidia-imex-ctl of the extracted archive (confined to its top
     directory) into versions/<ver>/bin; the marker (version, archive SHA-256) last. Raises
     ArchiveUnsafe or ImexMismatch."""
-    from installer.delivery.checksums import file_sha256
-    from installer.delivery.unpack import extract
+    from installer.delivery import extract, file_sha256
 
     tree = extract(archive, work, archive.name[: -len(".tar.xz")])
     bin_dir = layout.version_dir(version) / "bin"

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import PurePosixPath
 
-from installer import host, modules
+from installer import host, kmod
 from installer.components import registry
 from installer.config import Config
 from installer.host import Holder
@@ -53,8 +53,8 @@ def driver_held(root: HostRoot, layout: Layout, config: Config) -> bool:
     none of its holders is ours."""
     everyone = host.holders_of(root, "/dev/nvidia")
     others = not_ours(root, layout, config, everyone)
-    busy = any(count > 0 for name, count in modules.loaded_modules(root).items()
-               if name in modules.UNLOAD_ORDER)
+    busy = any(count > 0 for name, count in kmod.loaded_modules(root).items()
+               if name in kmod.UNLOAD_ORDER)
     # When our daemons are the only processes holding the driver, the module references are
     # theirs; the unload checks again once they are stopped.
     return bool(others or (busy and len(others) == len(everyone)))

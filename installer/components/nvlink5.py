@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import NamedTuple
 
-from installer import host, modules
+from installer import host, kmod
 from installer.components import nvswitch
 from installer.components.component import Part
 from installer.errors import IbModuleLoadFailed, IbModulesMissing
@@ -117,7 +117,7 @@ def _builtin(root: HostRoot, kernel: str) -> set[str]:
 
 def not_loaded(root: HostRoot, kernel: str) -> list[str]:
     """The IB modules neither in /proc/modules nor built into `kernel`."""
-    present = set(modules.loaded_modules(root)) | _builtin(root, kernel)
+    present = set(kmod.loaded_modules(root)) | _builtin(root, kernel)
     return [name for name in IB_MODULES if name not in present]
 
 
@@ -151,7 +151,7 @@ def ib_modules_step(ctx: Context, found: Nvlink5) -> Step:
         if absent:
             raise missing_error(root, kernel, absent, _package(ctx), found.reason)
         for name in wanted:
-            result = ctx.runner.run([*modules.modprobe_base(root), name], check=False,
+            result = ctx.runner.run([*kmod.modprobe_base(root), name], check=False,
                                     timeout=120)
             if result.returncode != 0:
                 raise IbModuleLoadFailed(

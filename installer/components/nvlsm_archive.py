@@ -117,8 +117,7 @@ def unpack_and_install(archive: Path, work: Path, layout: Layout, driver: str,
     """Extract `archive` confined to its top directory and place its files (`place`); the
     marker names the archive's SHA-256. Raises ArchiveUnsafe or NvlsmMismatch (no daemon or no
     config)."""
-    from installer.delivery.checksums import file_sha256
-    from installer.delivery.unpack import extract
+    from installer.delivery import extract, file_sha256
 
     tree = extract(archive, work, archive.name[: -len(".tar.xz")])
     return place(tree, layout, driver, version, file_sha256(archive), archive.name)

@@ -160,8 +160,7 @@ def fetch(config: Config, layout: Layout, listed: Listed, bases: Sequence[str], 
     byte is fetched); a pinned version's archive without a pin or a digests entry is
     refused by delivery alike."""
     from installer import delivery
-    from installer.delivery import digests
-    from installer.delivery.checksums import Expected
+    from installer.delivery import Expected, digests
 
     name = listed.name
     vouched = None

@@ -21,6 +21,8 @@ __all__ = [
     "Facts",
     "Family",
     "PackageNotFound",
+    "Rhel",
+    "dnf",
     "for_compiler_package",
     "for_os_release",
     "image_compilers",

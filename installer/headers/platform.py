@@ -9,7 +9,7 @@ import logging
 from installer import distros
 from installer.errors import PageSizeRisk
 from installer.headers import compiler, steps
-from installer.host.pagesize import PageSize, kernel_page_size
+from installer.host import pagesize
 from installer.plan import Context, Decision
 
 log = logging.getLogger(__name__)
@@ -23,10 +23,10 @@ PAGES_64K = 65536
 ALLOW = "NVIDIA_INSTALLER_ALLOW_64K_PAGE_RISK"
 
 
-def page_size(ctx: Context) -> PageSize:
+def page_size(ctx: Context) -> pagesize.PageSize:
     t = ctx.target
     trees = [steps.local_tree(ctx, t.headers)] if t.headers is not None else []
-    return kernel_page_size(ctx.root, t.kernel, ctx.facts.arch, trees)
+    return pagesize.kernel_page_size(ctx.root, t.kernel, ctx.facts.arch, trees)
 
 
 def _faults(ctx: Context) -> bool:
@@ -40,7 +40,7 @@ def _faults(ctx: Context) -> bool:
     return version >= FAULTS_FROM
 
 
-def risk(ctx: Context, pages: PageSize) -> str | None:
+def risk(ctx: Context, pages: pagesize.PageSize) -> str | None:
     """Why the planned driver is known to fail on this kernel's pages, or None."""
     if pages.size != PAGES_64K or not _faults(ctx):
         return None

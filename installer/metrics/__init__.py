@@ -33,9 +33,9 @@ def serve(config: Config, listen: str, nvml_interval: float = NVML_INTERVAL,
                                nvml_interval)
     check = None
     if access == "tokenreview":
-        from installer.cluster.access import scrape_access
+        from installer.cluster import access as cluster_access
 
-        check = scrape_access(config)
+        check = cluster_access.scrape_access(config)
     if stop is None:
         stop = _stop_on_signals()
     exporter.serve_until(lambda: snapshot.take(config, root, layout, gpus), listen, stop,
@@ -56,4 +56,8 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-__all__ = ["NVML_INTERVAL", "serve"]
+__all__ = [
+    "NVML_INTERVAL",
+    "serve",
+    "snapshot",
+]

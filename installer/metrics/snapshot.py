@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from installer import outcome, state
 from installer.components import names as component_names
-from installer.components.supervisor import read_restarts, restarts_file, restarts_valid
+from installer.components import supervisor
 from installer.config import Config
 from installer.host import readiness
 from installer.hostroot import HostRoot
@@ -94,7 +94,7 @@ def take(config: Config, root: HostRoot, layout: Layout, gpus: CachedGpus) -> Sn
     # An opt-in component (IMEX) is a series only where its container has said something.
     names += tuple(name for name in components.optional()
                    if root.exists(readiness.component_file(name))
-                   or root.exists(restarts_file(name)))
+                   or root.exists(supervisor.restarts_file(name)))
     record = state.read_record(layout.state_file)
     records = record_problems(root, layout, names)
     for key, problem in records.items():
@@ -113,7 +113,7 @@ def take(config: Config, root: HostRoot, layout: Layout, gpus: CachedGpus) -> Sn
         last_run=outcome.read(outcome.outcome_path(layout.install_local)) or {},
         daemons={name: _values(root.read_text(readiness.component_file(name)))
                  for name in names},
-        restarts={name: read_restarts(root, name) for name in names},
+        restarts={name: supervisor.read_restarts(root, name) for name in names},
         fabric_required=fabric_required,
         gpus=gpus.get(driver_ready),
         next_kernel=upcoming,
@@ -131,8 +131,8 @@ def record_problems(root: HostRoot, layout: Layout, names: Sequence[str]) -> dic
     for name in names:
         problems[f"{name}-ready"] = _readiness_problem(
             root.read_text(readiness.component_file(name)))
-        count = (root.read_text(restarts_file(name)) or "").strip()
-        problems[f"{name}-restarts"] = "" if restarts_valid(count) else "not a count"
+        count = (root.read_text(supervisor.restarts_file(name)) or "").strip()
+        problems[f"{name}-restarts"] = "" if supervisor.restarts_valid(count) else "not a count"
     return problems
 
 

@@ -34,17 +34,17 @@ PREPARE_STEPS = ("use-prebuilt-modules", "kernel-headers", "check-compiler", "fe
 def modules_ready(layout: Layout, version: str, kernel: str, flavour: str) -> bool:
     """The cache holds a complete build of `version` for `kernel` (what build-modules checks)."""
     from installer.dirs import COMPLETE_MARKER
-    from installer.sources.installed import module_version_matches
+    from installer.sources import installed
 
     build = layout.module_build(version, kernel, flavour)
-    return (build / COMPLETE_MARKER).is_file() and module_version_matches(build / "nvidia.ko",
-                                                                          version)
+    return (build / COMPLETE_MARKER).is_file() and installed.module_version_matches(
+        build / "nvidia.ko", version)
 
 
 def origin(layout: Layout, version: str, kernel: str, flavour: str) -> str:
-    from installer.sources.prebuilt.key import ARTIFACT_MARKER
+    from installer.sources.prebuilt import key
 
-    marker = layout.module_build(version, kernel, flavour) / ARTIFACT_MARKER
+    marker = layout.module_build(version, kernel, flavour) / key.ARTIFACT_MARKER
     return f"pulled {marker.read_text().strip()}" if marker.is_file() else "compiled"
 
 

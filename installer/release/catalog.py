@@ -151,7 +151,7 @@ def shipped() -> Catalog:
 
 def redact(url: str) -> str:
     """`url` without user:password or secret query values (never logged or shown)."""
-    from installer.delivery.urls import redact_url
+    from installer.delivery import redact_url
 
     return redact_url(url)
 
@@ -181,7 +181,7 @@ class _Malformed(Exception):
 
 
 def _check_runfile_url(where: str, url: str, remote: bool) -> None:
-    from installer.delivery.urls import control_character
+    from installer.delivery import control_character
 
     bad = control_character(url)
     if bad is not None:

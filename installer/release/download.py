@@ -85,8 +85,7 @@ def digest_source(config: Config, name: str, checksum_urls: list[str], *,
     """Where the SHA-256 of `name` will come from, for `installer plan`: the pin (`pinned`:
     the .run's), the digests file, the first checksum URL on a trusted origin, or nothing (the
     run would refuse)."""
-    from installer.delivery import digests
-    from installer.delivery.urls import redact_url
+    from installer.delivery import digests, redact_url
     from installer.errors import DigestsFileInvalid
 
     if pinned and config.sha256:

@@ -6,10 +6,25 @@ from typing import TYPE_CHECKING
 
 from installer.sources.dnf.source import DnfSource
 from installer.sources.runfile.source import RunfileSource
-from installer.sources.source import Source
+from installer.sources.source import Groundwork, Source
 
 if TYPE_CHECKING:
     from installer.host import Distro
+
+__all__ = [
+    "SOURCES",
+    "Groundwork",
+    "Source",
+    "find",
+    "installed",
+    "module_builder",
+    "named",
+    "names",
+    "passed_over",
+    "prebuilt",
+    "recorded",
+    "runfile",
+]
 
 # One line per source; under `auto` the first with evidence wins, else the module builder.
 SOURCES: tuple[Source, ...] = (

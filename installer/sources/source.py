@@ -17,7 +17,7 @@ from installer.runner import Runner
 if TYPE_CHECKING:
     from installer.host import Distro, HostFacts
     from installer.plan import Headers
-    from installer.release.catalog import Catalog
+    from installer.release import catalog as release_catalog
 
 
 class Groundwork(NamedTuple):
@@ -29,7 +29,7 @@ class Groundwork(NamedTuple):
     runner: Runner
     facts: HostFacts
     version: str
-    catalog: Catalog
+    catalog: release_catalog.Catalog
     running: str
 
 

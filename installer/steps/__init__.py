@@ -34,6 +34,7 @@ __all__ = [
     "gpudirect_decision",
     "gpudirect_report",
     "ld_cache_step",
+    "ldcache",
     "load_step",
     "module_files_step",
     "nouveau_step",

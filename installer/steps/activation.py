@@ -8,8 +8,8 @@ import os
 import time
 from pathlib import Path
 
-from installer import components, host, modules
-from installer.cluster import gate_steps, upgrade_gate
+from installer import components, host, kmod
+from installer.cluster import scheduling_gate_steps, upgrade_gate
 from installer.errors import InstallerError
 from installer.plan import Context, Step
 from installer.steps import ldcache, rollback
@@ -41,11 +41,11 @@ def unload_old_step(ctx: Context) -> Step:
                 holders = []
             # When the unload goes ahead, the scheduling gate closes first, then our
             # daemons (Fabric Manager, persistenced) stop, then the driver goes.
-            gate_steps.close_before_unload(ctx.config, ctx.root, f"unloading driver "
+            scheduling_gate_steps.close_before_unload(ctx.config, ctx.root, f"unloading driver "
                                            f"{driver.version if driver else 'unknown'} for "
                                            f"{target.version}")
             with components.paused(ctx.root, ctx.layout, ctx.config, when=not holders):
-                modules.unload(ctx.root, ctx.runner, holders)
+                kmod.unload(ctx.root, ctx.runner, holders)
         except InstallerError:
             # The new module files were staged before the unload (so that unload and load
             # are back to back): put the old ones back.
@@ -60,7 +60,7 @@ def unload_old_step(ctx: Context) -> Step:
 
 def any_nvidia_loaded(ctx: Context) -> bool:
     names = {m.name for m in host.loaded_modules(ctx.root)}
-    return any(name in names for name in modules.UNLOAD_ORDER)
+    return any(name in names for name in kmod.UNLOAD_ORDER)
 
 
 def holders_of_driver(ctx: Context) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from installer import modules, state
+from installer import kmod, state
 from installer.errors import ModuleLoadFailed
 from installer.layout import GPUS_READY_FILE, READY_FILE
 from installer.plan import Context, Step
@@ -19,23 +19,23 @@ def load_step(ctx: Context) -> Step:
     target = ctx.target
 
     def satisfied() -> bool:
-        return modules.all_loaded(ctx.root, target.version)
+        return kmod.all_loaded(ctx.root, target.version)
 
     def apply() -> None:
         via_modprobe = modules_dir_writable(ctx, target.kernel)
-        user_args = {modules.kernel_name(m): ctx.config.module_args_for(m)
-                     for m in modules.LOAD_ORDER}
+        user_args = {kmod.kernel_name(m): ctx.config.module_args_for(m)
+                     for m in kmod.LOAD_ORDER}
         # Grace-coupled GPUs from R580 on: driver-managed coherent memory (steps/coherent.py).
         user_args["nvidia"] = [*user_args.get("nvidia", []), *coherent.decide(
             ctx.config, ctx.root, ctx.facts.gpus, target.branch).args]
-        request = modules.LoadRequest(
+        request = kmod.LoadRequest(
             kernel=target.kernel,
             via_modprobe=via_modprobe,
             module_dir=ctx.layout.module_build(target.version, target.kernel, target.flavour),
             user_args=user_args,
         )
         try:
-            modules.load(ctx.root, ctx.runner, request)
+            kmod.load(ctx.root, ctx.runner, request)
         except ModuleLoadFailed as exc:
             # A refused load leaves no half-activated install behind.
             undone = rollback.undo(ctx, restore_module_files)
@@ -47,19 +47,19 @@ def load_step(ctx: Context) -> Step:
 
 
 def device_nodes_step(ctx: Context) -> Step:
-    def nodes() -> list[modules.Node]:
-        return modules.expected_nodes(ctx.root, len(ctx.target.gpu_addresses))
+    def nodes() -> list[kmod.Node]:
+        return kmod.expected_nodes(ctx.root, len(ctx.target.gpu_addresses))
 
     def satisfied() -> bool:
         dev = ctx.layout.dev_dir
-        return not (modules.missing_nodes(dev, nodes()) or modules.missing_char_links(dev, nodes()))
+        return not (kmod.missing_nodes(dev, nodes()) or kmod.missing_char_links(dev, nodes()))
 
     def apply() -> None:
         binary = ctx.layout.bin_dir / "nvidia-modprobe"
         env = {"LD_LIBRARY_PATH": str(ctx.layout.lib_dir)}
-        if modules.missing_nodes(ctx.layout.dev_dir, nodes()):
-            modules.create_nodes(ctx.runner, binary, len(ctx.target.gpu_addresses), env)
-        modules.link_char_nodes(ctx.layout.dev_dir, nodes())
+        if kmod.missing_nodes(ctx.layout.dev_dir, nodes()):
+            kmod.create_nodes(ctx.runner, binary, len(ctx.target.gpu_addresses), env)
+        kmod.link_char_nodes(ctx.layout.dev_dir, nodes())
 
     return Step("create-device-nodes", "nvidia-modprobe: /dev/nvidiaN per GPU, nvidiactl, "
                 "modeset, uvm; /dev/char/<major>:<minor> links",
@@ -72,7 +72,7 @@ def verify_step(ctx: Context) -> Step:
     target = ctx.target
 
     def satisfied() -> bool:
-        return _ready_matches(ctx) and modules.all_loaded(ctx.root, target.version)
+        return _ready_matches(ctx) and kmod.all_loaded(ctx.root, target.version)
 
     def apply() -> None:
         from installer import components

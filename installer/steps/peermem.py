@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import NamedTuple
 
-from installer import modules
+from installer import kmod
 from installer.errors import ModuleLoadFailed, OfedNotReady, PeermemLoadFailed, PeermemNeedsOfed
 from installer.host import MELLANOX_VENDOR_ID, vendor_functions
 from installer.hostroot import HostRoot
@@ -161,12 +161,12 @@ def load_step(ctx: Context, wait: Callable[[HostRoot, float], Ofed] = wait_for_o
         state = wait(ctx.root, ctx.config.ofed_timeout)
         log.info("GPUDirect RDMA: %s: loading %s", state.reason, MODULE)
         t = ctx.target
-        request = modules.LoadRequest(
+        request = kmod.LoadRequest(
             kernel=t.kernel, via_modprobe=modules_dir_writable(ctx, t.kernel),
             module_dir=ctx.layout.module_build(t.version, t.kernel, t.flavour),
-            user_args={modules.kernel_name(MODULE): ctx.config.module_args_for(MODULE)})
+            user_args={kmod.kernel_name(MODULE): ctx.config.module_args_for(MODULE)})
         try:
-            modules.load_module(ctx.root, ctx.runner, request, MODULE)
+            kmod.load_module(ctx.root, ctx.runner, request, MODULE)
         except ModuleLoadFailed as exc:
             raise PeermemLoadFailed(exc.message) from exc
 

@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from installer import host, modules, safefs
+from installer import host, kmod, safefs
 from installer.dirs import remove_tree
 from installer.errors import InstallFailed, PlantedLink
 from installer.layout import MODULES_SUBDIR
@@ -72,8 +72,8 @@ def _copy_into(source: Path, dest: Path, anchor: Path) -> None:
 def _same_modules(installed: Path, build: Path) -> bool:
     """The same .ko files, each of the same size and mtime (copy2 keeps the build's): a
     rebuilt or re-pulled cache is copied again (never the stale modules of an earlier build)."""
-    names = modules.ko_files(build)
-    if modules.ko_files(installed) != names:
+    names = kmod.ko_files(build)
+    if kmod.ko_files(installed) != names:
         return False
     for name in names:
         a, b = (installed / name).stat(), (build / name).stat()
@@ -93,7 +93,7 @@ def replace_module_files(ctx: Context, build: Path | None, stamp: str) -> None:
         remove_tree(leftover, within=base)
     if build is not None:
         safefs.make_dirs(fresh, anchor=base)
-        for name in modules.ko_files(build):
+        for name in kmod.ko_files(build):
             _copy_into(build / name, fresh / name, base)
         safefs.write_atomic(fresh / ".installer-stamp", stamp, anchor=base)
     if os.path.lexists(local):
@@ -101,7 +101,7 @@ def replace_module_files(ctx: Context, build: Path | None, stamp: str) -> None:
     if build is not None:
         safefs.rename(fresh, local, anchor=base)
     remove_tree(old, within=base)
-    ctx.runner.run(modules.depmod_argv(ctx.root, kernel), timeout=300)
+    ctx.runner.run(kmod.depmod_argv(ctx.root, kernel), timeout=300)
 
 
 def restore_module_files(ctx: Context, driver: host.LoadedDriver | None) -> None:
@@ -123,7 +123,7 @@ def restore_module_files(ctx: Context, driver: host.LoadedDriver | None) -> None
                  host_dir)
         replace_module_files(ctx, None, "")
         return
-    if build is None or not modules.ko_files(build):
+    if build is None or not kmod.ko_files(build):
         log.warning("the loaded driver %s stays; its modules are not in the cache, so the new "
                     "ones are taken out of %s (the next run puts them back)", version, host_dir)
         replace_module_files(ctx, None, "")

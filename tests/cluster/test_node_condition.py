@@ -24,7 +24,7 @@ from lib.hosttrees import H100, make_host, module_line, write_driver_version, wr
 from cluster.realcluster import RealNodes, apply_policies, real_nodes
 from installer import state
 from installer.cluster import client as client_module
-from installer.cluster import condition, driver_labels, events, gate, signals
+from installer.cluster import condition, driver_labels, events, scheduling_gate, signals
 from installer.cluster.client import NodeClient
 from installer.components import registry
 from installer.config import Config, build_config
@@ -440,11 +440,11 @@ def test_a_refused_run_tells_the_cluster_with_its_reference(env: Signals) -> Non
 
 def test_installer_gate_keeps_the_condition_and_tells_each_change(
         env: Signals, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gate, "POLL_SECONDS", 0.02)
+    monkeypatch.setattr(scheduling_gate, "POLL_SECONDS", 0.02)
     config = env.config()
     stop = threading.Event()
-    thread = threading.Thread(target=gate.serve, args=(config, ()), kwargs={"stop": stop},
-                              daemon=True)
+    thread = threading.Thread(target=scheduling_gate.serve, args=(config, ()),
+                              kwargs={"stop": stop}, daemon=True)
     thread.start()
     try:
         wait_for(lambda: (env.ours() or {}).get("reason") == "DriverNotReady")

@@ -11,8 +11,9 @@ which the gate reads again; 429 and 500 (injected) leave the node as it was.
 
 The driver's life cycle is followed with the driver's part of readiness alone; tests asking
 for `shipped_components` follow the components' containers (Fabric Manager on NVSwitch nodes,
-persistenced) as they ship. The run's steps are the installer's own (gate_steps, the unload
-step, verify's step, app.uninstall) on a host root; only NVML's answer is made up here."""
+persistenced) as they ship. The run's steps are the installer's own (scheduling_gate_steps,
+the unload step, verify's step, app.uninstall) on a host root; only NVML's answer is made up
+here."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ from lib.hosttrees import (
 from cluster.realcluster import RealNodes, apply_policies, real_nodes
 from installer import app, components, host, pipeline, state, steps
 from installer import verify as verify_package
-from installer.cluster import gate, gate_steps, protocol
+from installer.cluster import protocol, scheduling_gate, scheduling_gate_steps
 from installer.cluster.client import NodeClient
 from installer.components import fabricmanager, lifecycle, registry, supervisor
 from installer.components.fabricmanager_daemon import FabricManagerDaemon
@@ -128,7 +129,7 @@ class Gate:
 
     def label(self) -> str | None:
         labels: dict[str, str] = self.node()["metadata"]["labels"]
-        return labels.get(gate.VERSION_LABEL)
+        return labels.get(scheduling_gate.VERSION_LABEL)
 
     def writes(self) -> list[str]:
         """The installer's writes as the proxy passed them on (without their query)."""
@@ -179,7 +180,7 @@ class Gate:
 def open_node(env: Gate, version: str | None = None) -> None:
     """The Node open (the gate's taint off), with the version label when `version`."""
     if version:
-        env.admin({"metadata": {"labels": {gate.VERSION_LABEL: version}}})
+        env.admin({"metadata": {"labels": {scheduling_gate.VERSION_LABEL: version}}})
     env.labels = dict(env.node()["metadata"]["labels"])
 
 
@@ -259,8 +260,8 @@ def load_step(env: Gate, version: str) -> Step:
 
 def run(ctx: Context, middle: list[Step]) -> None:
     """The run's gate steps where the planner puts them: first and last."""
-    pipeline.execute(Plan(ctx, [], [gate_steps.close_step(ctx), *middle,
-                                    steps.verify_step(ctx), gate_steps.open_step(ctx)]))
+    pipeline.execute(Plan(ctx, [], [scheduling_gate_steps.close_step(ctx), *middle,
+                                    steps.verify_step(ctx), scheduling_gate_steps.open_step(ctx)]))
 
 
 # --------------------------------------------------------------------------- a run
@@ -277,7 +278,7 @@ def test_a_tainted_node_is_untainted_only_after_verify(env: Gate,
 
     assert seen == [True]  # tainted while verify ran
     assert env.taints() == env.opened  # the gate's taint gone, every other one untouched
-    assert env.node()["metadata"]["labels"] == {**env.labels, gate.VERSION_LABEL: NEW}
+    assert env.node()["metadata"]["labels"] == {**env.labels, scheduling_gate.VERSION_LABEL: NEW}
     assert env.writes() == [f"PATCH /api/v1/nodes/{env.name}"]  # already tainted: no close
 
 
@@ -327,8 +328,9 @@ def test_a_ready_node_makes_no_write_at_the_start(env: Gate) -> None:
     env.loaded(NEW)
     env.ready(NEW)
     ctx = env.context(env.config(), FakeRunner())
-    assert gate_steps.close_step(ctx).is_satisfied()
-    pipeline.execute(Plan(ctx, [], [gate_steps.close_step(ctx), gate_steps.open_step(ctx)]))
+    assert scheduling_gate_steps.close_step(ctx).is_satisfied()
+    pipeline.execute(Plan(ctx, [], [scheduling_gate_steps.close_step(ctx),
+                                    scheduling_gate_steps.open_step(ctx)]))
     assert env.requests() == [("GET", f"/api/v1/nodes/{env.name}")]
 
 
@@ -368,10 +370,10 @@ def test_api_unreachable_the_driver_is_installed_and_the_run_fails_tainted(
 
 def test_close_then_open_keeps_every_other_taint(env: Gate) -> None:
     assert POOL_TAINT in env.opened  # and the server's own node.kubernetes.io/not-ready
-    assert gate.close(env.config(), "driver not installed yet")
+    assert scheduling_gate.close(env.config(), "driver not installed yet")
     assert env.taints() == [*env.opened, {"key": KEY, "effect": "NoSchedule"}]
-    assert not gate.close(env.config(), "again")  # closed: nothing written
-    assert gate.open_for(env.config(), NEW)
+    assert not scheduling_gate.close(env.config(), "again")  # closed: nothing written
+    assert scheduling_gate.open_for(env.config(), NEW)
     assert env.taints() == env.opened
     assert env.label() == NEW
     assert [(s.status, s.injected) for s in env.proxy.writes()] == [(200, False)] * 2
@@ -381,7 +383,7 @@ def test_an_admins_write_between_read_and_write_is_a_real_conflict_and_kept(env:
     maintenance = {"key": "example.com/maintenance", "effect": "NoSchedule"}
     env.proxy.before("PATCH", f"/api/v1/nodes/{env.name}$",
                      lambda: env.admin({"spec": {"taints": [*env.taints(), maintenance]}}))
-    assert gate.close(env.config(), "driver not installed yet")
+    assert scheduling_gate.close(env.config(), "driver not installed yet")
     assert env.taints() == [*env.opened, maintenance, {"key": KEY, "effect": "NoSchedule"}]
     # the server's own 409 for the patch guarded by the resourceVersion read before it
     assert [(s.status, s.injected) for s in env.proxy.writes()] == [(409, False), (200, False)]
@@ -394,7 +396,7 @@ def test_a_failing_server_leaves_the_node_and_is_the_gates_error(env: Gate,
     env.proxy.fail("PATCH", f"/api/v1/nodes/{env.name}$", status, times=10,
                    retry_after="1" if status == 429 else None)
     with pytest.raises(SchedulingGateUnavailable, match="scheduling gate"):
-        gate.close(env.config(), "driver not installed yet")
+        scheduling_gate.close(env.config(), "driver not installed yet")
     assert env.node() == before
     writes = [(s.status, s.injected) for s in env.proxy.writes()]
     assert writes == [(status, True)]  # one try: the container's loop is what retries
@@ -417,7 +419,8 @@ def test_an_upgrade_taints_before_the_unload_and_untaints_after(
 
     fake_verify(monkeypatch, env)
     ctx = env.context(env.config(), FakeRunner().on("rmmod", effect=rmmod))
-    assert gate_steps.close_step(ctx).is_satisfied()  # the old driver works while B compiles
+    # The old driver works while B compiles.
+    assert scheduling_gate_steps.close_step(ctx).is_satisfied()
 
     run(ctx, [steps.unload_old_step(ctx), load_step(env, NEW)])
 
@@ -502,7 +505,7 @@ def test_an_upgrade_through_the_protocol_with_the_gate(both: Gate,
     after = env.node()
     assert after["spec"].get("taints") == env.opened
     assert "unschedulable" not in after["spec"]
-    assert after["metadata"]["labels"][gate.VERSION_LABEL] == NEW
+    assert after["metadata"]["labels"][scheduling_gate.VERSION_LABEL] == NEW
     assert after["metadata"]["labels"][protocol.STATE_LABEL] == "upgrade-done"
     assert all(s.status < 400 for s in env.proxy.writes())  # nothing refused on the way
 
@@ -517,14 +520,14 @@ def test_uninstall_puts_the_taint_back_and_drops_the_label(
     runner.on("depmod")
     config = env.config()
     Layout.from_config(config, HostRoot(config.root)).install_local.mkdir(parents=True)
-    monkeypatch.setattr("installer.modules.remove_nodes", lambda dev_dir: [])  # not /dev here
+    monkeypatch.setattr("installer.kmod.remove_nodes", lambda dev_dir: [])  # not /dev here
 
     app.uninstall(config, runner)
 
     assert at_unload and all(at_unload)
     assert env.taints() == [*env.opened, {"key": KEY, "effect": "NoSchedule"}]
     labels = dict(env.labels)
-    del labels[gate.VERSION_LABEL]
+    del labels[scheduling_gate.VERSION_LABEL]
     assert env.node()["metadata"]["labels"] == labels
 
 
@@ -550,17 +553,17 @@ def test_another_node_is_denied(env: Gate) -> None:
     """The token bound to the test's Node: the gate's own calls aimed at another node are
     refused by the server's policy, and the other node is unchanged."""
     other = f"{env.name}-other"
-    env.real.node(other, labels={gate.VERSION_LABEL: OLD})
+    env.real.node(other, labels={scheduling_gate.VERSION_LABEL: OLD})
     env.admin({"spec": {"taints": [*env.taints(other), GATE_TAINT]}}, other)
     before = env.node(other)
     config = env.config(NODE_NAME=other)
     with pytest.raises(SchedulingGateForbidden) as caught:
-        gate.open_for(config, NEW)
+        scheduling_gate.open_for(config, NEW)
     assert caught.value.exit_code == 111
     assert f"may change only the node its pod runs on ({env.name}), not {other}" in \
         caught.value.message
     with pytest.raises(SchedulingGateForbidden):
-        gate.close(config, "test", drop_label=True)
+        scheduling_gate.close(config, "test", drop_label=True)
     assert env.node(other) == before
     assert [s.status for s in env.proxy.writes()] == [403, 403]
 
@@ -578,14 +581,15 @@ def test_the_gate_token_may_not_change_an_admins_taint(env: Gate) -> None:
 
 def test_a_key_the_policy_does_not_name_is_forbidden_with_a_hint(env: Gate) -> None:
     with pytest.raises(SchedulingGateForbidden) as caught:
-        gate.close(env.config(NVIDIA_INSTALLER_GATE_TAINT="example.com/gpu-not-ready"), "x")
+        scheduling_gate.close(
+            env.config(NVIDIA_INSTALLER_GATE_TAINT="example.com/gpu-not-ready"), "x")
     assert "gateTaintKey" in caught.value.hint
     assert env.taints() == env.opened
 
 
 def test_an_unknown_node_name(env: Gate) -> None:
     with pytest.raises(NodeNotFound):
-        gate.close(env.config(NODE_NAME=f"{env.name}-no-such-node"), "x")
+        scheduling_gate.close(env.config(NODE_NAME=f"{env.name}-no-such-node"), "x")
     assert env.writes() == []
 
 
@@ -615,7 +619,7 @@ def test_the_protocols_role_alone_may_not_touch_the_gate(env: Gate) -> None:
     before = env.node()
     protocol_only = another_account(env, PROTOCOL_DIR / "rbac.yaml")
     with protocol_only as config, pytest.raises(SchedulingGateForbidden) as caught:
-        gate.open_for(config, NEW)
+        scheduling_gate.open_for(config, NEW)
     assert "without the scheduling gate's role (components/scheduling-gate)" in \
         caught.value.message
     assert env.node() == before
@@ -627,7 +631,7 @@ def test_an_account_with_no_role_bound_changes_nothing(env: Gate) -> None:
     before = env.node()
     nothing_bound = another_account(env, None)
     with nothing_bound as config, pytest.raises(SchedulingGateForbidden) as caught:
-        gate.open_for(config, NEW)
+        scheduling_gate.open_for(config, NEW)
     assert caught.value.exit_code == 111
     assert env.node() == before
     assert env.writes() == []  # RBAC refused the read already
@@ -646,7 +650,7 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 @pytest.fixture
 def serving(env: Gate, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
     """`installer gate`'s loop in a thread (short polls); stopped at the end of the test."""
-    monkeypatch.setattr(gate, "POLL_SECONDS", 0.02)
+    monkeypatch.setattr(scheduling_gate, "POLL_SECONDS", 0.02)
     stop = threading.Event()
     threads: list[threading.Thread] = []
     errors: list[BaseException] = []
@@ -654,7 +658,7 @@ def serving(env: Gate, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[...
     def start(**settings: str) -> None:
         def loop() -> None:
             try:
-                gate.serve(env.config(**settings), components.names(), stop)
+                scheduling_gate.serve(env.config(**settings), components.names(), stop)
             except BaseException as error:  # handed to the test
                 errors.append(error)
 
@@ -925,5 +929,5 @@ def test_an_upgrade_closes_the_gate_then_stops_our_daemons_then_unloads(
     assert env.tainted()  # verified, but the containers have not reported for NEW yet
     env.component_up("fabricmanager", NEW, "not-applicable")
     env.component_up("persistenced", NEW)
-    gate_steps.open_step(env.context(env.config(), FakeRunner())).apply()
+    scheduling_gate_steps.open_step(env.context(env.config(), FakeRunner())).apply()
     assert env.taints() == env.opened and env.label() == NEW

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 # a held driver and its unload) and the gate steps. Its API client, the protocol and the gate
 # itself load inside their functions, only when the protocol or the gate is on.
 RUN_TIME_SIDE = ["installer.cluster", "installer.cluster.upgrade_gate",
-                 "installer.cluster.gate_steps"]
+                 "installer.cluster.scheduling_gate_steps"]
 
 
 def test_protocol_off_imports_no_cluster_code(tmp_path: Path) -> None:

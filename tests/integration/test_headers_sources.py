@@ -467,12 +467,12 @@ def test_headers_in_the_image_are_used_at_their_own_paths() -> None:
     """The installer's own image (here: this machine, Debian's headers installed): no bind
     mounts, and Debian's split trees as source and output (nvidia-installer looks for kernel.h
     in the source tree and the configuration in the output tree)."""
-    from installer.headers import trees as kernel
+    from installer.headers import trees
 
     found = debian_headers()
     assert found is not None
     release, (amd64, common, _kbuild) = found
-    headers = kernel.find_container_headers(release)
+    headers = trees.find_container_headers(release)
     assert headers is not None and headers.in_container and headers.binds == ()
     assert (str(headers.source_path), str(headers.output_path)) == (common, amd64)
-    assert kernel.with_host_trees(HostRoot(Path("/root")), headers, ["make"]) == ["make"]
+    assert trees.with_host_trees(HostRoot(Path("/root")), headers, ["make"]) == ["make"]

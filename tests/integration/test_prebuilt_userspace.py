@@ -210,16 +210,16 @@ def test_a_tampered_layer_is_refused_while_it_streams_and_the_run_is_used(
     tmp_path: Path, served: Served, reg: Registry, node_a: NodeA,
     keys: dict[str, tuple[Path, Path]]
 ) -> None:
-    from installer.delivery import userspace_artifact as ua
+    from installer.delivery import userspace_artifact
     from installer.delivery.trust import load_signer
 
     private, public = keys["builder"]
     repository = reg.repository("tamper/nvidia")
     _publish_modules(node_a, repository, private)
-    pushed = ua.push(_settings(repository), ua.UserspaceKey(A, "x86_64"),
-                     version_dir(node_a.root), json.loads(
-                         (version_dir(node_a.root) / ".userspace-files").read_text()),
-                     load_signer(private))
+    listing = json.loads((version_dir(node_a.root) / ".userspace-files").read_text())
+    pushed = userspace_artifact.push(_settings(repository),
+                                     userspace_artifact.UserspaceKey(A, "x86_64"),
+                                     version_dir(node_a.root), listing, load_signer(private))
     # The registry's storage is changed under the signed manifest: same digest, other bytes.
     blob = reg.blob_path(pushed.layer[0])
     data = bytearray(blob.read_bytes())
@@ -235,7 +235,7 @@ def test_a_forged_unsigned_or_misplaced_user_space_is_refused(
     tmp_path: Path, served: Served, reg: Registry, node_a: NodeA,
     keys: dict[str, tuple[Path, Path]]
 ) -> None:
-    from installer.delivery import userspace_artifact as ua
+    from installer.delivery import userspace_artifact
     from installer.delivery.trust import load_signer
     from installer.delivery.userspace_tar import pack, scan
 
@@ -248,11 +248,11 @@ def test_a_forged_unsigned_or_misplaced_user_space_is_refused(
     subprocess.run(["cp", "-a", str(source), str(forged_tree)], check=True)
     smi = next(p for p in paths if p.endswith("nvidia-smi"))
     (forged_tree / smi).write_bytes(b"#!/bin/sh\necho pwned\n")
-    key = ua.UserspaceKey(A, "x86_64")
+    key = userspace_artifact.UserspaceKey(A, "x86_64")
     entries = scan(forged_tree, paths)
     layer = pack(forged_tree, entries)
-    config = ua.config_for(key, entries)
-    manifest = ua.manifest_for(config, layer, key)
+    config = userspace_artifact.config_for(key, entries)
+    manifest = userspace_artifact.manifest_for(config, layer, key)
     unsigned = reg.repository("unsigned/nvidia")
     _publish_modules(node_a, unsigned, private)
     host, name = unsigned.split("/", 1)
@@ -260,27 +260,28 @@ def test_a_forged_unsigned_or_misplaced_user_space_is_refused(
     _falls_back(tmp_path / "u", served, node_a, unsigned, public, "artifact-untrusted")
     # A publisher is not kept out by a forgery squatting on the tag: it publishes over it.
     signer = load_signer(private)
-    assert not ua.published(_settings(unsigned), key, signer)
-    ua.push(_settings(unsigned), key, source, paths, signer)
-    assert ua.published(_settings(unsigned), key, signer)
+    assert not userspace_artifact.published(_settings(unsigned), key, signer)
+    userspace_artifact.push(_settings(unsigned), key, source, paths, signer)
+    assert userspace_artifact.published(_settings(unsigned), key, signer)
 
-    def retagged(name: str, genuine: ua.UserspaceKey) -> str:
+    def retagged(name: str, genuine: userspace_artifact.UserspaceKey) -> str:
         """A repository where the user space of `genuine`, signed, stands under key's tag."""
         repository = reg.repository(name)
         _publish_modules(node_a, repository, private)
-        pushed = ua.push(_settings(repository), genuine, source, paths, load_signer(private))
+        pushed = userspace_artifact.push(_settings(repository), genuine, source, paths,
+                                         load_signer(private))
         host, path = repository.split("/", 1)
         http_push(host, path, key.tag(), [], pushed.evidence.manifest)
         return repository
 
     # A genuine, signed user space of another version re-tagged as this version's.
-    misplaced = retagged("misplaced/nvidia", ua.UserspaceKey(OTHER, "x86_64"))
+    misplaced = retagged("misplaced/nvidia", userspace_artifact.UserspaceKey(OTHER, "x86_64"))
     result = _falls_back(tmp_path / "m", served, node_a, misplaced, public, "artifact-invalid")
     assert f"holds the user space of {{'arch': 'x86_64', 'content': 'userspace', 'version': " \
            f"'{OTHER}'}}" in result.stderr
 
     # And another architecture's, the same way.
-    arm = retagged("arm/nvidia", ua.UserspaceKey(A, "aarch64"))
+    arm = retagged("arm/nvidia", userspace_artifact.UserspaceKey(A, "aarch64"))
     _falls_back(tmp_path / "arm", served, node_a, arm, public, "artifact-invalid")
 
 

@@ -15,8 +15,7 @@ from installer import distros, host
 from installer.config import from_env
 from installer.distros import Family
 from installer.errors import CompilerInstallFailed, UnsupportedDistro
-from installer.headers import compiler, fetch
-from installer.headers import trees as kernel
+from installer.headers import compiler, fetch, trees
 from installer.hostroot import HostRoot
 
 K = "6.4.0-150600.23.7-default"
@@ -69,7 +68,7 @@ def test_an_unknown_family_is_an_error_never_a_default() -> None:
     with pytest.raises(UnsupportedDistro, match="no distro family 'suse'"):
         distros.named("suse")
     with pytest.raises(UnsupportedDistro):
-        kernel.headers_package("suse", K)
+        trees.headers_package("suse", K)
     assert distros.for_os_release("sles") is None
 
 
@@ -96,7 +95,7 @@ def test_a_new_family_is_one_class_and_one_registration(
     assert source.tool == "zypper"
     assert source.package == "kernel-default-devel-6.4.0-150600.23.7"
     assert "/etc/zypp/repos.d/repo-oss.repo" in source.where
-    error = kernel.missing_headers_error(K, "suse")
+    error = trees.missing_headers_error(K, "suse")
     assert "Install kernel-default-devel-6.4.0-150600.23.7 on the host" in error.hint
     assert compiler.Installable(7, "gcc7", "/usr/bin/gcc-7").install_argvs() == [
         ["zypper", "--non-interactive", "install", "gcc7"]]

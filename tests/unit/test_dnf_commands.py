@@ -13,7 +13,7 @@ from installer.config import from_env
 from installer.errors import RepoFileRefused
 from installer.host import Distro
 from installer.hostroot import HostRoot
-from installer.sources.dnf import commands as cmd
+from installer.sources.dnf import commands as dnf_commands
 from installer.sources.dnf import host_state
 from installer.sources.dnf import repos as dnf_repos
 from installer.sources.dnf.plan import repo_url
@@ -41,11 +41,11 @@ CACHE = Path("/root/home/kubernetes/bin/nvidia/cache/dnf")
 def test_stream_from_the_request(
     kind: str, value: str, branch: int, flavour: str, stream: str
 ) -> None:
-    assert cmd.stream_name(kind, value, branch, flavour) == stream
+    assert dnf_commands.stream_name(kind, value, branch, flavour) == stream
 
 
 def test_pinned_target_pins_every_package() -> None:
-    target = cmd.dnf_target(EL9, "exact", "580.105.08", "580.105.08", 580, "proprietary")
+    target = dnf_commands.dnf_target(EL9, "exact", "580.105.08", "580.105.08", 580, "proprietary")
     assert target.stream == "580-dkms"
     assert target.specs() == [
         "nvidia-driver-580.105.08", "nvidia-driver-cuda-580.105.08", "nvidia-modprobe-580.105.08",
@@ -55,7 +55,7 @@ def test_pinned_target_pins_every_package() -> None:
 
 
 def test_branch_target_leaves_the_version_to_the_stream() -> None:
-    target = cmd.dnf_target(EL9, "branch", "580", "580.126.20", 580, "open")
+    target = dnf_commands.dnf_target(EL9, "branch", "580", "580.126.20", 580, "open")
     assert (target.stream, target.pinned) == ("580-open", None)
     assert target.specs() == [
         "nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe", "kmod-nvidia-open-dkms",
@@ -63,13 +63,13 @@ def test_branch_target_leaves_the_version_to_the_stream() -> None:
 
 
 def test_el10_has_no_stream_and_globs_the_branch() -> None:
-    target = cmd.dnf_target(EL10, "branch", "580", "580.126.20", 580, "open")
+    target = dnf_commands.dnf_target(EL10, "branch", "580", "580.126.20", 580, "open")
     assert target.stream is None
     assert target.specs() == [
         "nvidia-open-580.*", "nvidia-driver-580.*", "nvidia-driver-cuda-580.*",
         "nvidia-modprobe-580.*", "kmod-nvidia-open-dkms-580.*",
     ]
-    latest = cmd.dnf_target(EL10, "alias", "latest", "610.43.02", 610, "proprietary")
+    latest = dnf_commands.dnf_target(EL10, "alias", "latest", "610.43.02", 610, "proprietary")
     assert latest.specs() == [
         "nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe", "kmod-nvidia-latest-dkms",
     ]
@@ -77,13 +77,14 @@ def test_el10_has_no_stream_and_globs_the_branch() -> None:
 
 def test_dnf_base_acts_on_the_host_root(tmp_path: Path) -> None:
     root = HostRoot(tmp_path)
-    assert cmd.dnf_base(root, EL9, CACHE) == [
+    assert dnf_commands.dnf_base(root, EL9, CACHE) == [
         "dnf", f"--installroot={tmp_path}", "--releasever=9.4",
         f"--setopt=reposdir={tmp_path}/etc/yum.repos.d", f"--setopt=cachedir={CACHE}",
         "--setopt=module_platform_id=platform:el9", "--setopt=install_weak_deps=False",
         "--setopt=skip_if_unavailable=False", "--disableplugin=local", "-y",
     ]
-    assert "--setopt=module_platform_id=platform:el10" not in cmd.dnf_base(root, EL10, CACHE)
+    base = dnf_commands.dnf_base(root, EL10, CACHE)
+    assert "--setopt=module_platform_id=platform:el10" not in base
 
 
 def test_the_transaction_reads_the_hosts_repo_files_with_their_paths_rerooted(
@@ -105,7 +106,7 @@ def test_the_transaction_reads_the_hosts_repo_files_with_their_paths_rerooted(
     (cache / "repos.d/stale.repo").write_text("[gone]\n")
     root = HostRoot(host)
 
-    made = cmd.host_repos_dir(root, cache)
+    made = dnf_commands.host_repos_dir(root, cache)
 
     assert made == cache / "repos.d"
     assert sorted(p.name for p in made.iterdir()) == ["broken.repo", "cuda-rhel9.repo"]
@@ -116,12 +117,12 @@ def test_the_transaction_reads_the_hosts_repo_files_with_their_paths_rerooted(
     assert "skip_if_unavailable" not in text  # the transaction keeps a dead repo fatal
     assert (made / "broken.repo").read_text() == "not an ini file\n"
     assert (repos / "cuda-rhel9.repo").read_text() == own
-    assert f"--setopt=reposdir={made}" in cmd.dnf_base(root, EL9, cache, made)
-    assert cmd.host_repos_dir(HostRoot(Path("/")), cache) is None
+    assert f"--setopt=reposdir={made}" in dnf_commands.dnf_base(root, EL9, cache, made)
+    assert dnf_commands.host_repos_dir(HostRoot(Path("/")), cache) is None
 
 
 def test_dnf_base_is_plain_dnf_on_a_bare_host() -> None:
-    assert cmd.dnf_base(HostRoot(Path("/")), EL8, CACHE) == [
+    assert dnf_commands.dnf_base(HostRoot(Path("/")), EL8, CACHE) == [
         "dnf", "--setopt=install_weak_deps=False", "--setopt=skip_if_unavailable=False",
         "--disableplugin=local", "-y",
     ]
@@ -131,15 +132,15 @@ BASE = ["dnf", "-y"]
 
 
 def test_unpinned_stream_is_one_switch_to() -> None:
-    target = cmd.dnf_target(EL9, "branch", "580", "580.126.20", 580, "proprietary")
-    assert cmd.transaction_argv(BASE, target) == [
+    target = dnf_commands.dnf_target(EL9, "branch", "580", "580.126.20", 580, "proprietary")
+    assert dnf_commands.transaction_argv(BASE, target) == [
         "dnf", "-y", "module", "switch-to", "--allowerasing", "nvidia-driver:580-dkms/default",
     ]
 
 
 def test_pinned_stream_is_one_install_that_may_switch_streams() -> None:
-    target = cmd.dnf_target(EL9, "exact", "580.105.08", "580.105.08", 580, "open")
-    assert cmd.transaction_argv(BASE, target) == [
+    target = dnf_commands.dnf_target(EL9, "exact", "580.105.08", "580.105.08", 580, "open")
+    assert dnf_commands.transaction_argv(BASE, target) == [
         "dnf", "-y", "install", "--allowerasing", "--setopt=module_stream_switch=True",
         "@nvidia-driver:580-open/default", "nvidia-driver-580.105.08",
         "nvidia-driver-cuda-580.105.08", "nvidia-modprobe-580.105.08",
@@ -148,25 +149,25 @@ def test_pinned_stream_is_one_install_that_may_switch_streams() -> None:
 
 
 def test_el10_installs_packages_and_the_versionlock_plugin_when_missing() -> None:
-    target = cmd.dnf_target(EL10, "exact", "580.105.08", "580.105.08", 580, "proprietary")
-    assert cmd.transaction_argv(BASE, target, with_versionlock=True) == [
+    target = dnf_commands.dnf_target(EL10, "exact", "580.105.08", "580.105.08", 580, "proprietary")
+    assert dnf_commands.transaction_argv(BASE, target, with_versionlock=True) == [
         "dnf", "-y", "install", "--allowerasing", "nvidia-driver-580.105.08",
         "nvidia-driver-cuda-580.105.08", "nvidia-modprobe-580.105.08",
         "kmod-nvidia-latest-dkms-580.105.08", "python3-dnf-plugin-versionlock",
     ]
-    assert cmd.versionlock_argv(BASE, target.packages, "580.105.08") == [
+    assert dnf_commands.versionlock_argv(BASE, target.packages, "580.105.08") == [
         "dnf", "-y", "versionlock", "add",
         *target.specs(),
     ]
 
 
 def test_kernel_and_rpm_argv(tmp_path: Path) -> None:
-    assert cmd.kernel_argv(BASE, "5.14.0-427.13.1.el9_4.x86_64") == [
+    assert dnf_commands.kernel_argv(BASE, "5.14.0-427.13.1.el9_4.x86_64") == [
         "dnf", "-y", "install", "kernel-devel-5.14.0-427.13.1.el9_4.x86_64",
         "kernel-headers-5.14.0-427.13.1.el9_4.x86_64",
     ]
     root = HostRoot(tmp_path)
-    assert cmd.rpm_query_argv(root, ["nvidia-driver"]) == [
+    assert dnf_commands.rpm_query_argv(root, ["nvidia-driver"]) == [
         "rpm",
         "--root",
         str(tmp_path),
@@ -175,7 +176,7 @@ def test_kernel_and_rpm_argv(tmp_path: Path) -> None:
         "%{NAME} %{VERSION}\\n",
         "nvidia-driver",
     ]
-    assert cmd.rpm_files_argv(HostRoot(Path("/")), ["a", "b"]) == ["rpm", "-ql", "a", "b"]
+    assert dnf_commands.rpm_files_argv(HostRoot(Path("/")), ["a", "b"]) == ["rpm", "-ql", "a", "b"]
 
 
 def test_module_state_is_read_from_modules_d(tmp_path: Path) -> None:
@@ -227,7 +228,7 @@ def test_repo_file_name_and_check() -> None:
 
 
 def test_nvidia_repo_url_is_per_major() -> None:
-    assert cmd.family(EL8).nvidia_repo_file(EL8, "x86_64") == (
+    assert dnf_commands.family(EL8).nvidia_repo_file(EL8, "x86_64") == (
         "https://developer.download.nvidia.com/compute/cuda/repos/rhel8/x86_64/cuda-rhel8.repo"
     )
 
@@ -248,13 +249,14 @@ def test_installed_versions_parses_rpm_and_skips_missing(tmp_path: Path) -> None
 def test_an_nvswitch_node_installs_the_streams_fm_profile_with_fabric_manager_pinned() -> None:
     """NVIDIA's Fabric Manager package: nvidia-fabric-manager up to 575, nvidia-fabricmanager
     from 580 on; pinned to the driver's version beside the fm profile."""
-    assert cmd.fabricmanager_package("575.57.08") == "nvidia-fabric-manager"
-    assert cmd.fabricmanager_package("580.105.08") == "nvidia-fabricmanager"
-    target = cmd.dnf_target(EL9, "branch", "570", "570.172.08", 570, "proprietary", fabric=True)
+    assert dnf_commands.fabricmanager_package("575.57.08") == "nvidia-fabric-manager"
+    assert dnf_commands.fabricmanager_package("580.105.08") == "nvidia-fabricmanager"
+    target = dnf_commands.dnf_target(EL9, "branch", "570", "570.172.08", 570, "proprietary",
+                                     fabric=True)
     assert (target.profile, target.fabricmanager("570.172.08")) == (
         "fm", ["nvidia-fabric-manager"])
-    choice = cmd.Choice("570-dkms", "570.172.08", "kmod-nvidia-latest-dkms", False, "")
-    assert cmd.install_argv(BASE, target, choice, "5.14.0-427.el9.x86_64") == [
+    choice = dnf_commands.Choice("570-dkms", "570.172.08", "kmod-nvidia-latest-dkms", False, "")
+    assert dnf_commands.install_argv(BASE, target, choice, "5.14.0-427.el9.x86_64") == [
         "dnf", "-y", "install", "--allowerasing", "--setopt=module_stream_switch=True",
         "@nvidia-driver:570-dkms/fm",
         "nvidia-driver-570.172.08", "nvidia-driver-cuda-570.172.08",
@@ -262,30 +264,32 @@ def test_an_nvswitch_node_installs_the_streams_fm_profile_with_fabric_manager_pi
         "nvidia-fabric-manager-570.172.08",
         "kernel-devel-5.14.0-427.el9.x86_64", "kernel-headers-5.14.0-427.el9.x86_64",
     ]
-    pinned = cmd.dnf_target(EL9, "exact", "580.105.08", "580.105.08", 580, "open", fabric=True)
-    assert cmd.transaction_argv(BASE, pinned)[5:] == [
+    pinned = dnf_commands.dnf_target(EL9, "exact", "580.105.08", "580.105.08", 580, "open",
+                                     fabric=True)
+    assert dnf_commands.transaction_argv(BASE, pinned)[5:] == [
         "@nvidia-driver:580-open/fm", "nvidia-driver-580.105.08",
         "nvidia-driver-cuda-580.105.08", "nvidia-modprobe-580.105.08",
         "kmod-nvidia-open-dkms-580.105.08", "nvidia-fabricmanager-580.105.08"]
-    assert cmd.transaction_argv(BASE, cmd.dnf_target(
+    assert dnf_commands.transaction_argv(BASE, dnf_commands.dnf_target(
         EL9, "branch", "580", "580.126.20", 580, "proprietary", fabric=True))[-1] == (
         "nvidia-driver:580-dkms/fm")
     # EL10 has no module profiles: the dnf source leaves Fabric Manager to the host there.
-    el10 = cmd.dnf_target(EL10, "branch", "580", "580.126.20", 580, "open", fabric=True)
+    el10 = dnf_commands.dnf_target(EL10, "branch", "580", "580.126.20", 580, "open", fabric=True)
     assert (el10.fabric, el10.fabricmanager("580.126.20")) == (False, [])
     # Elsewhere, the default profile as before.
-    plain = cmd.dnf_target(EL9, "branch", "580", "580.126.20", 580, "open")
+    plain = dnf_commands.dnf_target(EL9, "branch", "580", "580.126.20", 580, "open")
     assert (plain.profile, plain.fabricmanager("580.126.20")) == ("default", [])
 
 
 def test_an_nvlink5_node_installs_nvlsm_in_the_drivers_transaction() -> None:
     """NVIDIA's nvlsm package (its Version a date) joins the fm profile's transaction: unpinned
     the host's or the repo's newest, else the pin; never without Fabric Manager."""
-    assert (cmd.nvlsm_spec(None), cmd.nvlsm_spec("2025.06.6")) == ("nvlsm", "nvlsm-2025.06.6")
-    target = cmd.dnf_target(EL9, "branch", "580", "580.105.08", 580, "open", fabric=True,
+    assert (dnf_commands.nvlsm_spec(None), dnf_commands.nvlsm_spec("2025.06.6")) == (
+        "nvlsm", "nvlsm-2025.06.6")
+    target = dnf_commands.dnf_target(EL9, "branch", "580", "580.105.08", 580, "open", fabric=True,
                             nvlsm="nvlsm-2025.06.6")
-    choice = cmd.Choice("580-open", "580.105.08", "kmod-nvidia-open-dkms", False, "")
-    assert cmd.install_argv(BASE, target, choice, "5.14.0-427.el9.x86_64") == [
+    choice = dnf_commands.Choice("580-open", "580.105.08", "kmod-nvidia-open-dkms", False, "")
+    assert dnf_commands.install_argv(BASE, target, choice, "5.14.0-427.el9.x86_64") == [
         "dnf", "-y", "install", "--allowerasing", "--setopt=module_stream_switch=True",
         "@nvidia-driver:580-open/fm",
         "nvidia-driver-580.105.08", "nvidia-driver-cuda-580.105.08",
@@ -294,10 +298,10 @@ def test_an_nvlink5_node_installs_nvlsm_in_the_drivers_transaction() -> None:
         "kernel-devel-5.14.0-427.el9.x86_64", "kernel-headers-5.14.0-427.el9.x86_64",
     ]
     # No Fabric Manager of ours (EL10, no profiles): no NVLSM either.
-    el10 = cmd.dnf_target(EL10, "branch", "580", "580.126.20", 580, "open", fabric=True,
+    el10 = dnf_commands.dnf_target(EL10, "branch", "580", "580.126.20", 580, "open", fabric=True,
                           nvlsm="nvlsm")
     assert el10.nvlsm is None
-    assert cmd.dnf_target(EL9, "branch", "580", "580.126.20", 580, "open",
+    assert dnf_commands.dnf_target(EL9, "branch", "580", "580.126.20", 580, "open",
                           nvlsm="nvlsm").nvlsm is None
 
 
@@ -310,7 +314,7 @@ def test_an_nvlink5_node_installs_nvlsm_in_the_drivers_transaction() -> None:
 ])
 def test_the_dnf_source_installs_the_kernels_own_devel_package(
         kernel: str, packages: list[str]) -> None:
-    assert cmd.kernel_packages(kernel) == packages
+    assert dnf_commands.kernel_packages(kernel) == packages
 
 
 # --- Amazon Linux 2023: NVIDIA's amzn2023 repo, its module streams resolved against
@@ -332,39 +336,40 @@ def test_the_dnf_source_is_offered_with_nvidias_amzn2023_repo() -> None:
 
 
 def test_streams_like_el9_not_plain_packages_like_el10() -> None:
-    target = cmd.dnf_target(AL2023, "branch", "580", "580.126.20", 580, "open")
+    target = dnf_commands.dnf_target(AL2023, "branch", "580", "580.126.20", 580, "open")
     assert (target.stream, target.pinned) == ("580-open", None)
     assert target.packages == ("nvidia-driver", "nvidia-driver-cuda", "nvidia-modprobe",
                                "kmod-nvidia-open-dkms")
-    pinned = cmd.dnf_target(AL2023, "exact", "580.105.08", "580.105.08", 580, "proprietary")
+    pinned = dnf_commands.dnf_target(AL2023, "exact", "580.105.08", "580.105.08", 580,
+                                     "proprietary")
     assert (pinned.stream, pinned.pinned) == ("580-dkms", "580.105.08")
 
 
 def test_dnf_runs_against_the_hosts_releasever_lock_and_al2023_platform(tmp_path: Path) -> None:
     root = HostRoot(tmp_path)
-    argv = cmd.dnf_base(root, AL2023, AMAZON_CACHE)
+    argv = dnf_commands.dnf_base(root, AL2023, AMAZON_CACHE)
     assert "--releasever=latest" in argv  # no lock file: the newest release
     assert "--setopt=module_platform_id=platform:al2023" in argv
     assert "--releasever=2023" not in argv
     (tmp_path / "etc/dnf/vars").mkdir(parents=True)
     (tmp_path / "etc/dnf/vars/releasever").write_text("2023.9.20251117\n")
-    assert "--releasever=2023.9.20251117" in cmd.dnf_base(root, AL2023, AMAZON_CACHE)
+    assert "--releasever=2023.9.20251117" in dnf_commands.dnf_base(root, AL2023, AMAZON_CACHE)
 
 
 @pytest.mark.parametrize(("kernel", "line"), [
     pytest.param(kernel, line, id=kernel) for kernel, line in _AMAZON.dnf_kernels])
 def test_dkms_gets_the_kernel_lines_devel_headers_and_modules_extra(kernel: str,
                                                                     line: str) -> None:
-    assert cmd.kernel_packages(kernel, AL2023) == [
+    assert dnf_commands.kernel_packages(kernel, AL2023) == [
         f"{line}-devel-{kernel}", f"{line}-headers-{kernel}", f"{line}-modules-extra-{kernel}"]
-    target = cmd.dnf_target(AL2023, "branch", "580", "580.126.20", 580, "proprietary")
-    choice = cmd.Choice("580-dkms", "580.126.20", "kmod-nvidia-latest-dkms", False, "")
-    assert cmd.install_argv(["dnf"], target, choice, kernel, AL2023)[-3:] == (
-        cmd.kernel_packages(kernel, AL2023))
+    target = dnf_commands.dnf_target(AL2023, "branch", "580", "580.126.20", 580, "proprietary")
+    choice = dnf_commands.Choice("580-dkms", "580.126.20", "kmod-nvidia-latest-dkms", False, "")
+    assert dnf_commands.install_argv(["dnf"], target, choice, kernel, AL2023)[-3:] == (
+        dnf_commands.kernel_packages(kernel, AL2023))
 
 
 def test_al2023_failures_have_their_own_references_and_codes() -> None:
-    family = cmd.family(AL2023)
+    family = dnf_commands.family(AL2023)
     found = [family.kernel_devel_missing("m", K61), family.dkms_missing("m"),
              family.driver_missing("m")]
     assert [(type(e), e.reference, e.exit_code) for e in found] == [
@@ -374,6 +379,6 @@ def test_al2023_failures_have_their_own_references_and_codes() -> None:
     assert "/etc/dnf/vars/releasever" in found[0].hint
     assert "aarch64" in found[1].hint
     # RHEL's stay as they were.
-    rhel = cmd.family(Distro("rocky", "9.4", 9, "rhel", "Rocky Linux 9.4"))
+    rhel = dnf_commands.family(Distro("rocky", "9.4", 9, "rhel", "Rocky Linux 9.4"))
     assert rhel.dkms_missing("m").reference == "dkms-unavailable"
     assert rhel.kernel_devel_missing("m", "k").reference == "kernel-headers-missing"

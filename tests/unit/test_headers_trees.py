@@ -8,7 +8,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer.headers import trees as kernel
+from installer.headers import trees
 from installer.headers.steps import path_decisions
 from installer.hostroot import HostRoot
 from installer.plan import Headers
@@ -45,7 +45,7 @@ def debian_split_headers(root: Path, *, source_link: bool = True, common: bool =
 
 def test_debian_split_headers_give_common_as_source_and_amd64_as_output(tmp_path: Path) -> None:
     debian_split_headers(tmp_path)
-    found = kernel.find_headers(HostRoot(tmp_path), K)
+    found = trees.find_headers(HostRoot(tmp_path), K)
     assert found is not None
     assert found.output_path == PurePosixPath(f"/usr/src/linux-headers-{K}")
     assert found.source_path == PurePosixPath(COMMON)
@@ -58,7 +58,7 @@ def test_debian_source_is_found_through_the_makefile_without_the_source_link(
     tmp_path: Path,
 ) -> None:
     debian_split_headers(tmp_path, source_link=False)
-    found = kernel.find_headers(HostRoot(tmp_path), K)
+    found = trees.find_headers(HostRoot(tmp_path), K)
     assert found is not None and found.source_path == PurePosixPath(COMMON)
     assert f"/usr/src/linux-headers-{K}/Makefile includes" in found.source_why
 
@@ -66,14 +66,14 @@ def test_debian_source_is_found_through_the_makefile_without_the_source_link(
 def test_an_output_tree_without_its_source_tree_is_no_headers(tmp_path: Path) -> None:
     """-amd64 alone fails nvidia-installer's kernel.h check: look elsewhere (cache, fetch)."""
     debian_split_headers(tmp_path, common=False)
-    assert kernel.find_headers(HostRoot(tmp_path), K) is None
+    assert trees.find_headers(HostRoot(tmp_path), K) is None
 
 
 def test_an_unconfigured_tree_is_no_headers(tmp_path: Path) -> None:
     tree = tmp_path / f"usr/src/kernels/{RHEL_K}"
     touch(tree / "Makefile")
     touch(tree / KERNEL_H)
-    assert kernel.find_headers(HostRoot(tmp_path), RHEL_K) is None
+    assert trees.find_headers(HostRoot(tmp_path), RHEL_K) is None
 
 
 def test_ubuntu_flavour_tree_is_both_paths(tmp_path: Path) -> None:
@@ -86,7 +86,7 @@ def test_ubuntu_flavour_tree_is_both_paths(tmp_path: Path) -> None:
     os.symlink("../../linux-headers-5.15.0-105/include/linux", flavour / "include/linux")
     (tmp_path / f"lib/modules/{UBUNTU_K}").mkdir(parents=True)
     os.symlink(f"/usr/src/linux-headers-{UBUNTU_K}", tmp_path / f"lib/modules/{UBUNTU_K}/build")
-    found = kernel.find_headers(HostRoot(tmp_path), UBUNTU_K)
+    found = trees.find_headers(HostRoot(tmp_path), UBUNTU_K)
     assert found is not None
     assert found.source_path == found.output_path == PurePosixPath(
         f"/usr/src/linux-headers-{UBUNTU_K}")
@@ -102,7 +102,7 @@ def test_rhel_kernel_devel_is_one_tree(tmp_path: Path, build_link: bool) -> None
     if build_link:
         (tmp_path / f"lib/modules/{RHEL_K}").mkdir(parents=True)
         os.symlink(f"/usr/src/kernels/{RHEL_K}", tmp_path / f"lib/modules/{RHEL_K}/build")
-    found = kernel.find_headers(HostRoot(tmp_path), RHEL_K)
+    found = trees.find_headers(HostRoot(tmp_path), RHEL_K)
     assert found is not None
     assert found.source_path == found.output_path == PurePosixPath(f"/usr/src/kernels/{RHEL_K}")
     assert found.binds == (PurePosixPath("/usr/src"),)
@@ -113,22 +113,22 @@ def test_gke_build_dir_in_lib_modules_is_both_paths_and_is_bound(tmp_path: Path)
     touch(tree / "Makefile")
     touch(tree / KERNEL_H)
     touch(tree / "include/linux/version.h")
-    found = kernel.find_headers(HostRoot(tmp_path), K)
+    found = trees.find_headers(HostRoot(tmp_path), K)
     assert found is not None
     assert found.source_path == found.output_path == PurePosixPath(f"/lib/modules/{K}/build")
     assert found.binds == (PurePosixPath(f"/lib/modules/{K}"), PurePosixPath("/usr/src"))
 
 
 def test_no_headers_is_none(tmp_path: Path) -> None:
-    assert kernel.find_headers(HostRoot(tmp_path), K) is None
+    assert trees.find_headers(HostRoot(tmp_path), K) is None
 
 
 def test_build_runs_with_the_host_trees_at_their_own_paths(tmp_path: Path) -> None:
     debian_split_headers(tmp_path)
     root = HostRoot(tmp_path)
-    headers = kernel.find_headers(root, K)
+    headers = trees.find_headers(root, K)
     assert headers is not None
-    argv = kernel.with_host_trees(root, headers, ["nvidia-installer", "--silent"])
+    argv = trees.with_host_trees(root, headers, ["nvidia-installer", "--silent"])
     assert argv[:5] == ["unshare", "--mount", "--propagation", "private", "--"]
     script = argv[7]
     assert 'mount --bind "${1}" "${2}"' in script and 'mount --bind "${3}" "${4}"' in script
@@ -139,11 +139,11 @@ def test_build_runs_with_the_host_trees_at_their_own_paths(tmp_path: Path) -> No
 def test_a_bare_host_needs_no_namespace() -> None:
     headers = Headers(PurePosixPath("/usr/src/x"), PurePosixPath("/usr/src/x"),
                              (PurePosixPath("/usr/src"),))
-    assert kernel.with_host_trees(HostRoot(Path("/")), headers, ["a"]) == ["a"]
+    assert trees.with_host_trees(HostRoot(Path("/")), headers, ["a"]) == ["a"]
 
 
 def test_missing_headers_name_the_package_the_kernel_and_the_sources_tried() -> None:
-    error = kernel.missing_headers_error(K, "debian", tried="tried the host's package sources "
+    error = trees.missing_headers_error(K, "debian", tried="tried the host's package sources "
                                          "(/etc/apt/sources.list)")
     assert error.reference == "kernel-headers-missing"
     assert f"no kernel headers for kernel {K}" in error.message
@@ -157,11 +157,11 @@ def test_headers_unpacked_into_the_cache_keep_debians_split(tmp_path: Path) -> N
     """Packages unpacked into the cache carry Debian's absolute /lib/modules links: they are
     followed inside the unpacked root, and the trees are bound from there."""
     debian_split_headers(tmp_path / "cache")
-    found = kernel.find_unpacked_headers(tmp_path / "cache", K)
+    found = trees.find_unpacked_headers(tmp_path / "cache", K)
     assert found is not None and found.unpacked_root == tmp_path / "cache"
     assert (found.source_path, found.output_path) == (
         PurePosixPath(COMMON), PurePosixPath(f"/usr/src/linux-headers-{K}"))
-    argv = kernel.with_host_trees(HostRoot(Path("/")), found, ["make"])
+    argv = trees.with_host_trees(HostRoot(Path("/")), found, ["make"])
     assert argv[9:] == [str(tmp_path / "cache/usr/lib/linux-kbuild-6.1"),
                         "/usr/lib/linux-kbuild-6.1", str(tmp_path / "cache/usr/src"), "/usr/src",
                         "make"]
@@ -169,7 +169,7 @@ def test_headers_unpacked_into_the_cache_keep_debians_split(tmp_path: Path) -> N
 
 def test_plan_names_both_paths_and_why(tmp_path: Path) -> None:
     debian_split_headers(tmp_path)
-    found = kernel.find_headers(HostRoot(tmp_path), K)
+    found = trees.find_headers(HostRoot(tmp_path), K)
     source, output = path_decisions(found)
     assert (source.topic, source.value) == ("kernel-source-path", COMMON)
     assert (output.topic, output.value) == ("kernel-output-path", f"/usr/src/linux-headers-{K}")
@@ -179,5 +179,5 @@ def test_plan_names_both_paths_and_why(tmp_path: Path) -> None:
 
 
 def test_rhel_headers_package_is_kernel_devel() -> None:
-    assert kernel.headers_package("rhel", "5.14.0-427.el9.x86_64") == (
+    assert trees.headers_package("rhel", "5.14.0-427.el9.x86_64") == (
         "kernel-devel-5.14.0-427.el9.x86_64")

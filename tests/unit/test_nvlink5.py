@@ -378,8 +378,6 @@ def test_on_dnf_hosts_the_plan_says_where_nvlsm_comes_from(
 ) -> None:
     import dataclasses
 
-    from installer.components import nvlink5 as module
-
     b200(tmp_path, distro=distro, kernel=kernel)
     plan = plan_for(tmp_path, NVIDIA_DRIVER_SOURCE="runfile", NVIDIA_NVLSM_VERSION=pin)
     from installer import sources
@@ -389,4 +387,4 @@ def test_on_dnf_hosts_the_plan_says_where_nvlsm_comes_from(
     ctx = dataclasses.replace(plan.context, target=dataclasses.replace(
         plan.context.target,
         ships_user_space=lambda component: dnf.ships_user_space(component, distro)))
-    assert module.decision(ctx).reason.endswith(said)
+    assert nvlink5.decision(ctx).reason.endswith(said)

@@ -265,7 +265,7 @@ def test_installer_verify_says_it_and_fails_without_peermem(
 def test_an_upgrade_unloads_peermem_before_the_driver(tmp_path: Path) -> None:
     from lib.hosttrees import write_proc_modules
 
-    from installer import modules
+    from installer import kmod
 
     write_proc_modules(tmp_path, [
         "nvidia_peermem 16384 0 - Live 0x0 (OE)",
@@ -274,6 +274,6 @@ def test_an_upgrade_unloads_peermem_before_the_driver(tmp_path: Path) -> None:
         "nvidia 5678 3 nvidia_peermem,nvidia_uvm,nvidia_modeset, Live 0x0 (POE)",
     ])
     runner = FakeRunner().on("rmmod")
-    modules.unload(HostRoot(tmp_path), runner, holders=[])
+    kmod.unload(HostRoot(tmp_path), runner, holders=[])
     assert runner.argvs()[0] == ["rmmod", "nvidia_peermem"]
     assert runner.argvs()[-1] == ["rmmod", "nvidia"]

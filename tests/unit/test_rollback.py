@@ -11,7 +11,7 @@ import pytest
 from lib.contexts import context
 from lib.fakes import FakeRunner
 
-from installer import dirs, modules, state, steps
+from installer import dirs, kmod, state, steps
 from installer.errors import ModuleLoadFailed
 from installer.host import kmsg
 from installer.layout import LD_DROP_IN, READY_FILE
@@ -52,7 +52,7 @@ def test_a_refused_load_quotes_the_kernel(tmp_path: Path, monkeypatch: pytest.Mo
     runner = FakeRunner().on("modprobe", returncode=1, output=REFUSED,
                              effect=lambda argv: kernel_logs(log, "NVRM: No NVIDIA GPU found."))
     with pytest.raises(ModuleLoadFailed) as info:
-        modules.load(root, runner, modules.LoadRequest(K, True, tmp_path, {}))
+        kmod.load(root, runner, kmod.LoadRequest(K, True, tmp_path, {}))
     assert info.value.message == (f"loading nvidia failed: {REFUSED}; the kernel logged: "
                                   "NVRM: No NVIDIA GPU found.")
     assert "found no NVIDIA GPU" in info.value.hint

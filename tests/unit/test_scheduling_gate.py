@@ -15,7 +15,7 @@ from lib.fakes import FakeRunner
 from lib.hosttrees import make_host, module_line, root_env, write_driver_version, write_proc_modules
 
 from installer import components, planner, sources
-from installer.cluster import gate, gate_steps
+from installer.cluster import scheduling_gate, scheduling_gate_steps
 from installer.components import supervisor
 from installer.config import build_config, from_env
 from installer.errors import ConfigError
@@ -103,20 +103,21 @@ def test_dnf_closes_the_gate_before_its_packages_replace_a_working_driver(
     ctx = context(tmp_path, FakeRunner(), **GATE_ON)
     _loaded(tmp_path, "570.195.03")
     _ready(ctx.root, "570.195.03")
-    assert gate_steps.close_step(ctx).is_satisfied()  # runfile: staged first, closed at unload
+    # runfile: staged first, closed at unload
+    assert scheduling_gate_steps.close_step(ctx).is_satisfied()
     dnf = sources.named("dnf")  # the planner copies the source's traits into the target
     ctx.target.source = dnf.name
     ctx.target.replaces_user_space_before_unload = dnf.replaces_user_space_before_unload
-    assert not gate_steps.close_step(ctx).is_satisfied()
+    assert not scheduling_gate_steps.close_step(ctx).is_satisfied()
     _loaded(tmp_path, "580.105.08")
     _ready(ctx.root, "580.105.08")
-    assert gate_steps.close_step(ctx).is_satisfied()  # the planned driver already works
+    assert scheduling_gate_steps.close_step(ctx).is_satisfied()  # the planned driver already works
 
 
 def test_the_unload_hook_does_nothing_with_the_gate_off(tmp_path: Path) -> None:
     ctx = context(tmp_path, FakeRunner())
     _ready(ctx.root, "570.195.03")
-    gate_steps.close_before_unload(ctx.config, ctx.root, "test")
+    scheduling_gate_steps.close_before_unload(ctx.config, ctx.root, "test")
     assert ctx.root.local(READY_FILE).exists()
 
 
@@ -188,7 +189,7 @@ def test_a_run_closes_the_gate_on_the_driver_alone(tmp_path: Path) -> None:
     _loaded(tmp_path, "570.195.03")
     _ready(ctx.root, "570.195.03")
     assert readiness.pending(ctx.root, SHIPPED) != []
-    assert gate_steps.close_step(ctx).is_satisfied()
+    assert scheduling_gate_steps.close_step(ctx).is_satisfied()
 
 
 # --------------------------------------------------------------------------- the patch
@@ -208,32 +209,33 @@ ADMIN = [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"},
 
 def test_closing_appends_the_taint_and_keeps_every_other() -> None:
     node = _node(copy.deepcopy(ADMIN), {"team": "vision"})
-    patch = gate._patch(node, KEY, tainted=True, label=gate._KEEP)
+    patch = scheduling_gate._patch(node, KEY, tainted=True, label=scheduling_gate._KEEP)
     assert patch == {"spec": {"taints": [*ADMIN, {"key": KEY, "effect": "NoSchedule"}]},
                      "metadata": {"resourceVersion": "42"}}
-    assert gate._patch(_node([{"key": KEY, "value": "true", "effect": "NoSchedule"}], {}),
-                       KEY, tainted=True, label=gate._KEEP) is None
+    closed = _node([{"key": KEY, "value": "true", "effect": "NoSchedule"}], {})
+    assert scheduling_gate._patch(closed, KEY, tainted=True, label=scheduling_gate._KEEP) is None
 
 
 def test_opening_takes_out_only_the_gates_taint_and_sets_the_label() -> None:
     node = _node([ADMIN[0], {"key": KEY, "value": "true", "effect": "NoSchedule"}, ADMIN[1]],
                  {"team": "vision"})
-    patch = gate._patch(node, KEY, tainted=False, label="580.105.08")
+    patch = scheduling_gate._patch(node, KEY, tainted=False, label="580.105.08")
     assert patch == {"spec": {"taints": ADMIN},
-                     "metadata": {"labels": {gate.VERSION_LABEL: "580.105.08"},
+                     "metadata": {"labels": {scheduling_gate.VERSION_LABEL: "580.105.08"},
                                   "resourceVersion": "42"}}
-    last = _node([{"key": KEY, "effect": "NoSchedule"}], {gate.VERSION_LABEL: "580.105.08"})
-    assert gate._patch(last, KEY, tainted=False, label="580.105.08") == {
+    last = _node([{"key": KEY, "effect": "NoSchedule"}],
+                 {scheduling_gate.VERSION_LABEL: "580.105.08"})
+    assert scheduling_gate._patch(last, KEY, tainted=False, label="580.105.08") == {
         "spec": {"taints": None}, "metadata": {"resourceVersion": "42"}}
-    assert gate._patch(_node(None, {gate.VERSION_LABEL: "580.105.08"}), KEY, tainted=False,
-                       label="580.105.08") is None
+    opened = _node(None, {scheduling_gate.VERSION_LABEL: "580.105.08"})
+    assert scheduling_gate._patch(opened, KEY, tainted=False, label="580.105.08") is None
 
 
 def test_uninstall_drops_the_label() -> None:
-    node = _node(None, {gate.VERSION_LABEL: "580.105.08", "team": "vision"})
-    assert gate._patch(node, KEY, tainted=True, label=None) == {
+    node = _node(None, {scheduling_gate.VERSION_LABEL: "580.105.08", "team": "vision"})
+    assert scheduling_gate._patch(node, KEY, tainted=True, label=None) == {
         "spec": {"taints": [{"key": KEY, "effect": "NoSchedule"}]},
-        "metadata": {"labels": {gate.VERSION_LABEL: None}, "resourceVersion": "42"}}
+        "metadata": {"labels": {scheduling_gate.VERSION_LABEL: None}, "resourceVersion": "42"}}
 
 
 def test_an_upgrade_gate_config_is_valid_with_the_protocol(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from installer import distros
-from installer.distros.dnf import write_rerooted_repos
-from installer.distros.rhel import Rhel
+from installer.distros import Rhel
+from installer.distros import dnf as distros_dnf
 from installer.host import Distro
 from installer.hostroot import HostRoot
 from installer.sources.dnf.metadata import version_key
@@ -227,7 +227,7 @@ def host_repos_dir(root: HostRoot, cache_dir: Path) -> Path | None:
     host's own. Writes only below `cache_dir`."""
     if root.is_bare:
         return None
-    return write_rerooted_repos(root, cache_dir / "repos.d")
+    return distros_dnf.write_rerooted_repos(root, cache_dir / "repos.d")
 
 
 def kernel_packages(kernel: str, distro: Distro | None = None) -> list[str]:

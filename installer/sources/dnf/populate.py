@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path, PurePosixPath
 
-from installer import modules
+from installer import kmod
 from installer.dirs import is_complete, mark_complete, remove_tree, staged_dir
 from installer.errors import InstallFailed
 from installer.plan import Context, Step
@@ -42,7 +42,7 @@ def populate_step(ctx: Context, dt: DnfTarget) -> Step:
             _fill_module_dir(ctx, build)
         _retire_runfile_modules(ctx)
         if _writable(ctx.root.local(f"/lib/modules/{t.kernel}")):
-            ctx.runner.run(modules.depmod_argv(ctx.root, t.kernel), timeout=300)
+            ctx.runner.run(kmod.depmod_argv(ctx.root, t.kernel), timeout=300)
 
     return Step(
         "populate-install-dir",

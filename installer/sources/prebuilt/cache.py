@@ -11,7 +11,7 @@ from installer.plan import Context
 from installer.sources.prebuilt.key import EVIDENCE_FILE, STAT_FILE, artifact_key, policy
 
 if TYPE_CHECKING:
-    from installer.delivery.artifact import Artifact
+    from installer.delivery import Artifact
 
 def cached_problem(ctx: Context, build: Path) -> str | None:
     """Why a pulled build in the cache may no longer be used (None: it verifies). Reads only;
@@ -44,7 +44,7 @@ def _check_cached(ctx: Context, build: Path) -> str | None:
 
 
 def _files_problem(build: Path, verified: Artifact) -> str | None:
-    from installer.delivery.checksums import file_sha256
+    from installer.delivery import file_sha256
 
     present = sorted(p.name for p in build.glob("*.ko"))
     listed = sorted(f.name for f in verified.files)

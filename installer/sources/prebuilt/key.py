@@ -12,8 +12,7 @@ from installer.plan import Context
 
 if TYPE_CHECKING:
     from installer.config import Config
-    from installer.delivery.artifact import ArtifactKey, Policy
-    from installer.delivery.oci import RegistrySettings
+    from installer.delivery import ArtifactKey, Policy, RegistrySettings
 
 ARTIFACT_MARKER = ".artifact"  # in a build dir: the modules came from this reference
 EVIDENCE_FILE = ".artifact.json"  # in a build dir: the signed bytes that vouched for them
@@ -26,7 +25,7 @@ def registry_settings(config: Config) -> RegistrySettings | None:
     cannot be read."""
     if not config.module_registry:
         return None
-    from installer.delivery.oci import RegistrySettings
+    from installer.delivery import RegistrySettings
 
     password = config.module_registry_password
     if config.module_registry_password_file is not None:
@@ -54,8 +53,7 @@ def policy(ctx: Context) -> Policy | None:
         return None
     found = ctx.memo.get("prebuilt-policy")
     if found is None:
-        from installer.delivery.artifact import Policy
-        from installer.delivery.trust import load_trust_root
+        from installer.delivery import Policy, load_trust_root
 
         found = ctx.memo["prebuilt-policy"] = Policy(
             load_trust_root(ctx.config.module_trusted_keys), ctx.config.module_digests)
@@ -64,7 +62,7 @@ def policy(ctx: Context) -> Policy | None:
 
 def artifact_key(ctx: Context) -> ArtifactKey:
     """The key of the modules this plan builds; the Secure Boot certificate names the key."""
-    from installer.delivery.artifact import ArtifactKey, signing_identity
+    from installer.delivery import ArtifactKey, signing_identity
 
     cert = None
     if ctx.config.signing_cert is not None:

@@ -39,7 +39,7 @@ from installer.sources.prebuilt.key import (
 )
 
 if TYPE_CHECKING:
-    from installer.delivery.artifact import Artifact
+    from installer.delivery import Artifact
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +185,7 @@ def use(ctx: Context, artifact: Artifact) -> Path:
     """Pull a verified `artifact` into the build cache as if built here, with its signed
     record. Raises ArtifactInvalid (vermagic, digests, other files) or RegistryUnavailable;
     nothing is left in the cache then."""
-    from installer.delivery import registry
-    from installer.delivery.artifact import MODULE_NAMES
+    from installer.delivery import MODULE_NAMES, registry
 
     settings = registry_settings(ctx.config)
     assert settings is not None
@@ -242,8 +241,7 @@ def publish_steps(ctx: Context) -> list[Step]:
 def publish(ctx: Context) -> Artifact:
     """Push and sign the built modules of this plan's key. Raises RegistryUnavailable (and
     subclasses), TrustRootInvalid (the publisher key)."""
-    from installer.delivery import registry
-    from installer.delivery.trust import load_signer
+    from installer.delivery import load_signer, registry
 
     settings = registry_settings(ctx.config)
     built = _built(ctx)

@@ -29,8 +29,7 @@ from installer.sources.installed import (
 from installer.sources.prebuilt.key import Lookup, policy, registry_settings, shared_lookup
 
 if TYPE_CHECKING:
-    from installer.delivery.trust import Signer
-    from installer.delivery.userspace_artifact import UserspaceArtifact, UserspaceKey
+    from installer.delivery import Signer, UserspaceArtifact, UserspaceKey
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ PUBLISHED_MARKER = ".userspace-published"  # the registry holds this user space
 
 
 def userspace_key(ctx: Context) -> UserspaceKey:
-    from installer.delivery.userspace_artifact import UserspaceKey
+    from installer.delivery import UserspaceKey
 
     return UserspaceKey(ctx.target.version, ctx.facts.arch)
 
@@ -135,14 +134,14 @@ def pull_steps(ctx: Context) -> list[Step]:
 def install(ctx: Context, artifact: UserspaceArtifact) -> Path:
     """Place a verified artifact's tree as versions/<ver>, as install-userspace would. Raises
     ArtifactInvalid, RegistryUnavailable; nothing is left behind then."""
-    from installer.delivery.userspace_artifact import pull
+    from installer.delivery import userspace_artifact
 
     settings = registry_settings(ctx.config)
     assert settings is not None
     version = ctx.target.version
     final = ctx.layout.version_dir(version)
     with staged_dir(final, suffix=".pull", within=ctx.layout.anchor_for(final)) as staging:
-        size = pull(settings, artifact, staging)
+        size = userspace_artifact.pull(settings, artifact, staging)
         if not (staging / "lib64" / f"libnvidia-ml.so.{version}").is_file():
             raise ArtifactInvalid(f"{artifact.reference} holds no lib64/libnvidia-ml.so."
                                   f"{version}: not the user space of {version}")
@@ -184,8 +183,7 @@ def publish_steps(ctx: Context) -> list[Step]:
 def publish(ctx: Context, tree: Path) -> str:
     """Push the listed user space in `tree` unless the registry has a manifest at its tag;
     returns the reference. Raises RegistryUnavailable (and subclasses), TrustRootInvalid."""
-    from installer.delivery import userspace_artifact
-    from installer.delivery.trust import load_signer
+    from installer.delivery import load_signer, userspace_artifact
 
     settings = registry_settings(ctx.config)
     paths = read_listing(tree)
@@ -219,7 +217,7 @@ def publish_for_prebuild(ctx: Context,
     installed versions/<ver>, else placed by `place_userspace`, the runfile source's, from the
     extracted tree into a scratch directory). Only warns on failure: the modules are what
     prebuild is for. Returns the reference."""
-    from installer.delivery.trust import load_signer
+    from installer.delivery import load_signer
 
     try:
         final = ctx.layout.version_dir(ctx.target.version)

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from installer.config import Config
-from installer.delivery.urls import redact_url
+from installer.delivery import redact_url
 from installer.headers import compiler, fetch, trees
-from installer.headers.steps import path_decisions
+from installer.headers import steps as header_steps
 from installer.hostroot import HostRoot
 from installer.layout import Layout
 from installer.plan import Context, Decision, Headers, Step
@@ -102,7 +102,7 @@ def header_decisions(config: Config, root: HostRoot, layout: Layout, runner: Run
         major = compiler.headers_gcc_major(tree)
         gcc_from = "the headers' CONFIG_GCC_VERSION"
     # The source and output paths nvidia-installer is given, and why.
-    paths = path_decisions(headers)
+    paths = header_steps.path_decisions(headers)
     if major is None and release == running:
         major = compiler.kernel_gcc_major(root.read_text("/proc/version"))
         gcc_from = "/proc/version"

@@ -14,10 +14,10 @@ import installer.headers.steps
 from installer import safefs, steps
 from installer.dirs import mark_complete, remove_tree, scratch, staged_dir
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
-from installer.headers.trees import with_host_trees
+from installer.headers import trees as header_trees
 from installer.layout import Layout
 from installer.plan import Context, Step
-from installer.release.download import cached_runfile, runfile_name
+from installer.release import download
 from installer.sources.installed import (
     EXTRACTED_MARKER,
     extracted_marker,
@@ -61,13 +61,13 @@ def drop_cached_runfile(layout: Layout, name: str) -> None:
 
 
 def fetch_step(ctx: Context) -> Step:
-    name = runfile_name(ctx.target.version, ctx.facts.arch)
+    name = download.runfile_name(ctx.target.version, ctx.facts.arch)
 
     def satisfied() -> bool:
         return (
             not _runfile_needed(ctx)
             or is_extracted(ctx.layout.extracted(ctx.target.version), ctx.target.version)
-            or cached_runfile(ctx.config, ctx.layout.downloads, name)
+            or download.cached_runfile(ctx.config, ctx.layout.downloads, name)
         )
 
     def apply() -> None:
@@ -81,7 +81,7 @@ def fetch_step(ctx: Context) -> Step:
 def extract_step(ctx: Context) -> Step:
     t, layout = ctx.target, ctx.layout
     directory = layout.extracted(t.version)
-    name = runfile_name(t.version, ctx.facts.arch)
+    name = download.runfile_name(t.version, ctx.facts.arch)
 
     def satisfied() -> bool:
         return not _runfile_needed(ctx) or is_extracted(directory, t.version)
@@ -94,7 +94,7 @@ def extract_step(ctx: Context) -> Step:
             + "; ".join(problems))
 
     def apply() -> None:
-        from installer.delivery.checksums import file_sha256
+        from installer.delivery import file_sha256
 
         runfile = ctx.runfile or layout.downloads / name
         remove_tree(directory)
@@ -185,7 +185,7 @@ def build_step(ctx: Context) -> Step:
             )
             # nvidia-peermem's Kbuild reads OFED's sources at /usr/src/ofa_kernel: the host's.
             trees = steps.with_ofed_sources(ctx, t.headers)
-            argv = with_host_trees(ctx.root, trees, build_modules_argv(request))
+            argv = header_trees.with_host_trees(ctx.root, trees, build_modules_argv(request))
             try:
                 ctx.runner.run(argv, env=env, stream=True, timeout=3600)
             except CommandFailed as exc:

@@ -1,6 +1,6 @@
 """The scheduling gate in a run: closed at the start while the node is not ready,
 opened at the end once it is, closed again before a driver is unloaded (upgrade, uninstall).
-The Kubernetes side is installer/cluster/gate.py, loaded only with the gate on."""
+The Kubernetes side is installer/cluster/scheduling_gate.py, loaded only with the gate on."""
 
 from __future__ import annotations
 
@@ -43,10 +43,10 @@ def close_step(ctx: Context) -> Step:
         return bool(ctx.memo.get(done)) or why() is None
 
     def apply() -> None:
-        from installer.cluster import gate
+        from installer.cluster import scheduling_gate
 
         try:
-            gate.close(ctx.config, why() or "not ready")
+            scheduling_gate.close(ctx.config, why() or "not ready")
         except SchedulingGateUnavailable as error:
             log.warning("%s; installing the driver anyway: the run fails at its end unless the "
                         "API server answers by then", error.message)
@@ -69,11 +69,11 @@ def open_step(ctx: Context) -> Step:
             log.info("the scheduling gate stays closed (%s): %s; the scheduling-gate container "
                      "opens it once that changes", ctx.config.gate_taint, "; ".join(waiting))
         else:
-            from installer.cluster import gate
+            from installer.cluster import scheduling_gate
 
             version = readiness.verified_version(ctx.root)
             assert version is not None  # nothing pending: the verified driver is loaded
-            gate.open_for(ctx.config, version)
+            scheduling_gate.open_for(ctx.config, version)
         ctx.memo[done] = True
 
     return Step("open-scheduling-gate", "untaint the node and label it with the verified "
@@ -92,8 +92,8 @@ def close_before_unload(config: Config, root: HostRoot, why: str, *,
     if not config.scheduling_gate or components.driver_held(
             root, Layout.from_config(config, root), config):
         return
-    from installer.cluster import gate
+    from installer.cluster import scheduling_gate
 
     root.local(GPUS_READY_FILE).unlink(missing_ok=True)
     root.local(READY_FILE).unlink(missing_ok=True)
-    gate.close(config, why, drop_label=drop_label)
+    scheduling_gate.close(config, why, drop_label=drop_label)

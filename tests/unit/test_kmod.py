@@ -7,7 +7,7 @@ import pytest
 from lib.fakes import FakeRunner
 from lib.hosttrees import write_proc_modules
 
-from installer import modules
+from installer import kmod
 from installer.errors import DriverInUse, ModuleLoadFailed
 from installer.hostroot import HostRoot
 
@@ -25,7 +25,7 @@ def _root(tmp_path: Path, lines: list[str]) -> HostRoot:
 
 def test_unload_goes_in_reverse_dependency_order(tmp_path: Path) -> None:
     runner = FakeRunner().on("rmmod")
-    modules.unload(_root(tmp_path, LOADED), runner, holders=[])
+    kmod.unload(_root(tmp_path, LOADED), runner, holders=[])
     assert runner.argvs() == [
         ["rmmod", "nvidia_modeset"],
         ["rmmod", "nvidia_uvm"],
@@ -37,7 +37,7 @@ def test_an_open_device_blocks_unloading_before_anything_changes(tmp_path: Path)
     held = [*LOADED[:2], "nvidia 5678 3 nvidia_uvm,nvidia_modeset, Live 0x0 (POE)"]
     runner = FakeRunner()
     with pytest.raises(DriverInUse) as info:
-        modules.unload(
+        kmod.unload(
             _root(tmp_path, held), runner, holders=["pid 42 (python3) holds /dev/nvidia0"]
         )
     assert runner.calls == []
@@ -48,8 +48,8 @@ def test_an_open_device_blocks_unloading_before_anything_changes(tmp_path: Path)
 def test_load_uses_the_hosts_modprobe_config_and_user_args(tmp_path: Path) -> None:
     root = _root(tmp_path, ["nvidia 5678 0 - Live 0x0 (POE)"])
     runner = FakeRunner().on("modprobe")
-    request = modules.LoadRequest("6.1", True, tmp_path, {"nvidia_uvm": ["uvm_disable_hmm=1"]})
-    modules.load(root, runner, request)
+    request = kmod.LoadRequest("6.1", True, tmp_path, {"nvidia_uvm": ["uvm_disable_hmm=1"]})
+    kmod.load(root, runner, request)
     base = ["modprobe", "-d", str(tmp_path), "-C", str(tmp_path / "etc/modprobe.d")]
     assert runner.argvs() == [[*base, "nvidia-uvm", "uvm_disable_hmm=1"], [*base, "nvidia-modeset"]]
 
@@ -61,8 +61,8 @@ def test_insmod_fallback_carries_modprobe_d_options(tmp_path: Path) -> None:
         .on("insmod")
         .on("modprobe", output="options nvidia NVreg_DeviceFileMode=0660\noptions snd x=1\n")
     )
-    request = modules.LoadRequest("6.1", False, Path("/cache/m"), {})
-    modules.load(root, runner, request)
+    request = kmod.LoadRequest("6.1", False, Path("/cache/m"), {})
+    kmod.load(root, runner, request)
     inserts = [a for a in runner.argvs() if a[0] == "insmod"]
     assert inserts == [
         ["insmod", "/cache/m/nvidia.ko", "NVreg_DeviceFileMode=0660"],
@@ -78,13 +78,13 @@ def test_a_refused_module_names_the_reason(tmp_path: Path) -> None:
         output="modprobe: ERROR: could not insert 'nvidia': No such device",
     )
     with pytest.raises(ModuleLoadFailed) as info:
-        modules.load(_root(tmp_path, []), runner, modules.LoadRequest("6.1", True, tmp_path, {}))
+        kmod.load(_root(tmp_path, []), runner, kmod.LoadRequest("6.1", True, tmp_path, {}))
     assert "No such device" in info.value.message
     assert "no GPU" in info.value.hint
 
 
 def test_nvidia_modprobe_covers_every_gpu() -> None:
-    assert modules.nvidia_modprobe_argvs(Path("/i/bin/nvidia-modprobe"), 3) == [
+    assert kmod.nvidia_modprobe_argvs(Path("/i/bin/nvidia-modprobe"), 3) == [
         ["/i/bin/nvidia-modprobe", "-c=0"],
         ["/i/bin/nvidia-modprobe", "-c=1"],
         ["/i/bin/nvidia-modprobe", "-c=2"],
@@ -97,7 +97,7 @@ def test_nvidia_modprobe_covers_every_gpu() -> None:
 def test_expected_nodes_use_the_dynamic_uvm_major(tmp_path: Path) -> None:
     (tmp_path / "proc").mkdir(exist_ok=True)
     (tmp_path / "proc/devices").write_text("Character devices:\n195 nvidia\n508 nvidia-uvm\n")
-    nodes = modules.expected_nodes(HostRoot(tmp_path), 2)
+    nodes = kmod.expected_nodes(HostRoot(tmp_path), 2)
     assert {(n.name, n.major, n.minor) for n in nodes} == {
         ("nvidiactl", 195, 255),
         ("nvidia-modeset", 195, 254),
@@ -109,28 +109,28 @@ def test_expected_nodes_use_the_dynamic_uvm_major(tmp_path: Path) -> None:
     dev = tmp_path / "dev"
     dev.mkdir()
     (dev / "nvidia0").write_text("not a device")
-    assert "nvidia0" in modules.missing_nodes(dev, nodes)
+    assert "nvidia0" in kmod.missing_nodes(dev, nodes)
     assert os.path.exists(dev / "nvidia0")
 
 
-def _char_nodes(dev: Path, nodes: list[modules.Node]) -> None:
+def _char_nodes(dev: Path, nodes: list[kmod.Node]) -> None:
     if os.geteuid() != 0:
         pytest.skip("mknod of character devices needs root")
     for node in nodes:
         os.mknod(dev / node.name, 0o666 | 0o020000, os.makedev(node.major, node.minor))
 
 
-NODES = [modules.Node("nvidiactl", 195, 255), modules.Node("nvidia0", 195, 0),
-         modules.Node("nvidia-uvm", 510, 0)]
+NODES = [kmod.Node("nvidiactl", 195, 255), kmod.Node("nvidia0", 195, 0),
+         kmod.Node("nvidia-uvm", 510, 0)]
 
 
 def test_char_links_name_every_node_by_its_numbers(tmp_path: Path) -> None:
     _char_nodes(tmp_path, NODES)
     (tmp_path / "char").mkdir()
     os.symlink("../nvidia1", tmp_path / "char" / "195:0")  # stale: another node's name
-    assert modules.missing_char_links(tmp_path, NODES) == ["nvidiactl", "nvidia0", "nvidia-uvm"]
-    modules.link_char_nodes(tmp_path, NODES)
-    assert modules.missing_char_links(tmp_path, NODES) == []
+    assert kmod.missing_char_links(tmp_path, NODES) == ["nvidiactl", "nvidia0", "nvidia-uvm"]
+    kmod.link_char_nodes(tmp_path, NODES)
+    assert kmod.missing_char_links(tmp_path, NODES) == []
     assert os.readlink(tmp_path / "char" / "195:255") == "../nvidiactl"
     assert os.readlink(tmp_path / "char" / "195:0") == "../nvidia0"
     assert os.readlink(tmp_path / "char" / "510:0") == "../nvidia-uvm"
@@ -138,10 +138,10 @@ def test_char_links_name_every_node_by_its_numbers(tmp_path: Path) -> None:
 
 
 def test_remove_nodes_takes_the_nodes_and_their_links_and_nothing_else(tmp_path: Path) -> None:
-    _char_nodes(tmp_path, [*NODES, modules.Node("null", 1, 3)])
-    modules.link_char_nodes(tmp_path, [*NODES, modules.Node("null", 1, 3)])
+    _char_nodes(tmp_path, [*NODES, kmod.Node("null", 1, 3)])
+    kmod.link_char_nodes(tmp_path, [*NODES, kmod.Node("null", 1, 3)])
     (tmp_path / "nvidia-notes").write_text("not a node")
-    removed = modules.remove_nodes(tmp_path)
+    removed = kmod.remove_nodes(tmp_path)
     assert sorted(Path(p).name for p in removed) == sorted(
         ["195:255", "195:0", "510:0", "nvidiactl", "nvidia0", "nvidia-uvm"]
     )
