@@ -90,6 +90,7 @@ def boot_and_run(
     files: Mapping[str, Path] | None = None,
     timeout: float = 180.0,
     kernel: str | GuestKernel | None = None,
+    memory: int = 1024,
 ) -> VmResult:
     """Boots the guest, runs `script` with `bash -e` as root in it, powers it off.
 
@@ -99,7 +100,7 @@ def boot_and_run(
     into the guest's $VM_FILES (/run/vm/files) under their names. kernel: a release in this
     machine's /boot (default: the newest), or a GuestKernel unpacked elsewhere. Raises VmError
     when the guest reports no exit code within `timeout` seconds; qemu is always killed and
-    reaped.
+    reaped. memory: the guest's RAM in MiB (its root's overlay is tmpfs there too).
     """
     guest = kernel if isinstance(kernel, GuestKernel) else find_guest_kernel(kernel)
     if guest is None:
@@ -113,7 +114,7 @@ def boot_and_run(
             run_dir = Path(tempfile.mkdtemp(prefix="installer-vm-run-"))
             try:
                 _prepare_run_dir(run_dir, script, gpus, files, module_tree(guest))
-                command = _qemu_command(guest, run_dir, state_dir)
+                command = _qemu_command(guest, run_dir, state_dir, memory=memory)
                 return _run_qemu(command, run_dir, timeout)
             except GuestLockup as lockup:
                 if attempt == LOCKUP_RETRIES:
@@ -199,7 +200,8 @@ def _share(tag: str, path: Path, slot: int, *, readonly: bool = False) -> list[s
     return ["-fsdev", fsdev, "-device", device]
 
 
-def _qemu_command(guest: GuestKernel, run_dir: Path, state_dir: Path | None) -> list[str]:
+def _qemu_command(guest: GuestKernel, run_dir: Path, state_dir: Path | None, *,
+                  memory: int = 1024) -> list[str]:
     accel = accelerator(guest)
     cmdline = KERNEL_CMDLINE
     devices = _share("hostroot", Path("/"), 0x1D, readonly=True) + _share("vmrun", run_dir, 0x1E)
@@ -215,7 +217,7 @@ def _qemu_command(guest: GuestKernel, run_dir: Path, state_dir: Path | None) -> 
         "-accel", accel,
         "-cpu", "max",
         "-smp", str(vcpus(accel)),
-        "-m", "1024",
+        "-m", str(memory),
         "-kernel", str(guest.image),
         "-initrd", str(build_initramfs(guest)),
         "-append", cmdline,

@@ -1,9 +1,11 @@
 """The upgrade protocol in a booted kernel: driver A is loaded and held by a process
 standing for NVIDIA's device plugin (it keeps /dev/nvidia0 and /dev/nvidiactl open, as NVML's
 health checker does); a version bump to B with the protocol on cordons the node, pauses the
-plugin by label (the stand-in API server plays the DaemonSet controller and kubelet: the plugin's
-process is stopped once its label says paused), evicts the GPU pod, unloads A, installs and
-verifies B, restores the labels and uncordons: no manual step. Runs with the same version make
+plugin by label (a real Kubernetes control plane runs in the guest, with the shipped RBAC and
+admission policy and the installer's pod-bound token; tests/vm/guest_cluster.py plays the
+DaemonSet controller and kubelet: the plugin's process is stopped once its label says paused),
+evicts the GPU pod, unloads A, installs and verifies B, restores the labels and uncordons: no
+manual step. Runs with the same version make
 no API write. A last attempt back to A, held by a host process no label pauses, times out and
 leaves B loaded with B's modules in /lib/modules. One boot. The modules of A and B are
 compiled ahead on this machine by `installer prebuild` for the guest's kernel and put in the
@@ -14,13 +16,16 @@ the in-guest compile is proven by test_installer_scenarios.py.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import kit
 import pytest
+from lib import controlplane
 
 from installer.layout import READY_FILE
 from vm.guest_kernel import GuestKernel
@@ -38,6 +43,7 @@ GPUS = [FakeGpu("0000:00:04.0", "0x2330")]
 INSTALL = "/home/kubernetes/bin/nvidia"
 NODE = "gpu-node-1"
 PLUGIN_LABEL = "nvidia.com/gpu.deploy.device-plugin"
+MEMORY_MIB = 2048
 
 SCENARIO = f"""
 ip link set lo up
@@ -52,10 +58,23 @@ export NVIDIA_INSTALLER_UPGRADE_PROTOCOL=true NODE_NAME={NODE}
 export NVIDIA_INSTALLER_KUBECONFIG=/tmp/kubeconfig
 installer() {{ $py -m installer "$@"; }}
 step() {{ echo "@@ $1"; rc=0; shift; "$@" 2>&1 || rc=$?; echo "exit=$rc"; }}
-cluster() {{ echo "@@ $1"; sleep 0.6; cat /tmp/cluster.json; echo; }}
+# What the server stores now (tests/vm/guest_cluster.py dumps it when asked).
+cluster() {{ echo "@@ $1"; rm -f /tmp/cluster.json; touch /tmp/cluster.want
+  wait_for "test -s /tmp/cluster.json" || {{ echo "no dump"; cat /tmp/guest-cluster.log; }}
+  cat /tmp/cluster.json; echo; }}
 
-# The stand-in API server starts after the driver's first install (the plugin's pid goes
-# in its seed); until then the protocol has nothing to do and makes no call.
+# The real control plane (etcd, kube-apiserver, controller manager, scheduler) boots in the
+# guest while driver A installs: the node gpu-node-1 with a GPU pod and the device plugin's
+# pod, the shipped RBAC and admission policy, the installer's pod-bound token. The installer
+# gets its kubeconfig only after that first install: until then the protocol has nothing to
+# do and makes no call.
+$py -m vm.guest_cluster --node {NODE} --label {PLUGIN_LABEL}=true \\
+  --label cloud.google.com/gke-accelerator=nvidia-h100-80gb \\
+  --pod ml/train-0=1 --pod kube-system/nvidia-device-plugin-x1=0 \\
+  --device-plugin-pod kube-system/nvidia-device-plugin-x1 --plugin-pid-file /tmp/plugin.pid \\
+  --kubeconfig /tmp/cluster-kubeconfig --ready /tmp/cluster.ready \\
+  --dump /tmp/cluster.json --dump-request /tmp/cluster.want >/tmp/guest-cluster.log 2>&1 &
+cluster_pid=$!
 export NVIDIA_DRIVER_VERSION={A}
 mkdir -p {INSTALL}/cache/modules
 cp -a "$VM_FILES/modules/{A}" {INSTALL}/cache/modules/
@@ -79,19 +98,12 @@ while True:
 wait_for "test -s /tmp/plugin.pid" || {{ echo "the plugin did not start"; ls -l /dev/nvidia*;
   cat /tmp/plugin.log; exit 1; }}
 plugin=$(cat /tmp/plugin.pid)
-cat > /tmp/seed.json <<SEED
-{{"node": {{"name": "{NODE}", "labels": {{"{PLUGIN_LABEL}": "true",
-  "cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}}}},
- "pods": [{{"namespace": "ml", "name": "train-0", "gpus": 1}},
-          {{"namespace": "kube-system", "name": "nvidia-device-plugin-x1", "gpus": 0}}],
- "kill_on_pause": {{"device-plugin": $plugin}}}}
-SEED
-$py -m cluster.apiserver --seed /tmp/seed.json --port-file /tmp/api-url \\
-  --dump /tmp/cluster.json --role {REPO}/daemonset/components/upgrade-protocol/rbac.yaml \\
-  --policy {REPO}/daemonset/components/upgrade-protocol/admission-policy.yaml &
-wait_for "test -s /tmp/cluster.json" || {{ echo "the stand-in API server did not start"; exit 1; }}
-$py -c 'import sys; from cluster.apiserver import write_kubeconfig; from pathlib import Path
-write_kubeconfig(Path("/tmp/kubeconfig"), open("/tmp/api-url").read(), "stand-in-token")'
+for _ in $(seq 9000); do  # seconds on a host, minutes in a guest under TCG
+  test -e /tmp/cluster.ready && break; kill -0 $cluster_pid 2>/dev/null || break; sleep 0.1
+done
+test -e /tmp/cluster.ready || {{ echo "the control plane did not start"; free -m;
+  cat /tmp/guest-cluster.log; tail -n 30 /tmp/control-plane-*/*.log || true; exit 1; }}
+cp /tmp/cluster-kubeconfig /tmp/kubeconfig
 
 step rerun-a installer run
 cluster after-rerun-a
@@ -130,20 +142,29 @@ cat /lib/modules/$(uname -r)/updates/nvidia-driver-installer/.installer-stamp
 modinfo -F version nvidia
 readlink {INSTALL}/current
 kill "$(cat /tmp/stuck.pid)"
+echo "@@ guest-cluster"; cat /tmp/guest-cluster.log; free -m
 """
 
 
 @pytest.fixture(scope="module")
 def boot(vm_kernel: GuestKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VmResult]:
+    # The guest runs the control plane this machine built (its binaries are in the 9p root).
+    reason = controlplane.missing()
+    if reason is not None:
+        if os.environ.get("CI"):  # CI's scripts/install-deps builds it: missing is a failure
+            pytest.fail(reason)
+        pytest.skip(reason)
     www = kit.build_mirror(tmp_path_factory.mktemp("www"), [A, B])
     modules = prebuild_modules([A, B], www, vm_kernel.release, tmp_path_factory.mktemp("prebuilt"))
+    # The control plane's components want about 1 GiB besides what the installer uses.
     yield boot_and_run(SCENARIO, gpus=GPUS, files={"www": www, "modules": modules},
-                       timeout=2400)
+                       timeout=2400, memory=MEMORY_MIB)
 
 
-def cluster_state(boot: VmResult, name: str) -> dict:
+def cluster_state(boot: VmResult, name: str) -> dict[str, Any]:
     section = boot.section(name)
-    return json.loads(section[section.index("{"): section.rindex("}") + 1])
+    state: dict[str, Any] = json.loads(section[section.index("{"): section.rindex("}") + 1])
+    return state
 
 
 def test_same_version_runs_make_no_api_write(boot: VmResult) -> None:
@@ -182,7 +203,8 @@ def test_node_ends_uncordoned_with_labels_restored_and_every_phase_visible(
     assert "unschedulable" not in node["spec"]
     assert node["metadata"]["labels"][PLUGIN_LABEL] == "true"
     assert node["metadata"]["labels"]["nvidia-driver-installer/upgrade-state"] == "upgrade-done"
-    assert "nvidia-driver-installer/upgrade" not in node["metadata"]["annotations"]
+    # The server drops an emptied map: the restore removed the node's only annotation.
+    assert "nvidia-driver-installer/upgrade" not in node["metadata"].get("annotations", {})
     reasons = [e["reason"] for e in state["events"]]
     # DraPluginPaused: the DRA kubelet plugin's label (absent here, so set like the device
     # plugin's) is paused once no GPU pod is left.
