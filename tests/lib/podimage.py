@@ -172,7 +172,7 @@ def build_debian_image(buildah: Buildah, work: Path) -> Built:
 
 
 def pause_image(work: Path) -> Image:
-    """A pause image of our own (tests/pod/pause.c, static): the seeds' pause images cannot be
+    """A pause image of our own (tests/lib/pause.c, static): the seeds' pause images cannot be
     pulled here, and all they do is sleep."""
     rootfs = work / "pause-rootfs"
     rootfs.mkdir(parents=True)
