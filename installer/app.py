@@ -190,12 +190,10 @@ def verify_installed(config: Config, runner: Runner | None = None) -> Any:
         diagnose=lambda reported: components.fabric_diagnosis(root, reported),
         coherent_memory=(steps.coherent_memory_mode(root), coherent.expected),
     )
-    sections = components.verify_sections(config, root)  # IMEX's channel device
-    gpudirect, problem = steps.gpudirect_report(config.gpudirect_rdma, root)  # nvidia_peermem
-    if gpudirect is not None:
-        sections = {**sections, "gpudirect_rdma": gpudirect}
-    if problem is not None:
-        report = dataclasses.replace(report, problems=(*report.problems, problem))
+    sections = components.verify_sections(config, root)  # IMEX's channel device, nvidia_peermem
+    problems = components.verify_problems(config, root)  # nvidia-peermem asked for, not loaded
+    if problems:
+        report = dataclasses.replace(report, problems=(*report.problems, *problems))
     return dataclasses.replace(report, sections=sections) if sections else report
 
 

@@ -63,6 +63,13 @@ def modprobe_base(root: HostRoot) -> list[str]:
     return root.tool_argv("modprobe", "-C", str(root.local("/etc/modprobe.d")))
 
 
+def modules_dir_writable(root: HostRoot, kernel: str) -> bool:
+    """Whether the host's /lib/modules/<kernel> takes our module files, so a load goes through
+    modprobe (otherwise insmod from the cache)."""
+    base = root.local_resolved(f"/lib/modules/{kernel}")
+    return base.is_dir() and os.access(base, os.W_OK)
+
+
 def depmod_argv(root: HostRoot, kernel: str) -> list[str]:
     """depmod for every module of `kernel` (depmod(8): -a is implied when no file is named)."""
     return root.tool_argv("depmod", kernel)

@@ -118,8 +118,7 @@ def make_plan(
     decisions = source.decisions(ctx, decisions)
     decisions += platform.decisions(ctx)  # image tag, architecture, flavour, page size
     decisions.append(steps.coherent_memory(config, root, facts.gpus, resolution.branch).decision)
-    decisions.append(steps.gpudirect_decision(ctx))  # nvidia-peermem where asked for
-    decisions += components.decisions(ctx)  # Fabric Manager on NVSwitch nodes
+    decisions += components.decisions(ctx)  # GPUDirect RDMA, Fabric Manager on NVSwitch nodes
     return Plan(ctx, decisions, _steps(ctx), blockers)
 
 
@@ -146,7 +145,7 @@ def _steps(ctx: Context) -> list[Step]:
     plan.append(steps.ld_cache_step(ctx))
     if load:
         plan.append(steps.load_step(ctx))
-        plan += steps.peermem_steps(ctx)  # GPUDirect RDMA, where asked for
+        plan += components.loaded_steps(ctx)  # GPUDirect RDMA's nvidia-peermem, where asked for
         plan += [steps.device_nodes_step(ctx), steps.verify_step(ctx)]
     plan += [steps.record_step(ctx), steps.prune_step(ctx)]
     if gate:

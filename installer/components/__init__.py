@@ -1,8 +1,10 @@
-"""What runs beside the driver: Fabric Manager (NVSwitch nodes), nvidia-persistenced, IMEX.
+"""What runs beside the driver: Fabric Manager (NVSwitch nodes), nvidia-persistenced, IMEX,
+GPUDirect RDMA's nvidia-peermem.
 
-The one door: the plan's decisions and steps, which cached downloads to keep, stopping our
-daemons before a driver is unloaded, the readiness an NVSwitch node needs, and the
-long-running container commands (`installer fabricmanager`, `installer persistenced`,
+The one door: the plan's decisions and steps (beside the user space, and after the driver's
+modules are loaded), which cached downloads to keep, stopping our daemons before a driver is
+unloaded, the readiness an NVSwitch node needs, what verify adds and counts against the node,
+and the long-running container commands (`installer fabricmanager`, `installer persistenced`,
 `installer imex`). Each asks every component registered in `registry.COMPONENTS` (a
 `component.Component` each); `lifecycle` keeps our daemons out of the way of an unload.
 """
@@ -27,11 +29,13 @@ from installer.components.registry import (
     fabric_diagnosis,
     fabric_required,
     keeps_download,
+    loaded_steps,
     named,
     names,
     optional,
     serve,
     steps,
+    verify_problems,
     verify_sections,
 )
 
@@ -45,8 +49,10 @@ __all__ = [
     "fabric_required",
     "fabricmanager",
     "fm_archive",
+    "gpudirect",
     "holders",
     "keeps_download",
+    "loaded_steps",
     "named",
     "names",
     "not_ours",
@@ -61,5 +67,6 @@ __all__ = [
     "serve",
     "steps",
     "supervisor",
+    "verify_problems",
     "verify_sections",
 ]

@@ -1,8 +1,9 @@
 """What every component answers (one object each, registered in `components.COMPONENTS`): the
-planner asks its decision and steps, prune which downloads it keeps, the unload and uninstall
-which daemon to stop, the container command which daemon to keep up, `installer verify` what
-it adds to the report and why the fabric is not complete. `Part` answers "nothing" to each, so
-a component says only what it has."""
+planner asks its decision, its steps beside the user space and its steps after the driver is
+loaded, prune which downloads it keeps, the unload and uninstall which daemon to stop, the
+container command which daemon to keep up, `installer verify` what it adds to the report, what
+problems it finds and why the fabric is not complete. `Part` answers "nothing" to each, so a
+component says only what it has."""
 
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ class Component(Protocol):
     def steps(self, ctx: Context) -> list[Step]:
         """Its steps, after the user space is in versions/<ver>/, before it is activated."""
 
+    def loaded_steps(self, ctx: Context) -> list[Step]:
+        """Its steps once the driver's modules are loaded, before the device nodes and the
+        driver's verification (run only where the plan loads the driver)."""
+
     def keeps_download(self, name: str, version: str, arch: str) -> bool:
         """Whether the cached download `name` is its, of `version` (kept while installed)."""
 
@@ -68,6 +73,10 @@ class Component(Protocol):
 
     def verify_section(self, config: Config, root: HostRoot) -> dict[str, object]:
         """What it adds to `installer verify --json` (read-only): {} for nothing."""
+
+    def verify_problems(self, config: Config, root: HostRoot) -> list[str]:
+        """What `installer verify` counts against the node as far as it is concerned (a
+        sentence each; read-only): [] for nothing."""
 
 
 class Part:
@@ -87,6 +96,9 @@ class Part:
     def steps(self, ctx: Context) -> list[Step]:
         return []
 
+    def loaded_steps(self, ctx: Context) -> list[Step]:
+        return []
+
     def keeps_download(self, name: str, version: str, arch: str) -> bool:
         return False
 
@@ -98,3 +110,6 @@ class Part:
 
     def verify_section(self, config: Config, root: HostRoot) -> dict[str, object]:
         return {}
+
+    def verify_problems(self, config: Config, root: HostRoot) -> list[str]:
+        return []

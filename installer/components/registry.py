@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from installer.components import (
     fabric,
     fabricmanager,
+    gpudirect,
     imex,
     imexd,
     nvlink5,
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 # fabric reasons said, in `stop_order` (then this order): NVLSM, which the fabricmanager
 # container runs behind nv-fabricmanager, after the others.
 COMPONENTS: tuple[Component, ...] = (
+    gpudirect.COMPONENT,  # nvidia-peermem after the driver's modules, where asked for
     nvlink5.COMPONENT,  # why Fabric Manager applies there and what NVLSM needs: said first
     nvlsm.COMPONENT,  # its InfiniBand modules' step above stops the run before any download
     imex.COMPONENT,
@@ -104,6 +106,11 @@ def steps(ctx: Context) -> list[Step]:
     return [step for component in COMPONENTS for step in component.steps(ctx)]
 
 
+def loaded_steps(ctx: Context) -> list[Step]:
+    """Once the driver's modules are loaded, before its device nodes and verification."""
+    return [step for component in COMPONENTS for step in component.loaded_steps(ctx)]
+
+
 def keeps_download(name: str, version: str, arch: str) -> bool:
     """A cached download of a component of `version` (kept while that version is installed)."""
     return any(component.keeps_download(name, version, arch) for component in COMPONENTS)
@@ -124,6 +131,12 @@ def verify_sections(config: Config, root: HostRoot) -> dict[str, object]:
     for component in COMPONENTS:
         sections.update(component.verify_section(config, root))
     return sections
+
+
+def verify_problems(config: Config, root: HostRoot) -> list[str]:
+    """What the components count against the node in `installer verify` (read-only)."""
+    return [problem for component in COMPONENTS
+            for problem in component.verify_problems(config, root)]
 
 
 def serve(name: str, config: Config) -> None:

@@ -1,6 +1,6 @@
 """The steps every source shares, one job per module: guards before the host changes, module
 files and firmware placed, the old driver switched for the new one, the new one loaded and
-verified (GPUDirect RDMA's nvidia-peermem after it), the install recorded and the cache pruned.
+verified, the install recorded and the cache pruned.
 The planner, the sources and the tests name them as `steps.<name>`."""
 
 from __future__ import annotations
@@ -16,10 +16,6 @@ from installer.steps.guards import (
     secure_boot_step,
 )
 from installer.steps.load import device_nodes_step, load_step, remove_ready_file, verify_step
-from installer.steps.peermem import decision as gpudirect_decision
-from installer.steps.peermem import report as gpudirect_report
-from installer.steps.peermem import steps as peermem_steps
-from installer.steps.peermem import with_ofed_sources
 from installer.steps.placement import firmware_step, module_files_step, restore_module_files
 from installer.steps.record import prune_step, record_step
 
@@ -31,14 +27,11 @@ __all__ = [
     "driver_free_before_packages_step",
     "driver_free_step",
     "firmware_step",
-    "gpudirect_decision",
-    "gpudirect_report",
     "ld_cache_step",
     "ldcache",
     "load_step",
     "module_files_step",
     "nouveau_step",
-    "peermem_steps",
     "prune_step",
     "record_step",
     "remove_ready_file",
@@ -47,5 +40,4 @@ __all__ = [
     "secure_boot_step",
     "unload_old_step",
     "verify_step",
-    "with_ofed_sources",
 ]

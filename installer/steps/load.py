@@ -10,7 +10,7 @@ from installer.errors import ModuleLoadFailed
 from installer.layout import GPUS_READY_FILE, READY_FILE
 from installer.plan import Context, Step
 from installer.steps import coherent, rollback
-from installer.steps.placement import modules_dir_writable, restore_module_files
+from installer.steps.placement import restore_module_files
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ def load_step(ctx: Context) -> Step:
         return kmod.all_loaded(ctx.root, target.version)
 
     def apply() -> None:
-        via_modprobe = modules_dir_writable(ctx, target.kernel)
+        via_modprobe = kmod.modules_dir_writable(ctx.root, target.kernel)
         user_args = {kmod.kernel_name(m): ctx.config.module_args_for(m)
                      for m in kmod.LOAD_ORDER}
         # Grace-coupled GPUs from R580 on: driver-managed coherent memory (steps/coherent.py).

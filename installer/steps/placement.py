@@ -27,7 +27,7 @@ def module_files_step(ctx: Context) -> Step:
     stamp = f"{target.version} {target.flavour}\n"
 
     def satisfied() -> bool:
-        if not modules_dir_writable(ctx, target.kernel):
+        if not kmod.modules_dir_writable(ctx.root, target.kernel):
             return True
         base, local = module_dirs(ctx, target.kernel)
         return _stamp(base, local) == stamp and _same_modules(local, build)
@@ -111,7 +111,7 @@ def restore_module_files(ctx: Context, driver: host.LoadedDriver | None) -> None
     kernel = ctx.target.kernel
     host_dir = ctx.layout.host_modules_dir(kernel)
     base, local = module_dirs(ctx, kernel)
-    if not modules_dir_writable(ctx, kernel) or not local.exists():
+    if not kmod.modules_dir_writable(ctx.root, kernel) or not local.exists():
         return
     version, flavour = (driver.version, driver.flavour) if driver else (None, None)
     stamp = f"{version} {flavour}\n"
@@ -130,11 +130,6 @@ def restore_module_files(ctx: Context, driver: host.LoadedDriver | None) -> None
         return
     replace_module_files(ctx, build, stamp)
     log.warning("the loaded driver %s stays: %s holds its modules again", version, host_dir)
-
-
-def modules_dir_writable(ctx: Context, kernel: str) -> bool:
-    base = ctx.root.local_resolved(f"/lib/modules/{kernel}")
-    return base.is_dir() and os.access(base, os.W_OK)
 
 
 def firmware_step(ctx: Context) -> Step:

@@ -1,6 +1,7 @@
 """The components registration (components.COMPONENTS): a component registered there is asked
-for its decision and steps by the planner, for its downloads by prune, and its daemon is one of
-ours (stopped before an unload); nothing else names it."""
+for its decision and steps (beside the user space, and after the driver is loaded) by the
+planner, for its downloads by prune, for its verify section and problems by `installer verify`,
+and its daemon is one of ours (stopped before an unload); nothing else names it."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from installer import components, planner, steps
 from installer.components import (
     fabric,
     fabricmanager,
+    gpudirect,
     imex,
     imexd,
     nvlink5,
@@ -84,9 +86,9 @@ def plan_for(tmp_path: Path) -> Plan:
 
 
 def test_the_registered_components_in_plan_order() -> None:
-    assert components.COMPONENTS == (nvlink5.COMPONENT, nvlsm.COMPONENT, imex.COMPONENT,
-                                     fabricmanager.COMPONENT, persistenced.COMPONENT,
-                                     imexd.COMPONENT)
+    assert components.COMPONENTS == (gpudirect.COMPONENT, nvlink5.COMPONENT, nvlsm.COMPONENT,
+                                     imex.COMPONENT, fabricmanager.COMPONENT,
+                                     persistenced.COMPONENT, imexd.COMPONENT)
     # Their commands; what the scheduling gate waits for (IMEX is opt-in: reported, not
     # waited for).
     assert components.commands() == ("fabricmanager", "persistenced", "imex")
@@ -115,23 +117,31 @@ def test_fabric_reasons_come_in_stop_order_then_the_partitions(
 def test_the_plan_says_and_does_the_components_in_their_order(tmp_path: Path) -> None:
     plan = plan_for(tmp_path)
     topics = [d.topic for d in plan.decisions]
-    at = topics.index("nvlink5")
-    assert topics[at:] == ["nvlink5", "imex", "fabric-manager", "persistenced", "imex-daemon"]
+    at = topics.index("gpudirect-rdma")
+    assert topics[at:] == ["gpudirect-rdma", "nvlink5", "imex", "fabric-manager", "persistenced",
+                           "imex-daemon"]
 
 
 class Posed(Part):
-    """A component with only some parts: a step and a fabric reason, no daemon, no command."""
+    """A component with only some parts: a step beside the user space and one after the driver
+    is loaded, a fabric reason, a verify section and problem; no daemon, no command."""
 
     name = "posed"
 
     def steps(self, ctx: Context) -> list[Step]:
         return [Step("install-posed", "posed", lambda: True, lambda: None)]
 
+    def loaded_steps(self, ctx: Context) -> list[Step]:
+        return [Step("load-posed", "posed after the driver", lambda: True, lambda: None)]
+
     def fabric_reasons(self, root: HostRoot, gpus: Sequence[GpuInfo]) -> list[str]:
         return ["posed says no"]
 
     def verify_section(self, config: Config, root: HostRoot) -> dict[str, object]:
         return {"posed": {"ok": False}}
+
+    def verify_problems(self, config: Config, root: HostRoot) -> list[str]:
+        return ["posed is not up"]
 
 
 class Behind(Part):
@@ -144,6 +154,9 @@ class Behind(Part):
 
 def test_a_new_component_is_one_line_in_components(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from installer import app, verify
+    from installer.verify.report import VerifyReport
+
     # Appended, with no other change: everything the registry says follows from its fields.
     monkeypatch.setattr(registry, "COMPONENTS", (*components.COMPONENTS, Behind(), Posed()))
     assert components.daemons() == ("nv-fabricmanager", "nvidia-persistenced", "nvidia-imex",
@@ -154,12 +167,21 @@ def test_a_new_component_is_one_line_in_components(
         components.named("posed")
     plan = plan_for(tmp_path)
     root = HostRoot(tmp_path)
-    config = from_env(root_env(tmp_path))
+    config = from_env(root_env(tmp_path, NVIDIA_DRIVER_VERSION=V))
     assert components.fabric_diagnosis(root, ())[-1:] == ["posed says no"]
-    assert components.verify_sections(config, root)["posed"] == {"ok": False}
+    # `installer verify` adds its section and counts its problem after the driver's own.
+    answered = VerifyReport(expected_version=V, expected_gpus=(), nvml_driver_version=V,
+                            smi_driver_version=V, gpus=(), problems=("the driver's own",))
+    monkeypatch.setattr(verify, "verify", lambda **kwargs: answered)
+    report = app.verify_installed(config)
+    assert report.to_json()["posed"] == {"ok": False}
+    assert report.problems == ("the driver's own", "posed is not up")
     names = [s.name for s in plan.steps]
     at = names.index("install-posed")
     assert names[at - 1:at + 2] == ["install-userspace", "install-posed", "check-driver-free"]
+    # After the driver's modules, before its device nodes.
+    at = names.index("load-posed")
+    assert names[at - 1:at + 2] == ["load-modules", "load-posed", "create-device-nodes"]
     assert "posed" not in [d.topic for d in plan.decisions]  # it said nothing
 
 

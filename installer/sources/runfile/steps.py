@@ -11,7 +11,8 @@ import shutil
 from pathlib import Path
 
 import installer.headers.steps
-from installer import safefs, steps
+from installer import safefs
+from installer.components import gpudirect
 from installer.dirs import mark_complete, remove_tree, scratch, staged_dir
 from installer.errors import CommandFailed, InstallFailed, ModuleBuildFailed, RunfileMismatch
 from installer.headers import trees as header_trees
@@ -184,7 +185,7 @@ def build_step(ctx: Context) -> Step:
                 else None,
             )
             # nvidia-peermem's Kbuild reads OFED's sources at /usr/src/ofa_kernel: the host's.
-            trees = steps.with_ofed_sources(ctx, t.headers)
+            trees = gpudirect.with_ofed_sources(ctx, t.headers)
             argv = header_trees.with_host_trees(ctx.root, trees, build_modules_argv(request))
             try:
                 ctx.runner.run(argv, env=env, stream=True, timeout=3600)

@@ -1,6 +1,6 @@
-"""GPUDirect RDMA (NVIDIA_GPUDIRECT_RDMA=true): nvidia-peermem loaded after the driver on a node
-with a Mellanox PCI device, once MOFED/DOCA-OFED's ib_core is there, and built against the
-host's OFED sources.
+"""GPUDirect RDMA (NVIDIA_GPUDIRECT_RDMA=true) as a component: nvidia-peermem loaded after the
+driver on a node with a Mellanox PCI device, once MOFED/DOCA-OFED's ib_core is there, and built
+against the host's OFED sources; what verify reports of it.
 
 nvidia-peermem's init fails (-EINVAL) unless it was built with the MLNX peer-memory API, which
 only MOFED/DOCA-OFED's ib_core exports (`ib_register_peer_memory_client`); the kernel's own
@@ -16,6 +16,8 @@ from pathlib import PurePosixPath
 from typing import NamedTuple
 
 from installer import kmod
+from installer.components.component import Part
+from installer.config import Config
 from installer.errors import ModuleLoadFailed, OfedNotReady, PeermemLoadFailed, PeermemNeedsOfed
 from installer.host import MELLANOX_VENDOR_ID, vendor_functions
 from installer.hostroot import HostRoot
@@ -141,7 +143,7 @@ def wait_for_ofed(root: HostRoot, timeout: float, clock: Callable[[], float] = t
         sleep(min(POLL_SECONDS, max(deadline - clock(), 0.0)))
 
 
-def steps(ctx: Context) -> list[Step]:
+def loaded_steps(ctx: Context) -> list[Step]:
     """Its step, where NVIDIA_GPUDIRECT_RDMA asks for it (every run that loads the driver, so
     an upgrade, which unloads nvidia_peermem first, loads it again)."""
     return [load_step(ctx)] if ctx.config.gpudirect_rdma else []
@@ -149,7 +151,6 @@ def steps(ctx: Context) -> list[Step]:
 
 def load_step(ctx: Context, wait: Callable[[HostRoot, float], Ofed] = wait_for_ofed) -> Step:
     """After the driver's modules: nvidia-peermem, as the driver's others are loaded."""
-    from installer.steps.placement import modules_dir_writable
 
     def wanted() -> bool:
         return ctx.config.gpudirect_rdma and bool(mellanox_functions(ctx.root))
@@ -162,7 +163,7 @@ def load_step(ctx: Context, wait: Callable[[HostRoot, float], Ofed] = wait_for_o
         log.info("GPUDirect RDMA: %s: loading %s", state.reason, MODULE)
         t = ctx.target
         request = kmod.LoadRequest(
-            kernel=t.kernel, via_modprobe=modules_dir_writable(ctx, t.kernel),
+            kernel=t.kernel, via_modprobe=kmod.modules_dir_writable(ctx.root, t.kernel),
             module_dir=ctx.layout.module_build(t.version, t.kernel, t.flavour),
             user_args={kmod.kernel_name(MODULE): ctx.config.module_args_for(MODULE)})
         try:
@@ -190,3 +191,26 @@ def report(config_rdma: bool, root: HostRoot) -> tuple[dict[str, object] | None,
         return section, (f"GPUDirect RDMA is asked for and a Mellanox device is present, but "
                          f"{MODULE} is not loaded ({VERSION_FILE} is absent; {state.reason})")
     return section, None
+
+
+class GpudirectRdma(Part):
+    """Its decision, its load after the driver's modules, and its verify section and problem."""
+
+    name = "gpudirect-rdma"
+
+    def decision(self, ctx: Context) -> Decision:
+        return decision(ctx)
+
+    def loaded_steps(self, ctx: Context) -> list[Step]:
+        return loaded_steps(ctx)
+
+    def verify_section(self, config: Config, root: HostRoot) -> dict[str, object]:
+        section, _ = report(config.gpudirect_rdma, root)
+        return {"gpudirect_rdma": section} if section is not None else {}
+
+    def verify_problems(self, config: Config, root: HostRoot) -> list[str]:
+        _, problem = report(config.gpudirect_rdma, root)
+        return [problem] if problem is not None else []
+
+
+COMPONENT = GpudirectRdma()

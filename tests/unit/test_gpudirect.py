@@ -1,4 +1,4 @@
-"""GPUDirect RDMA (steps/peermem.py) on posed hosts: the Mellanox device in sysfs, how the
+"""GPUDirect RDMA (components/gpudirect.py) on posed hosts: the Mellanox device in sysfs, how the
 host's ib_core announces MOFED/DOCA-OFED (its peer-memory symbol, ofed_info, the OFED
 container's ready file), the bounded wait, the refusal on the kernel's own ib_core, the load
 after the driver's modules, the OFED sources bound into the build, and what verify reports."""
@@ -13,13 +13,13 @@ from lib.contexts import V, context
 from lib.fakes import FakeRunner
 from lib.hosttrees import CLASS_BRIDGE, add_pci_device, make_host, root_env
 
-from installer import planner, steps
+from installer import planner
+from installer.components import gpudirect
 from installer.config import from_env
 from installer.errors import OfedNotReady, PeermemLoadFailed, PeermemNeedsOfed
 from installer.headers import trees
 from installer.hostroot import HostRoot
 from installer.plan import Headers
-from installer.steps import peermem
 
 CX7 = 0x1021  # ConnectX-7
 MAINLINE_KALLSYMS = "0000000000000000 T ib_register_client\t[ib_core]\n"
@@ -41,9 +41,9 @@ def ib_core(top: Path, kallsyms: str) -> None:
 def test_mellanox_functions_are_read_from_sysfs(tmp_path: Path) -> None:
     root = make_host(tmp_path, gpus=[0x2330])
     add_pci_device(tmp_path, "0000:05:00.0", device=0x22A3, klass=CLASS_BRIDGE)  # NVSwitch
-    assert peermem.mellanox_functions(root) == ()
+    assert gpudirect.mellanox_functions(root) == ()
     with_nic(tmp_path)
-    assert peermem.mellanox_functions(root) == ("0000:1a:00.0",)
+    assert gpudirect.mellanox_functions(root) == ("0000:1a:00.0",)
 
 
 @pytest.mark.parametrize(("pose", "state", "said"), [
@@ -69,7 +69,7 @@ def test_how_the_hosts_ofed_announces_itself(tmp_path: Path, pose: dict[str, obj
         (tmp_path / "run/mellanox/drivers").mkdir(parents=True)
     if pose.get("ready"):
         (tmp_path / "run/mellanox/drivers/.driver-ready").write_text("")
-    found = peermem.ofed(root)
+    found = gpudirect.ofed(root)
     assert found.state == state
     assert said in found.reason
 
@@ -92,7 +92,7 @@ def test_the_kernels_own_ib_core_is_refused_at_once_naming_dma_buf(tmp_path: Pat
     ib_core(tmp_path, MAINLINE_KALLSYMS)
     clock = Clock()
     with pytest.raises(PeermemNeedsOfed) as info:
-        peermem.wait_for_ofed(root, 300, clock, clock.sleep)
+        gpudirect.wait_for_ofed(root, 300, clock, clock.sleep)
     assert clock.slept == []  # nothing to wait for
     assert info.value.message.startswith("nvidia-peermem cannot work on this node: the loaded "
                                          "ib_core is the kernel's own")
@@ -104,7 +104,7 @@ def test_the_wait_for_ofed_is_bounded(tmp_path: Path) -> None:
     root = make_host(tmp_path, gpus=[0x2330])
     clock = Clock()
     with pytest.raises(OfedNotReady) as info:
-        peermem.wait_for_ofed(root, 12, clock, clock.sleep)
+        gpudirect.wait_for_ofed(root, 12, clock, clock.sleep)
     assert clock.slept == [5.0, 5.0, 2.0] and clock.now == 12
     assert info.value.message == ("no MOFED/DOCA-OFED ib_core after 12 s: ib_core is not "
                                   "loaded and no OFED is installed")
@@ -120,7 +120,7 @@ def test_ofed_coming_up_during_the_wait_ends_it(tmp_path: Path) -> None:
         if clock.now >= 10:  # OFED's modules load 10 s in
             ib_core(tmp_path, MOFED_KALLSYMS)
 
-    assert peermem.wait_for_ofed(root, 300, clock, sleep).state == "mofed"
+    assert gpudirect.wait_for_ofed(root, 300, clock, sleep).state == "mofed"
     assert clock.now == 10
 
 
@@ -140,7 +140,7 @@ def test_peermem_is_loaded_after_mofed_and_then_satisfied(tmp_path: Path) -> Non
                   NVIDIA_MODULE_ARGS="nvidia-peermem.peerdirect_support=1")
     with_nic(tmp_path)
     ib_core(tmp_path, MOFED_KALLSYMS)
-    [step] = peermem.steps(ctx)
+    [step] = gpudirect.loaded_steps(ctx)
     assert step.name == "load-peermem" and not step.is_satisfied()
     step.apply()
     loads = [c.argv for c in runner.calls if c.argv[0] in ("modprobe", "insmod")
@@ -150,7 +150,7 @@ def test_peermem_is_loaded_after_mofed_and_then_satisfied(tmp_path: Path) -> Non
     assert load[-2:] == ["nvidia-peermem", "peerdirect_support=1"] if load[0] == "modprobe" \
         else load[1].endswith("/nvidia-peermem.ko") and load[-1] == "peerdirect_support=1"
     assert step.is_satisfied()
-    assert peermem.loaded(ctx.root) == V
+    assert gpudirect.loaded(ctx.root) == V
 
 
 def test_no_load_is_tried_on_the_kernels_own_ib_core(tmp_path: Path) -> None:
@@ -158,7 +158,7 @@ def test_no_load_is_tried_on_the_kernels_own_ib_core(tmp_path: Path) -> None:
     ctx = context(tmp_path, runner, NVIDIA_GPUDIRECT_RDMA="true")
     with_nic(tmp_path)
     ib_core(tmp_path, MAINLINE_KALLSYMS)
-    [step] = peermem.steps(ctx)
+    [step] = gpudirect.loaded_steps(ctx)
     with pytest.raises(PeermemNeedsOfed):
         step.apply()
     assert [c for c in runner.calls if c.argv[0] in ("modprobe", "insmod")] == []
@@ -174,7 +174,7 @@ def test_a_refused_peermem_is_its_own_error(tmp_path: Path) -> None:
     with_nic(tmp_path)
     ib_core(tmp_path, MOFED_KALLSYMS)
     with pytest.raises(PeermemLoadFailed) as info:
-        peermem.steps(ctx)[0].apply()
+        gpudirect.loaded_steps(ctx)[0].apply()
     assert "loading nvidia-peermem failed" in info.value.message
     assert "Invalid argument" in info.value.message
     assert "/usr/src/ofa_kernel" in info.value.hint
@@ -183,12 +183,12 @@ def test_a_refused_peermem_is_its_own_error(tmp_path: Path) -> None:
 
 def test_without_the_setting_or_a_mellanox_device_nothing_is_asked(tmp_path: Path) -> None:
     ctx = context(tmp_path, FakeRunner())
-    assert peermem.steps(ctx) == []
-    assert steps.gpudirect_decision(ctx).value == "off"
+    assert gpudirect.loaded_steps(ctx) == []
+    assert gpudirect.decision(ctx).value == "off"
     on = context(tmp_path / "on", FakeRunner(), NVIDIA_GPUDIRECT_RDMA="true")
-    [step] = peermem.steps(on)
+    [step] = gpudirect.loaded_steps(on)
     assert step.is_satisfied()  # no 15b3 function: nothing to load
-    assert steps.gpudirect_decision(on).value == "not applicable"
+    assert gpudirect.decision(on).value == "not applicable"
 
 
 def test_the_plan_loads_peermem_right_after_the_drivers_modules(tmp_path: Path) -> None:
@@ -212,30 +212,30 @@ def test_the_hosts_ofed_sources_are_bound_into_the_build(tmp_path: Path) -> None
     headers = Headers(output_path=trees.PurePosixPath("/usr/src/linux-headers-5.15.0-105"),
                       source_path=trees.PurePosixPath("/usr/src/linux-headers-5.15.0-105"),
                       binds=(trees.PurePosixPath("/usr/src/linux-headers-5.15.0-105"),))
-    assert steps.with_ofed_sources(ctx, headers) is headers  # the host has none
+    assert gpudirect.with_ofed_sources(ctx, headers) is headers  # the host has none
     (tmp_path / "usr/src/ofa_kernel/x86_64/5.15.0-105-generic").mkdir(parents=True)
-    bound = steps.with_ofed_sources(ctx, headers)
+    bound = gpudirect.with_ofed_sources(ctx, headers)
     assert bound.binds[-1] == trees.PurePosixPath("/usr/src/ofa_kernel")
     argv = trees.with_host_trees(ctx.root, bound, ["make"])
     assert argv[:5] == ["unshare", "--mount", "--propagation", "private", "--"]
     assert [str(tmp_path / "usr/src/ofa_kernel"), "/usr/src/ofa_kernel"] == argv[-3:-1]
     off = context(tmp_path / "off", FakeRunner())
-    assert steps.with_ofed_sources(off, headers) is headers
+    assert gpudirect.with_ofed_sources(off, headers) is headers
 
 
 def test_verify_reports_peermem_and_a_missing_one_is_a_problem(tmp_path: Path) -> None:
     root = make_host(tmp_path, gpus=[0x2330])
-    assert steps.gpudirect_report(False, root) == (None, None)
+    assert gpudirect.report(False, root) == (None, None)
     with_nic(tmp_path)
     ib_core(tmp_path, MOFED_KALLSYMS)
-    section, problem = steps.gpudirect_report(True, root)
+    section, problem = gpudirect.report(True, root)
     assert section == {"requested": True, "mellanox_functions": ["0000:1a:00.0"],
                        "ib_core": "mofed", "peermem_version": None,
                        "version_file": "/sys/module/nvidia_peermem/version"}
     assert problem is not None and "nvidia-peermem is not loaded" in problem
     os.makedirs(tmp_path / "sys/module/nvidia_peermem")
     (tmp_path / "sys/module/nvidia_peermem/version").write_text(f"{V}\n")
-    section, problem = steps.gpudirect_report(True, HostRoot(tmp_path))
+    section, problem = gpudirect.report(True, HostRoot(tmp_path))
     assert section is not None and section["peermem_version"] == V and problem is None
 
 
