@@ -54,11 +54,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
-from cluster.realcluster import RealNodes, apply_policies  # noqa: E402
 from lib import controlplane  # noqa: E402
 from lib.apiproxy import ApiProxy  # noqa: E402
 from lib.controlplane import ControlPlane  # noqa: E402
 from lib.nodeagent import RENEW_SECONDS, NodeAgent  # noqa: E402
+from lib.realcluster import RealNodes, apply_policies  # noqa: E402
 
 PROTOCOL = REPO / "daemonset" / "components" / "upgrade-protocol"
 DAEMONSET = REPO / "daemonset" / "base" / "daemonset.yaml"

@@ -20,8 +20,8 @@ import yaml
 from lib.apiproxy import ApiProxy
 from lib.controlplane import ApiError, ControlPlane
 from lib.nodeagent import NodeAgent
+from lib.realcluster import RealNodes, apply_policies, real_nodes
 
-from cluster.realcluster import RealNodes, apply_policies, real_nodes
 from installer.cluster import protocol
 from installer.config import Config, build_config
 from installer.hostroot import HostRoot

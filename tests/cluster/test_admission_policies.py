@@ -22,8 +22,8 @@ import pytest
 import yaml
 from lib.controlplane import ApiError, ControlPlane, kubeconfig, token_claims
 from lib.manifests import DAEMONSET_DIR
+from lib.realcluster import RealNodes
 
-from cluster.realcluster import RealNodes
 from installer.cluster import protocol
 from installer.cluster.client import NodeClient
 from installer.cluster.protocol import PAUSED

@@ -24,8 +24,8 @@ import yaml
 from lib.apiproxy import ApiProxy
 from lib.controlplane import ControlPlane, token_claims
 from lib.hosttrees import H100, make_host, module_line, write_driver_version, write_proc_modules
+from lib.realcluster import RealNodes, apply_policies, real_nodes
 
-from cluster.realcluster import RealNodes, apply_policies, real_nodes
 from installer import state
 from installer.cluster import driver_labels, signals
 from installer.cluster.client import DRIVER_VERSION_MANAGER, NodeClient

@@ -20,8 +20,8 @@ import pytest
 from lib.apiproxy import ApiProxy
 from lib.controlplane import ControlPlane
 from lib.hosttrees import H100, make_host, module_line, write_driver_version, write_proc_modules
+from lib.realcluster import RealNodes, apply_policies, real_nodes
 
-from cluster.realcluster import RealNodes, apply_policies, real_nodes
 from installer import state
 from installer.cluster import client as client_module
 from installer.cluster import condition, driver_labels, events, scheduling_gate, signals

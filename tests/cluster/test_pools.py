@@ -23,8 +23,8 @@ from lib.apiproxy import ApiProxy
 from lib.controlplane import ControlPlane, token_claims
 from lib.fakes import FakeRunner
 from lib.hosttrees import make_host
+from lib.realcluster import RealNodes, apply_policies, real_nodes
 
-from cluster.realcluster import RealNodes, apply_policies, real_nodes
 from installer import planner
 from installer.cluster import pools, protocol
 from installer.config import Config, build_config

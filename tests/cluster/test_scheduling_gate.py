@@ -44,8 +44,8 @@ from lib.hosttrees import (
     write_driver_version,
     write_proc_modules,
 )
+from lib.realcluster import RealNodes, apply_policies, real_nodes
 
-from cluster.realcluster import RealNodes, apply_policies, real_nodes
 from installer import app, components, host, pipeline, state, steps
 from installer import verify as verify_package
 from installer.cluster import protocol, scheduling_gate, scheduling_gate_steps

@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster.realcluster import apply_policies
 from lib import controlplane
 from lib.apiproxy import ApiProxy
 from lib.controlplane import INSTALLER_ACCOUNT, NAMESPACE_OF_INSTALLER, ApiError, ControlPlane
 from lib.nodeagent import NodeAgent
+from lib.realcluster import apply_policies
 
 REPO = Path(__file__).resolve().parents[2]
 PROTOCOL = REPO / "daemonset" / "components" / "upgrade-protocol"

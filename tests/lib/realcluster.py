@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from lib.apiproxy import ApiProxy
 from lib.controlplane import ApiError, ControlPlane
 
