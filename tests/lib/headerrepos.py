@@ -159,18 +159,26 @@ def ubuntu_shape_debs(work: Path, kernel: str, base_package: str, gcc_version: i
         lines = [f"CONFIG_GCC_VERSION={gcc_version}" if line.startswith("CONFIG_GCC_VERSION=")
                  else line for line in text.splitlines()]
         config.write_text("\n".join(lines) + "\n")
+    return ubuntu_header_pair(work / "debs", base, flavour, kernel, base_package, version,
+                              "amd64", "libelf1",
+                              "Header files related to Linux kernel (test archive)")
+
+
+def ubuntu_header_pair(out: Path, base: Path, flavour: Path, kernel: str, common: str,
+                       version: str, deb_arch: str, libelf: str, description: str) -> list[Path]:
+    """Ubuntu's two header packages built into `out`: `common` (Architecture: all) from the
+    tree under `base`, and linux-headers-<kernel> from the tree under `flavour` (given here its
+    /lib/modules/<kernel>/build link) depending on `common`, libc6 and `libelf`."""
     modules = flavour / "lib/modules" / kernel
     modules.mkdir(parents=True)
     os.symlink(f"/usr/src/linux-headers-{kernel}", modules / "build")
-    common = {"Version": version, "Maintainer": "test <test@example.invalid>",
-              "Section": "devel", "Priority": "optional",
-              "Description": "Header files related to Linux kernel (test archive)"}
-    out = work / "debs"
+    fields = {"Version": version, "Maintainer": "test <test@example.invalid>",
+              "Section": "devel", "Priority": "optional", "Description": description}
     return [
-        build_deb(base, out, {"Package": base_package, "Architecture": "all", **common}),
-        build_deb(flavour, out, {"Package": f"linux-headers-{kernel}", "Architecture": "amd64",
-                                 "Depends": f"{base_package}, libc6 (>= 2.34), libelf1",
-                                 **common}),
+        build_deb(base, out, {"Package": common, "Architecture": "all", **fields}),
+        build_deb(flavour, out, {"Package": f"linux-headers-{kernel}",
+                                 "Architecture": deb_arch,
+                                 "Depends": f"{common}, libc6 (>= 2.34), {libelf}", **fields}),
     ]
 
 

@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from lib.headerrepos import Key, build_deb, signed_devel_rpm
+from lib.headerrepos import Key, signed_devel_rpm, ubuntu_header_pair
 from lib.hosttrees import header_tree, write_known_os_release, write_osrelease_kernel
 
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
@@ -54,20 +54,9 @@ def ubuntu_debs(work: Path, kernel: str, common: str, arch: str, gcc: int,
     os.rmdir(tree / "include/linux")
     os.symlink(f"../{common}/Makefile", tree / "Makefile")
     os.symlink(f"../../{common}/include/linux", tree / "include/linux")
-    modules = flavour / "lib/modules" / kernel
-    modules.mkdir(parents=True)
-    os.symlink(f"/usr/src/linux-headers-{kernel}", modules / "build")
-    fields = {"Version": version, "Maintainer": "test <test@example.invalid>",
-              "Section": "devel", "Priority": "optional",
-              "Description": "Linux kernel headers (test archive, Ubuntu's shape)"}
-    out = work / "debs"
-    return [
-        build_deb(base, out, {"Package": common, "Architecture": "all", **fields}),
-        build_deb(flavour, out, {"Package": f"linux-headers-{kernel}",
-                                 "Architecture": DEB_ARCH[arch],
-                                 "Depends": f"{common}, libc6 (>= 2.34), libelf1t64",
-                                 **fields}),
-    ]
+    return ubuntu_header_pair(work / "debs", base, flavour, kernel, common, version,
+                              DEB_ARCH[arch], "libelf1t64",
+                              "Linux kernel headers (test archive, Ubuntu's shape)")
 
 
 def ubuntu_sources(root: Path, base: str, suite: str, key: Key, arch: str) -> None:
