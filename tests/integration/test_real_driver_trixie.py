@@ -28,13 +28,12 @@ from kit.builder import build_real_runfile
 from lib.headerrepos import make_key
 from lib.hostkit import INSTALL_DIR_HOST, tree_snapshot
 from lib.httpfaults import serve_directory
-from lib.realdriver import elf, modinfo, same_bytes
+from lib.realdriver import InstalledRoot, elf, modinfo, same_bytes
 from lib.trixie import (
     VERSION,
     headers,
     image_env,
     image_root,
-    install_dir,
     make_trixie_host,
     parts,
     publish_trixie,
@@ -47,20 +46,12 @@ FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 
 
 @dataclass(frozen=True)
-class Run:
+class Run(InstalledRoot):
     root: Path
     env: dict[str, str]
     returncode: int
     stdout: str
     stderr: str
-
-    @property
-    def install(self) -> Path:
-        return install_dir(self.root)
-
-    @property
-    def drivers(self) -> Path:
-        return self.install / "drivers"
 
 
 @dataclass(frozen=True)

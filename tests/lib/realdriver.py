@@ -109,15 +109,11 @@ def install_dir(root: Path) -> Path:
     return root / INSTALL_DIR_HOST.lstrip("/")
 
 
-@dataclass(frozen=True)
-class RealInstall:
-    """A Debian host root after `installer run` of the real driver, built ahead for `kernel`."""
+class InstalledRoot:
+    """Where a host root the installer ran on keeps the install dir and the modules it built
+    (a base of the dataclasses that hold such a root)."""
 
     root: Path
-    kernel: str
-    env: dict[str, str]
-    result: subprocess.CompletedProcess[str]
-    seconds: float
 
     @property
     def install(self) -> Path:
@@ -126,6 +122,17 @@ class RealInstall:
     @property
     def drivers(self) -> Path:
         return self.install / "drivers"
+
+
+@dataclass(frozen=True)
+class RealInstall(InstalledRoot):
+    """A Debian host root after `installer run` of the real driver, built ahead for `kernel`."""
+
+    root: Path
+    kernel: str
+    env: dict[str, str]
+    result: subprocess.CompletedProcess[str]
+    seconds: float
 
     @property
     def build_dir(self) -> Path:
