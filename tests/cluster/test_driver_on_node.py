@@ -21,11 +21,10 @@ from typing import Any
 
 import pytest
 import yaml
-from lib.apiproxy import ApiProxy
 from lib.controlplane import ControlPlane, token_claims
 from lib.hosttrees import H100, make_host, module_line, write_driver_version, write_proc_modules
 
-from cluster.realcluster import RealNodes, apply_policies, real_nodes
+from cluster.realcluster import OnRealNodes, apply_policies, component_nodes
 from installer import state
 from installer.cluster import driver_labels, signals
 from installer.cluster.client import DRIVER_VERSION_MANAGER, NodeClient
@@ -63,15 +62,9 @@ def gke_annotations(version: str = VERSION) -> dict[str, str]:
 
 
 @dataclass
-class OnNode:
-    real: RealNodes
-    proxy: ApiProxy
+class OnNode(OnRealNodes):
     root: Path
     kubeconfig: Path
-
-    @property
-    def cp(self) -> ControlPlane:
-        return self.real.cp
 
     def config(self, **env: str) -> Config:
         return build_config({"NVIDIA_INSTALLER_CLUSTER_SIGNALS": "true", "NODE_NAME": NODE,
@@ -138,9 +131,7 @@ def driver_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def env(control_plane: ControlPlane, tmp_path: Path) -> Iterator[OnNode]:
-    with real_nodes(control_plane, tmp_path) as (real, proxy):
-        apply_policies(control_plane, SIGNALS / "admission-policy.yaml")
-        real.bind(SIGNALS / "rbac.yaml")
+    with component_nodes(control_plane, tmp_path, SIGNALS) as (real, proxy):
         real.wait_allowed("patch", "nodes")
         real.wait_allowed("publish-driver-version", "nodes")
         real.node(NODE, labels={"team": "ml"})

@@ -21,7 +21,7 @@ from lib.apiproxy import ApiProxy
 from lib.controlplane import ControlPlane
 from lib.hosttrees import H100, make_host, module_line, write_driver_version, write_proc_modules
 
-from cluster.realcluster import RealNodes, apply_policies, real_nodes
+from cluster.realcluster import RealNodes, component_nodes
 from installer import state
 from installer.cluster import client as client_module
 from installer.cluster import condition, driver_labels, events, gate, signals
@@ -108,9 +108,7 @@ def driver_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def env(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Signals]:
-    with real_nodes(control_plane, tmp_path) as (real, proxy):
-        apply_policies(control_plane, SIGNALS / "admission-policy.yaml")
-        real.bind(SIGNALS / "rbac.yaml")
+    with component_nodes(control_plane, tmp_path, SIGNALS) as (real, proxy):
         real.wait_allowed("patch", "nodes", "status")
         seed_node(real, NODE)
         seed_node(real, OTHER)
