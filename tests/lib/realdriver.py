@@ -169,6 +169,41 @@ def modinfo(ko: Path, field: str) -> str:
                           check=True).stdout.strip()
 
 
+def nvidias_built_modules(drivers: Path, version: str) -> list[str]:
+    """The .ko files in `drivers`, checked to be what NVIDIA's proprietary tree builds with
+    --no-drm and its nvidia.ko NVIDIA's own of `version`."""
+    built = sorted(p.name for p in drivers.glob("*.ko"))
+    # --no-drm: nvidia-drm is left out; NVIDIA's tree also builds nvidia-peermem.
+    assert built == ["nvidia-modeset.ko", "nvidia-peermem.ko", "nvidia-uvm.ko", "nvidia.ko"]
+    nvidia = drivers / "nvidia.ko"
+    assert modinfo(nvidia, "version") == version
+    assert modinfo(nvidia, "license") == "NVIDIA"
+    assert nvidia.stat().st_size > 50 << 20  # NVIDIA's nv-kernel.o_binary is linked in
+    return built
+
+
+def assert_installed_into(root: Path, modules_dir: Path, kernel: str, nvidia: Path) -> None:
+    """`nvidia` copied into the host's `modules_dir`/<kernel>/updates tree and depmod's
+    modules.dep listing nvidia-uvm's dependency on it."""
+    host_dir = modules_dir / kernel / "updates/nvidia-driver-installer"
+    assert same_bytes(host_dir / "nvidia.ko", nvidia)
+    depmod = (root / "lib/modules" / kernel / "modules.dep").read_text()
+    assert ("updates/nvidia-driver-installer/nvidia-uvm.ko: "
+            "updates/nvidia-driver-installer/nvidia.ko") in depmod
+
+
+def assert_verify_found_no_driver(returncode: int, stdout: str, stderr: str) -> None:
+    """`installer verify` with NVIDIA's nvidia-smi (exit 9) and NVML (NVMLError_DriverNotLoaded)
+    and no driver loaded: a clear error with its reference, exit code and hint; no traceback."""
+    output = stdout + stderr
+    assert returncode == 40, output[-3000:]
+    assert "error[verification-failed]" in stderr
+    assert "nvidia-smi could not communicate with the driver (exit 9)" in output
+    assert "NVMLError_DriverNotLoaded" in output and "Driver Not Loaded" in output
+    assert "hint:" in stderr.lower()
+    assert "Traceback" not in output
+
+
 def same_bytes(a: Path, b: Path) -> bool:
     if a.stat().st_size != b.stat().st_size:
         return False
