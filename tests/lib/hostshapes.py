@@ -8,7 +8,12 @@ import os
 import shutil
 from pathlib import Path
 
-from lib.headerrepos import Key, signed_devel_rpm, ubuntu_header_pair
+from lib.headerrepos import (
+    Key,
+    deb822_ubuntu_sources,
+    signed_devel_rpm,
+    ubuntu_header_pair,
+)
 from lib.hosttrees import header_tree, write_known_os_release, write_osrelease_kernel
 
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
@@ -62,18 +67,11 @@ def ubuntu_debs(work: Path, kernel: str, common: str, arch: str, gcc: int,
 def ubuntu_sources(root: Path, base: str, suite: str, key: Key, arch: str) -> None:
     """24.04 and later write deb822 `ubuntu.sources` with Signed-By the archive keyring
     (archive.ubuntu.com for amd64, ports.ubuntu.com/ubuntu-ports for arm64)."""
-    keyring = root / "usr/share/keyrings/ubuntu-archive-keyring.gpg"
-    keyring.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(key.keyring, keyring)
-    parts = root / "etc/apt/sources.list.d"
-    parts.mkdir(parents=True, exist_ok=True)
-    (root / "etc/apt/sources.list").write_text(
-        "# Ubuntu sources have moved to /etc/apt/sources.list.d/ubuntu.sources\n")
     uri = f"{base}/ubuntu" if arch == "x86_64" else f"{base}/ubuntu-ports"
-    (parts / "ubuntu.sources").write_text(
-        f"Types: deb\nURIs: {uri}\nSuites: {suite} {suite}-updates {suite}-backports\n"
-        "Components: main restricted universe multiverse\n"
-        "Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg\n")
+    deb822_ubuntu_sources(root, key, "ubuntu-archive-keyring.gpg",
+                          f"Types: deb\nURIs: {uri}\n"
+                          f"Suites: {suite} {suite}-updates {suite}-backports\n"
+                          "Components: main restricted universe multiverse\n")
 
 
 # --- the EL rebuilds and Amazon Linux ------------------------------------------------------
