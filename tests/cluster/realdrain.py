@@ -328,3 +328,17 @@ def generated_claim(d: Drain, pod: str) -> str:
             return str(statuses[0]["resourceClaimName"])
         assert time.monotonic() < deadline, "the resourceclaim controller made no claim"
         time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def watching(watch: Callable[[threading.Event], None]) -> Iterator[None]:
+    """`watch(stop)` in a daemon thread while the block runs (an administrator or a controller
+    acting beside the installer); on leaving, `stop` is set and the thread joined."""
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch, args=(stop,), daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join(10)

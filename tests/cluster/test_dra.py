@@ -28,6 +28,7 @@ from cluster.realdrain import (
     generated_claim,
     ready,
     trimmed_rbac,
+    watching,
 )
 from installer.cluster import dra, protocol
 from installer.errors import ClusterApiForbidden, EvictionTimeout
@@ -67,22 +68,16 @@ def test_the_dra_plugin_is_paused_only_after_the_claim_pods_are_gone(drain: Drai
     config = ready(drain)
     before = drain.real.get_node(drain.node)["metadata"]["labels"]
     seen: list[tuple[str | None, bool]] = []
-    stop = threading.Event()
 
-    def sample() -> None:
+    def sample(stop: threading.Event) -> None:
         # The label first, then the pod: a pod gone when the label was read stays gone.
         while not stop.is_set():
             label = drain.real.get_node(drain.node)["metadata"]["labels"].get(DRA_PLUGIN)
             seen.append((label, "train" in drain.pods()))
             time.sleep(0.02)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
+    with watching(sample):
         drain.make_room(config)
-    finally:
-        stop.set()
-        sampler.join(10)
     assert ("true", True) in seen
     assert (protocol.PAUSED, True) not in seen
     labels = drain.real.get_node(drain.node)["metadata"]["labels"]

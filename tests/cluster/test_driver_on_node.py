@@ -21,19 +21,14 @@ from typing import Any
 
 import pytest
 import yaml
-from lib.apiproxy import ApiProxy
 from lib.controlplane import ControlPlane, token_claims
-from lib.hosttrees import H100, make_host, module_line, write_driver_version, write_proc_modules
-from lib.realcluster import RealNodes, apply_policies, real_nodes
+from lib.hosttrees import H100, make_host, write_verified
+from lib.realcluster import OnRealNodes, apply_policies, component_nodes
 
-from installer import state
 from installer.cluster import driver_labels, signals
 from installer.cluster.client import DRIVER_VERSION_MANAGER, NodeClient
-from installer.components import registry
 from installer.config import Config, build_config
 from installer.errors import ClusterApiForbidden
-from installer.hostroot import HostRoot
-from installer.layout import READY_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 SIGNALS = REPO / "daemonset" / "components" / "cluster-signals"
@@ -63,15 +58,9 @@ def gke_annotations(version: str = VERSION) -> dict[str, str]:
 
 
 @dataclass
-class OnNode:
-    real: RealNodes
-    proxy: ApiProxy
+class OnNode(OnRealNodes):
     root: Path
     kubeconfig: Path
-
-    @property
-    def cp(self) -> ControlPlane:
-        return self.real.cp
 
     def config(self, **env: str) -> Config:
         return build_config({"NVIDIA_INSTALLER_CLUSTER_SIGNALS": "true", "NODE_NAME": NODE,
@@ -82,11 +71,7 @@ class OnNode:
 
     def verified(self, version: str = VERSION) -> None:
         """What a passing verify leaves: the modules loaded and the readiness file."""
-        write_proc_modules(self.root, [module_line(n) for n in ("nvidia_uvm", "nvidia")])
-        write_driver_version(self.root, version)
-        path = HostRoot(self.root).local(READY_FILE)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(state.ready_text(version, "open", "/var/lib/nvidia", KERNEL))
+        write_verified(self.root, version, KERNEL)
 
     def run(self, version: str = VERSION, **env: str) -> None:
         """The end of a successful run (signals.Told), as app.run calls it."""
@@ -130,17 +115,12 @@ def owned(node: dict[str, Any], manager: str = DRIVER_VERSION_MANAGER
             {k[2:] for k in meta.get("f:annotations", {})})
 
 
-@pytest.fixture(autouse=True)
-def driver_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The driver's part of readiness alone (the components are another test's subject)."""
-    monkeypatch.setattr(registry, "COMPONENTS", ())
+pytestmark = pytest.mark.usefixtures("driver_readiness_only")
 
 
 @pytest.fixture
 def env(control_plane: ControlPlane, tmp_path: Path) -> Iterator[OnNode]:
-    with real_nodes(control_plane, tmp_path) as (real, proxy):
-        apply_policies(control_plane, SIGNALS / "admission-policy.yaml")
-        real.bind(SIGNALS / "rbac.yaml")
+    with component_nodes(control_plane, tmp_path, SIGNALS) as (real, proxy):
         real.wait_allowed("patch", "nodes")
         real.wait_allowed("publish-driver-version", "nodes")
         real.node(NODE, labels={"team": "ml"})

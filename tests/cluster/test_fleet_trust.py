@@ -21,7 +21,7 @@ from lib.controlplane import ApiError
 from lib.fakes import FakeRunner
 from lib.hosttrees import make_host
 
-from cluster.realdrain import PLUGIN, Drain, drain, ready
+from cluster.realdrain import PLUGIN, Drain, drain, ready, watching
 from installer import app, host
 from installer.cluster import protocol
 from installer.cluster.client import NodeClient
@@ -219,9 +219,8 @@ def test_daemonset_mirror_and_tolerating_pods_are_waited_for_not_evicted(drain: 
         assert time.monotonic() < deadline, drain.pods()
         time.sleep(0.1)
     config = ready(drain)
-    stop = threading.Event()
 
-    def leave_once_waited_for() -> None:
+    def leave_once_waited_for(stop: threading.Event) -> None:
         left: set[str] = set()
         while len(left) < 2 and not stop.wait(0.1):
             waited = " ".join(m for r, m in events(drain) if r == "GpuPodNotEvicted")
@@ -235,13 +234,10 @@ def test_daemonset_mirror_and_tolerating_pods_are_waited_for_not_evicted(drain: 
                                {"gracePeriodSeconds": 0})
                 left.add("mirror")
 
-    watcher = threading.Thread(target=leave_once_waited_for, daemon=True)
-    watcher.start()
     try:
-        drain.make_room(config)
+        with watching(leave_once_waited_for):
+            drain.make_room(config)
     finally:
-        stop.set()
-        watcher.join(10)
         with contextlib.suppress(ApiError):
             cp.request("DELETE", f"{daemonsets}/dcgm-exporter")
 

@@ -19,14 +19,13 @@ from typing import Any
 import pytest
 from lib.apiproxy import ApiProxy
 from lib.controlplane import ControlPlane
-from lib.hosttrees import H100, make_host, module_line, write_driver_version, write_proc_modules
-from lib.realcluster import RealNodes, apply_policies, real_nodes
+from lib.hosttrees import H100, make_host, write_proc_modules, write_verified
+from lib.realcluster import RealNodes, component_nodes
 
 from installer import state
 from installer.cluster import client as client_module
 from installer.cluster import condition, driver_labels, events, scheduling_gate, signals
 from installer.cluster.client import NodeClient
-from installer.components import registry
 from installer.config import Config, build_config
 from installer.errors import (
     ClusterApiForbidden,
@@ -84,11 +83,7 @@ class Signals:
 
     def verified(self, version: str = VERSION) -> None:
         """What a passing verify leaves: the modules loaded and the readiness file."""
-        write_proc_modules(self.root, [module_line(n) for n in ("nvidia_uvm", "nvidia")])
-        write_driver_version(self.root, version)
-        path = HostRoot(self.root).local(READY_FILE)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(state.ready_text(version, "open", "/var/lib/nvidia", KERNEL))
+        write_verified(self.root, version, KERNEL)
 
 
 def seed_node(real: RealNodes, name: str) -> None:
@@ -100,17 +95,12 @@ def seed_node(real: RealNodes, name: str) -> None:
                                 "recursiveReadOnlyMounts": True, "userNamespaces": False}}]})
 
 
-@pytest.fixture(autouse=True)
-def driver_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The driver's part of readiness alone (the components are another test's subject)."""
-    monkeypatch.setattr(registry, "COMPONENTS", ())
+pytestmark = pytest.mark.usefixtures("driver_readiness_only")
 
 
 @pytest.fixture
 def env(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Signals]:
-    with real_nodes(control_plane, tmp_path) as (real, proxy):
-        apply_policies(control_plane, SIGNALS / "admission-policy.yaml")
-        real.bind(SIGNALS / "rbac.yaml")
+    with component_nodes(control_plane, tmp_path, SIGNALS) as (real, proxy):
         real.wait_allowed("patch", "nodes", "status")
         seed_node(real, NODE)
         seed_node(real, OTHER)

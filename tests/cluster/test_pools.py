@@ -19,11 +19,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
-from lib.apiproxy import ApiProxy
 from lib.controlplane import ControlPlane, token_claims
 from lib.fakes import FakeRunner
 from lib.hosttrees import make_host
-from lib.realcluster import RealNodes, apply_policies, real_nodes
+from lib.realcluster import OnRealNodes, component_nodes
 
 from installer import planner
 from installer.cluster import pools, protocol
@@ -46,16 +45,10 @@ def example_policy() -> str:
 
 
 @dataclass
-class Pools:
-    real: RealNodes
-    proxy: ApiProxy
+class Pools(OnRealNodes):
     tmp: Path
     policy: Path
     prefix: str
-
-    @property
-    def cp(self) -> ControlPlane:
-        return self.real.cp
 
     def node(self, suffix: str, pool: str, state: str | None = None) -> str:
         """A Node of `pool` (the administrator sets its upgrade state, as another node's
@@ -113,9 +106,7 @@ def env(control_plane: ControlPlane, tmp_path: Path,
     policy = tmp_path / "configmap" / "policy.yaml"
     policy.parent.mkdir()
     policy.write_text(example_policy())
-    with real_nodes(control_plane, tmp_path) as (real, proxy):
-        apply_policies(control_plane, PROTOCOL / "admission-policy.yaml")
-        real.bind(PROTOCOL / "rbac.yaml")
+    with component_nodes(control_plane, tmp_path, PROTOCOL) as (real, proxy):
         real.wait_allowed("list", "nodes")
         yield Pools(real, proxy, tmp_path, policy, f"pool-{next(_tests)}")
 

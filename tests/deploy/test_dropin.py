@@ -89,6 +89,15 @@ def _base() -> dict[str, Any]:
     return copy.deepcopy(installer_daemonset(load_all(DAEMONSET_DIR / "base" / "daemonset.yaml")))
 
 
+def _base_with_env(name: str, value: str) -> dict[str, Any]:
+    """The base DaemonSet with its installer container's env var `name` (one it sets) set to
+    `value`."""
+    ds = _base()
+    (item,) = [e for e in installer_container(ds)["env"] if e["name"] == name]
+    item["value"] = value
+    return ds
+
+
 def test_checker_reports_an_unknown_env_var() -> None:
     ds = _base()
     installer_container(ds)["env"].append({"name": "NVIDIA_DRIVER_VERSIONS", "value": "580"})
@@ -96,10 +105,7 @@ def test_checker_reports_an_unknown_env_var() -> None:
 
 
 def test_checker_reports_a_value_from_env_rejects() -> None:
-    ds = _base()
-    for item in installer_container(ds)["env"]:
-        if item["name"] == "NVIDIA_INSTALL_DIR_HOST":
-            item["value"] = "home/kubernetes/bin/nvidia"
+    ds = _base_with_env("NVIDIA_INSTALL_DIR_HOST", "home/kubernetes/bin/nvidia")
     (problem,) = contract_problems(ds)
     assert problem.startswith("from_env rejects the env: NVIDIA_INSTALL_DIR_HOST")
 
@@ -114,11 +120,7 @@ def test_checker_reports_a_missing_mount(mount: str) -> None:
 
 
 def test_checker_reports_the_root_mounted_elsewhere() -> None:
-    ds = _base()
-    for item in installer_container(ds)["env"]:
-        if item["name"] == "ROOT_MOUNT_DIR":
-            item["value"] = "/host"
-    (problem,) = contract_problems(ds)
+    (problem,) = contract_problems(_base_with_env("ROOT_MOUNT_DIR", "/host"))
     assert problem.startswith("ROOT_MOUNT_DIR: expected host / mounted read-write at /host")
 
 

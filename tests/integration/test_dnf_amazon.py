@@ -126,6 +126,15 @@ def rpms(root: Path) -> list[str]:
     return sorted(n for n in out.split() if not n.startswith(("kit-base-", "gpg-pubkey-")))
 
 
+def assert_refused_before_any_change(root: Path, result: subprocess.CompletedProcess[str],
+                                     code: int, *said: str) -> None:
+    """The run exited `code`, its stderr says each of `said`, and no package was installed."""
+    assert result.returncode == code, result.stderr[-3000:]
+    for text in said:
+        assert text in result.stderr
+    assert rpms(root) == []
+
+
 def keys(root: Path) -> int:
     out = subprocess.run(["rpm", "--root", str(root), "-q", "gpg-pubkey"], capture_output=True,
                          text=True)
@@ -200,26 +209,19 @@ def test_a_kernel_the_locked_release_lacks_is_named_with_its_packages(
         root: Path, archive: Archive) -> None:
     other = "6.1.150-180.253.amzn2023.x86_64"
     result = run_installer(env_for(root, archive.repo_file, V580A, kernel=other), "run")
-    assert result.returncode == 90, result.stderr[-3000:]
-    assert "error[amazon-kernel-devel-missing]" in result.stderr
-    assert f"kernel-devel-{other}" in result.stderr
-    assert "/etc/dnf/vars/releasever" in result.stderr
-    assert rpms(root) == []
+    assert_refused_before_any_change(root, result, 90, "error[amazon-kernel-devel-missing]",
+                                     f"kernel-devel-{other}", "/etc/dnf/vars/releasever")
 
 
 def test_a_version_nvidias_repo_lacks_is_refused_before_any_change(
         root: Path, archive: Archive) -> None:
     result = run_installer(env_for(root, archive.repo_file, V570), "run")
-    assert result.returncode == 92, result.stderr[-3000:]
-    assert "error[amazon-driver-missing]" in result.stderr
-    assert "nvidia-driver:570-dkms" in result.stderr
-    assert rpms(root) == []
+    assert_refused_before_any_change(root, result, 92, "error[amazon-driver-missing]",
+                                     "nvidia-driver:570-dkms")
 
 
 def test_without_dkms_in_nvidias_repo_the_al2023_reason_is_given(
         root: Path, archive: Archive) -> None:
     result = run_installer(env_for(root, archive.no_dkms_file, V580A), "run")
-    assert result.returncode == 91, result.stderr[-3000:]
-    assert "error[amazon-dkms-missing]" in result.stderr
-    assert "no EPEL" in result.stderr
-    assert rpms(root) == []
+    assert_refused_before_any_change(root, result, 91, "error[amazon-dkms-missing]",
+                                     "no EPEL")

@@ -83,83 +83,78 @@ class Host(NamedTuple):
         return self.package.split(f"-{self.kernel.removesuffix('+64k')}")[0]
 
 
+def ubuntu_host(distro: str, kernel: str, common: str, gcc: str, build: str,
+                page_kib: int | None = None) -> Host:
+    """An Ubuntu host: linux-headers-<kernel> depending on `common`, built with `gcc` (as
+    ubuntu_gcc, its arch from a -64k flavour), the image tag the release's."""
+    return Host(distro, kernel, "aarch64" if "64k" in kernel else "x86_64",
+                f"linux-headers-{kernel}", common, int(gcc.split(".")[0]),
+                ubuntu_gcc(kernel, gcc, build), distro.replace("-", ""), page_kib)
+
+
+def el_host(distro: str, kernel: str, devel: str, gcc: str, tag: str,
+            page_kib: int | None = None) -> Host:
+    """An EL-family host: the arch is the uname's last part, the headers `devel`-<NVR> (the 4k
+    NVR for a +64k kernel), built with the system `gcc`."""
+    nvr = kernel.removesuffix("+64k")
+    return Host(distro, kernel, nvr.rsplit(".", 1)[1], f"{devel}-{nvr}", "",
+                int(gcc.split(".")[0]), el_gcc(kernel, gcc), tag, page_kib)
+
+
 # Ubuntu 24.04: every kernel is built with noble's gcc-13, its HWE backports too
 # (/proc/version of 6.17.0-1011-azure #11~24.04.2-Ubuntu: "gcc (Ubuntu 13.3.0) 13.3.0").
 # Ubuntu 26.04 (resolute) builds with its default gcc-15 (its toolchain: GCC 15, glibc 2.41 -
 # webpronews.com on 26.04's snapshots; GB300's recipe runs its 7.0 -nvidia-64k kernel).
 NOBLE_GCC, RESOLUTE_GCC = "13.3.0", "15.2.0"
 HOSTS = {
-    "noble-generic": Host("ubuntu-24.04", "6.8.0-87-generic", "x86_64",
-                          "linux-headers-6.8.0-87-generic", "linux-headers-6.8.0-87", 13,
-                          ubuntu_gcc("6.8.0-87-generic", NOBLE_GCC, "87"), "ubuntu24.04"),
-    "noble-hwe": Host("ubuntu-24.04", "6.14.0-33-generic", "x86_64",
-                      "linux-headers-6.14.0-33-generic", "linux-hwe-6.14-headers-6.14.0-33", 13,
-                      ubuntu_gcc("6.14.0-33-generic", NOBLE_GCC, "33~24.04.1"), "ubuntu24.04"),
-    "noble-aws": Host("ubuntu-24.04", "6.8.0-1040-aws", "x86_64",
-                      "linux-headers-6.8.0-1040-aws", "linux-aws-headers-6.8.0-1040", 13,
-                      ubuntu_gcc("6.8.0-1040-aws", NOBLE_GCC, "42"), "ubuntu24.04"),
-    "noble-azure": Host("ubuntu-24.04", "6.17.0-1011-azure", "x86_64",
-                        "linux-headers-6.17.0-1011-azure", "linux-azure-6.17-headers-6.17.0-1011",
-                        13, ubuntu_gcc("6.17.0-1011-azure", NOBLE_GCC, "11~24.04.2"),
-                        "ubuntu24.04"),
-    "noble-gcp": Host("ubuntu-24.04", "6.8.0-1039-gcp", "x86_64",
-                      "linux-headers-6.8.0-1039-gcp", "linux-gcp-headers-6.8.0-1039", 13,
-                      ubuntu_gcc("6.8.0-1039-gcp", NOBLE_GCC, "41"), "ubuntu24.04"),
-    "noble-nvidia": Host("ubuntu-24.04", "6.8.0-1036-nvidia", "x86_64",
-                         "linux-headers-6.8.0-1036-nvidia", "linux-nvidia-headers-6.8.0-1036", 13,
-                         ubuntu_gcc("6.8.0-1036-nvidia", NOBLE_GCC, "39"), "ubuntu24.04"),
-    "noble-nvidia-64k": Host("ubuntu-24.04", "6.8.0-1036-nvidia-64k", "aarch64",
-                             "linux-headers-6.8.0-1036-nvidia-64k",
-                             "linux-nvidia-headers-6.8.0-1036", 13,
-                             ubuntu_gcc("6.8.0-1036-nvidia-64k", NOBLE_GCC, "39"), "ubuntu24.04",
-                             64),
-    "noble-generic-64k": Host("ubuntu-24.04", "6.8.0-87-generic-64k", "aarch64",
-                              "linux-headers-6.8.0-87-generic-64k", "linux-headers-6.8.0-87", 13,
-                              ubuntu_gcc("6.8.0-87-generic-64k", NOBLE_GCC, "87"), "ubuntu24.04",
-                              64),
-    "resolute-generic": Host("ubuntu-26.04", "7.0.0-15-generic", "x86_64",
-                             "linux-headers-7.0.0-15-generic", "linux-headers-7.0.0-15", 15,
-                             ubuntu_gcc("7.0.0-15-generic", RESOLUTE_GCC, "15"), "ubuntu26.04"),
-    "resolute-nvidia-64k": Host("ubuntu-26.04", "7.0.0-1004-nvidia-64k", "aarch64",
-                                "linux-headers-7.0.0-1004-nvidia-64k",
-                                "linux-nvidia-headers-7.0.0-1004", 15,
-                                ubuntu_gcc("7.0.0-1004-nvidia-64k", RESOLUTE_GCC, "4"),
-                                "ubuntu26.04", 64),
+    "noble-generic": ubuntu_host("ubuntu-24.04", "6.8.0-87-generic", "linux-headers-6.8.0-87",
+                                 NOBLE_GCC, "87"),
+    "noble-hwe": ubuntu_host("ubuntu-24.04", "6.14.0-33-generic",
+                             "linux-hwe-6.14-headers-6.14.0-33", NOBLE_GCC, "33~24.04.1"),
+    "noble-aws": ubuntu_host("ubuntu-24.04", "6.8.0-1040-aws", "linux-aws-headers-6.8.0-1040",
+                             NOBLE_GCC, "42"),
+    "noble-azure": ubuntu_host("ubuntu-24.04", "6.17.0-1011-azure",
+                               "linux-azure-6.17-headers-6.17.0-1011", NOBLE_GCC, "11~24.04.2"),
+    "noble-gcp": ubuntu_host("ubuntu-24.04", "6.8.0-1039-gcp", "linux-gcp-headers-6.8.0-1039",
+                             NOBLE_GCC, "41"),
+    "noble-nvidia": ubuntu_host("ubuntu-24.04", "6.8.0-1036-nvidia",
+                                "linux-nvidia-headers-6.8.0-1036", NOBLE_GCC, "39"),
+    "noble-nvidia-64k": ubuntu_host("ubuntu-24.04", "6.8.0-1036-nvidia-64k",
+                                    "linux-nvidia-headers-6.8.0-1036", NOBLE_GCC, "39",
+                                    page_kib=64),
+    "noble-generic-64k": ubuntu_host("ubuntu-24.04", "6.8.0-87-generic-64k",
+                                     "linux-headers-6.8.0-87", NOBLE_GCC, "87", page_kib=64),
+    "resolute-generic": ubuntu_host("ubuntu-26.04", "7.0.0-15-generic", "linux-headers-7.0.0-15",
+                                    RESOLUTE_GCC, "15"),
+    "resolute-nvidia-64k": ubuntu_host("ubuntu-26.04", "7.0.0-1004-nvidia-64k",
+                                       "linux-nvidia-headers-7.0.0-1004", RESOLUTE_GCC, "4",
+                                       page_kib=64),
     # Oracle Linux: UEK's uname ends .el<N>uek.<arch> (6.12.0-105.51.5.el9uek.x86_64 beside
     # RHCK's 5.14.0-570.60.1.0.1.el9_6: mondoohq/mql PR #6380); kernel-uek-devel for UEK,
     # kernel-devel for RHCK. The gcc of each is as posed here (EL's system gcc).
-    "ol8-uek": Host("ol-8", "5.15.0-312.187.5.el8uek.x86_64", "x86_64",
-                    "kernel-uek-devel-5.15.0-312.187.5.el8uek.x86_64", "", 11,
-                    el_gcc("5.15.0-312.187.5.el8uek.x86_64", "11.4.1"), "rocky8"),
-    "ol9-uek": Host("ol-9", "6.12.0-105.51.5.el9uek.x86_64", "x86_64",
-                    "kernel-uek-devel-6.12.0-105.51.5.el9uek.x86_64", "", 11,
-                    el_gcc("6.12.0-105.51.5.el9uek.x86_64", "11.5.0"), "rocky9"),
-    "ol9-rhck": Host("ol-9", "5.14.0-570.60.1.0.1.el9_6.x86_64", "x86_64",
-                     "kernel-devel-5.14.0-570.60.1.0.1.el9_6.x86_64", "", 11,
-                     el_gcc("5.14.0-570.60.1.0.1.el9_6.x86_64", "11.5.0"), "rocky9"),
-    "ol10-rhck": Host("ol-10", "6.12.0-55.9.1.0.1.el10_0.x86_64", "x86_64",
-                      "kernel-devel-6.12.0-55.9.1.0.1.el10_0.x86_64", "", 14,
-                      el_gcc("6.12.0-55.9.1.0.1.el10_0.x86_64", "14.2.1"), "rocky10"),
+    "ol8-uek": el_host("ol-8", "5.15.0-312.187.5.el8uek.x86_64", "kernel-uek-devel", "11.4.1",
+                       "rocky8"),
+    "ol9-uek": el_host("ol-9", "6.12.0-105.51.5.el9uek.x86_64", "kernel-uek-devel", "11.5.0",
+                       "rocky9"),
+    "ol9-rhck": el_host("ol-9", "5.14.0-570.60.1.0.1.el9_6.x86_64", "kernel-devel", "11.5.0",
+                        "rocky9"),
+    "ol10-rhck": el_host("ol-10", "6.12.0-55.9.1.0.1.el10_0.x86_64", "kernel-devel", "14.2.1",
+                         "rocky10"),
     # Amazon Linux 2023: the 6.1 line is `kernel` (kernel-devel), later lines are their own
     # packages (kernel6.12-devel); 6.1 is built with AL2023's gcc 11 ("gcc (GCC) 11.5.0 20240719
     # (Red Hat 11.5.0-5)" in its /proc/version).
-    "al2023-6.1": Host("amzn-2023", "6.1.147-172.266.amzn2023.x86_64", "x86_64",
-                       "kernel-devel-6.1.147-172.266.amzn2023.x86_64", "", 11,
-                       el_gcc("6.1.147-172.266.amzn2023.x86_64", "11.5.0"), "rocky9"),
-    "al2023-6.12": Host("amzn-2023", "6.12.40-63.114.amzn2023.aarch64", "aarch64",
-                        "kernel6.12-devel-6.12.40-63.114.amzn2023.aarch64", "", 11,
-                        el_gcc("6.12.40-63.114.amzn2023.aarch64", "11.5.0"), "rocky9", 4),
+    "al2023-6.1": el_host("amzn-2023", "6.1.147-172.266.amzn2023.x86_64", "kernel-devel", "11.5.0",
+                          "rocky9"),
+    "al2023-6.12": el_host("amzn-2023", "6.12.40-63.114.amzn2023.aarch64", "kernel6.12-devel",
+                           "11.5.0", "rocky9", page_kib=4),
     # RHEL's 64k kernel: uname `...el9_N.aarch64+64k`, kernel-64k-devel of the 4k NVR
     # (../shared/reference/blackwell-grace.md §5).
-    "rhel9-64k": Host("rhel-9", "5.14.0-503.15.1.el9_5.aarch64+64k", "aarch64",
-                      "kernel-64k-devel-5.14.0-503.15.1.el9_5.aarch64", "", 11,
-                      el_gcc("5.14.0-503.15.1.el9_5.aarch64+64k", "11.5.0"), "rocky9", 64),
-    "rhel10-64k": Host("rhel-10", "6.12.0-55.9.1.el10_0.aarch64+64k", "aarch64",
-                       "kernel-64k-devel-6.12.0-55.9.1.el10_0.aarch64", "", 14,
-                       el_gcc("6.12.0-55.9.1.el10_0.aarch64+64k", "14.2.1"), "rocky10", 64),
-    "rocky10": Host("rocky-10", "6.12.0-55.12.1.el10_0.x86_64", "x86_64",
-                    "kernel-devel-6.12.0-55.12.1.el10_0.x86_64", "", 14,
-                    el_gcc("6.12.0-55.12.1.el10_0.x86_64", "14.2.1"), "rocky10"),
+    "rhel9-64k": el_host("rhel-9", "5.14.0-503.15.1.el9_5.aarch64+64k", "kernel-64k-devel",
+                         "11.5.0", "rocky9", page_kib=64),
+    "rhel10-64k": el_host("rhel-10", "6.12.0-55.9.1.el10_0.aarch64+64k", "kernel-64k-devel",
+                          "14.2.1", "rocky10", page_kib=64),
+    "rocky10": el_host("rocky-10", "6.12.0-55.12.1.el10_0.x86_64", "kernel-devel", "14.2.1",
+                       "rocky10"),
 }
 SUITES = {"ubuntu-24.04": "noble", "ubuntu-26.04": "resolute"}
 # The flavour plan names on the EL hosts (Ubuntu's: the release after its ABI number).

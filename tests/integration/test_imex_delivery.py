@@ -36,13 +36,20 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         yield base, www, requests
 
 
+def gb200_host(tmp_path: Path, gpus: int) -> tuple[Path, Path, dict[str, str]]:
+    """A fake host of `gpus` GB200s under tmp_path/host: its top, its root and the env that
+    points the installer at it (no container-side install dir)."""
+    top = tmp_path / "host"
+    root = make_host(top, gpus=[GB200] * gpus)
+    return top, root, {"ROOT_MOUNT_DIR": str(top),
+                       "NVIDIA_INSTALL_DIR_CONTAINER": str(top) + "-none"}
+
+
 def test_imex_of_the_drivers_version_goes_into_the_version_dir(
         tmp_path: Path, served: tuple[str, Path, list[str]]) -> None:
     base, www, requests = served
-    top = tmp_path / "host"
-    root = make_host(top, gpus=[GB200] * 4)
-    env = {"ROOT_MOUNT_DIR": str(top), "NVIDIA_INSTALL_DIR_CONTAINER": str(top) + "-none",
-           "NVIDIA_FABRICMANAGER_REDIST": f"{base}/redist"}
+    top, root, host_env = gb200_host(tmp_path, 4)
+    env = {**host_env, "NVIDIA_FABRICMANAGER_REDIST": f"{base}/redist"}
     layout = Layout.from_config(from_env(env), root)
     with pytest.raises(UnverifiedDownload):
         imex.fetch(from_env(env), layout, V, "x86_64")
@@ -74,12 +81,9 @@ def test_imex_of_the_drivers_version_goes_into_the_version_dir(
 def test_an_imex_entry_of_another_version_is_refused(
         tmp_path: Path, served: tuple[str, Path, list[str]]) -> None:
     base, www, _ = served
-    top = tmp_path / "host"
-    root = make_host(top, gpus=[GB200])
+    _, root, host_env = gb200_host(tmp_path, 1)
     digests = kit.write_digests(tmp_path / "digests", www / "wrong")
-    config = from_env({"ROOT_MOUNT_DIR": str(top),
-                       "NVIDIA_INSTALL_DIR_CONTAINER": str(top) + "-none",
-                       "NVIDIA_FABRICMANAGER_REDIST": f"{base}/wrong",
+    config = from_env({**host_env, "NVIDIA_FABRICMANAGER_REDIST": f"{base}/wrong",
                        "NVIDIA_DRIVER_DIGESTS_FILE": str(digests)})
     layout = Layout.from_config(config, root)
     with pytest.raises(ImexMismatch, match=f"lists imex '{W}', not {V}"):
@@ -90,11 +94,9 @@ def test_an_imex_entry_of_another_version_is_refused(
 def test_a_mirror_without_the_entry_or_of_another_version_is_passed_over(
         tmp_path: Path, served: tuple[str, Path, list[str]]) -> None:
     base, www, _ = served
-    top = tmp_path / "host"
-    root = make_host(top, gpus=[GB200])
+    _, root, host_env = gb200_host(tmp_path, 1)
     digests = kit.write_digests(tmp_path / "digests", www / "redist")
-    env = {"ROOT_MOUNT_DIR": str(top), "NVIDIA_INSTALL_DIR_CONTAINER": str(top) + "-none",
-           "NVIDIA_DRIVER_DIGESTS_FILE": str(digests)}
+    env = {**host_env, "NVIDIA_DRIVER_DIGESTS_FILE": str(digests)}
     config = from_env({**env, "NVIDIA_FABRICMANAGER_REDIST":
                        f"{base}/fmonly,{base}/wrong,{base}/redist"})
     layout = Layout.from_config(config, root)

@@ -28,13 +28,20 @@ from kit.builder import build_real_runfile
 from lib.headerrepos import make_key
 from lib.hostkit import INSTALL_DIR_HOST, tree_snapshot
 from lib.httpfaults import serve_directory
-from lib.realdriver import elf, modinfo, same_bytes
+from lib.realdriver import (
+    InstalledRoot,
+    assert_installed_into,
+    assert_verify_found_no_driver,
+    elf,
+    modinfo,
+    nvidias_built_modules,
+    same_bytes,
+)
 from lib.trixie import (
     VERSION,
     headers,
     image_env,
     image_root,
-    install_dir,
     make_trixie_host,
     parts,
     publish_trixie,
@@ -47,20 +54,12 @@ FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 
 
 @dataclass(frozen=True)
-class Run:
+class Run(InstalledRoot):
     root: Path
     env: dict[str, str]
     returncode: int
     stdout: str
     stderr: str
-
-    @property
-    def install(self) -> Path:
-        return install_dir(self.root)
-
-    @property
-    def drivers(self) -> Path:
-        return self.install / "drivers"
 
 
 @dataclass(frozen=True)
@@ -150,21 +149,12 @@ def test_proprietary_modules_from_headers_fetched_through_the_hosts_deb822_sourc
     assert f"Kernel source path: '/usr/src/linux-headers-{base}-common'" in log
     assert f"Kernel output path: '/usr/src/linux-headers-{k}'" in log
     drivers = proprietary.drivers
-    built = sorted(p.name for p in drivers.glob("*.ko"))
-    assert built == ["nvidia-modeset.ko", "nvidia-peermem.ko", "nvidia-uvm.ko", "nvidia.ko"]
-    nvidia = drivers / "nvidia.ko"
-    assert modinfo(nvidia, "version") == VERSION
-    assert modinfo(nvidia, "license") == "NVIDIA"
-    assert nvidia.stat().st_size > 50 << 20  # NVIDIA's nv-kernel.o_binary is linked in
-    for module in built:
+    for module in nvidias_built_modules(drivers, VERSION):
         assert modinfo(drivers / module, "vermagic").startswith(
             f"{k} SMP preempt mod_unload modversions"), module
     # Merged-/usr: the host's /lib/modules is /usr/lib/modules.
-    host_dir = proprietary.root / "usr/lib/modules" / k / "updates/nvidia-driver-installer"
-    assert same_bytes(host_dir / "nvidia.ko", nvidia)
-    depmod = (proprietary.root / "lib/modules" / k / "modules.dep").read_text()
-    assert ("updates/nvidia-driver-installer/nvidia-uvm.ko: "
-            "updates/nvidia-driver-installer/nvidia.ko") in depmod
+    assert_installed_into(proprietary.root, proprietary.root / "usr/lib/modules", k,
+                          drivers / "nvidia.ko")
 
 
 def test_open_sources_older_than_trixies_kernel_fail_with_gcc_14s_line(trixie: Trixie) -> None:
@@ -228,13 +218,7 @@ def test_verify_with_nvidias_550_nvidia_smi_and_nvml_and_no_driver(trixie: Trixi
     """NVIDIA's real 550 nvidia-smi (exit 9) and NVML (NVMLError_DriverNotLoaded), run from the
     trixie image: the clear error with its reference, exit code and hint; no traceback."""
     result = trixie.run(proprietary.env, "verify")
-    output = result.stdout + result.stderr
-    assert result.returncode == 40, output[-3000:]
-    assert "error[verification-failed]" in result.stderr
-    assert "nvidia-smi could not communicate with the driver (exit 9)" in output
-    assert "NVMLError_DriverNotLoaded" in output and "Driver Not Loaded" in output
-    assert "hint:" in result.stderr.lower()
-    assert "Traceback" not in output
+    assert_verify_found_no_driver(result.returncode, result.stdout, result.stderr)
 
 
 def test_warm_rerun_in_the_image_rebuilds_nothing(trixie: Trixie, proprietary: Run) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lib.httpfaults import QuietHandler
+from lib.httpfaults import QuietHandler, answer
 from lib.registrykit import PASSWORD, USER, Registry, http_push, make_key_pair
 
 from installer.delivery import artifact, registry, trust
@@ -300,17 +300,6 @@ class _Handler(QuietHandler):
     do_HEAD = do_GET
 
 
-def _answer(h: BaseHTTPRequestHandler, status: int, body: bytes = b"",
-            headers: dict[str, str] | None = None) -> None:
-    h.send_response(status)
-    for k, v in (headers or {}).items():
-        h.send_header(k, v)
-    h.send_header("Content-Length", str(len(body)))
-    h.end_headers()
-    if h.command != "HEAD":
-        h.wfile.write(body)
-
-
 @contextmanager
 def _serve(handle: Any) -> Iterator[_Stub]:
     server = _Stub(("127.0.0.1", 0), _Handler)
@@ -326,7 +315,7 @@ def _serve(handle: Any) -> Iterator[_Stub]:
 
 @pytest.fixture
 def realm() -> Iterator[_Stub]:
-    with _serve(lambda h: _answer(h, 200, b'{"token": "t"}')) as server:
+    with _serve(lambda h: answer(h, 200, b'{"token": "t"}')) as server:
         yield server
 
 
@@ -334,11 +323,11 @@ def _bearer_registry(realm_url: str, token_seen: list[str]) -> Any:
     def handle(h: BaseHTTPRequestHandler) -> None:
         if h.path.startswith("/token"):
             token_seen.append(h.headers.get("Authorization", ""))
-            _answer(h, 200, b'{"token": "good"}')
+            answer(h, 200, b'{"token": "good"}')
         elif h.headers.get("Authorization") == "Bearer good":
-            _answer(h, 404 if "/manifests/" in h.path else 200, b"{}")
+            answer(h, 404 if "/manifests/" in h.path else 200, b"{}")
         else:
-            _answer(h, 401, headers={"WWW-Authenticate": f'Bearer realm="{realm_url}",'
+            answer(h, 401, headers={"WWW-Authenticate": f'Bearer realm="{realm_url}",'
                                      'service="registry",scope="repository:gpu/m:pull"'})
     return handle
 
@@ -380,14 +369,14 @@ def test_the_registrys_own_token_service_gets_the_credentials_and_works(
 def test_blob_redirects_to_storage_carry_no_credentials(tmp_path: Path) -> None:
     payload = b"module bytes"
     digest = "sha256:" + hashlib.sha256(payload).hexdigest()
-    with _serve(lambda h: _answer(h, 200, payload)) as storage:
+    with _serve(lambda h: answer(h, 200, payload)) as storage:
         target = f"http://127.0.0.1:{storage.server_address[1]}/bucket/blob"
 
         def handle(h: BaseHTTPRequestHandler, target: str = target) -> None:
             if h.headers.get("Authorization", "").startswith("Basic "):
-                _answer(h, 307, headers={"Location": target})
+                answer(h, 307, headers={"Location": target})
             else:
-                _answer(h, 401, headers={"WWW-Authenticate": 'Basic realm="r"'})
+                answer(h, 401, headers={"WWW-Authenticate": 'Basic realm="r"'})
 
         with _serve(handle) as stub:
             settings = RegistrySettings(f"127.0.0.1:{stub.server_address[1]}/gpu/m",
@@ -409,7 +398,7 @@ def test_layers_over_the_size_limit_are_refused_before_a_byte_of_them_is_read(
     manifest = artifact.manifest_for(artifact.config_for(KEY, entries), entries, KEY)
 
     def handle(h: BaseHTTPRequestHandler) -> None:
-        _answer(h, 200, manifest if "/manifests/" in h.path else b"{}")
+        answer(h, 200, manifest if "/manifests/" in h.path else b"{}")
 
     with _serve(handle) as stub:
         settings = RegistrySettings(f"127.0.0.1:{stub.server_address[1]}/gpu/m",
@@ -424,7 +413,7 @@ def test_a_300_mb_manifest_is_refused_without_reading_it_whole(policy: Policy) -
 
     def handle(h: BaseHTTPRequestHandler) -> None:
         if "/manifests/" not in h.path:
-            _answer(h, 200, b"{}")
+            answer(h, 200, b"{}")
             return
         h.send_response(200)
         h.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")

@@ -27,7 +27,7 @@ from lib.hostkit import (
     make_debian_host,
     run_installer,
 )
-from lib.httpfaults import FaultServer, QuietHandler, serve_directory
+from lib.httpfaults import FaultServer, QuietHandler, answer, serve_directory
 from lib.registrykit import make_key_pair
 
 from installer.delivery import artifact, oci, registry, trust
@@ -217,16 +217,6 @@ def stub(handle: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[_Stub]:
         server.stopping.set()
         server.shutdown()
         server.server_close()
-
-
-def answer(h: BaseHTTPRequestHandler, status: int, body: bytes = b"",
-           headers: dict[str, str] | None = None) -> None:
-    h.send_response(status)
-    for name, value in (headers or {}).items():
-        h.send_header(name, value)
-    h.send_header("Content-Length", str(len(body)))
-    h.end_headers()
-    h.wfile.write(body)
 
 
 def trickle(h: BaseHTTPRequestHandler, server: _Stub, data: bytes) -> None:

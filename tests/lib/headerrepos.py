@@ -159,18 +159,26 @@ def ubuntu_shape_debs(work: Path, kernel: str, base_package: str, gcc_version: i
         lines = [f"CONFIG_GCC_VERSION={gcc_version}" if line.startswith("CONFIG_GCC_VERSION=")
                  else line for line in text.splitlines()]
         config.write_text("\n".join(lines) + "\n")
+    return ubuntu_header_pair(work / "debs", base, flavour, kernel, base_package, version,
+                              "amd64", "libelf1",
+                              "Header files related to Linux kernel (test archive)")
+
+
+def ubuntu_header_pair(out: Path, base: Path, flavour: Path, kernel: str, common: str,
+                       version: str, deb_arch: str, libelf: str, description: str) -> list[Path]:
+    """Ubuntu's two header packages built into `out`: `common` (Architecture: all) from the
+    tree under `base`, and linux-headers-<kernel> from the tree under `flavour` (given here its
+    /lib/modules/<kernel>/build link) depending on `common`, libc6 and `libelf`."""
     modules = flavour / "lib/modules" / kernel
     modules.mkdir(parents=True)
     os.symlink(f"/usr/src/linux-headers-{kernel}", modules / "build")
-    common = {"Version": version, "Maintainer": "test <test@example.invalid>",
-              "Section": "devel", "Priority": "optional",
-              "Description": "Header files related to Linux kernel (test archive)"}
-    out = work / "debs"
+    fields = {"Version": version, "Maintainer": "test <test@example.invalid>",
+              "Section": "devel", "Priority": "optional", "Description": description}
     return [
-        build_deb(base, out, {"Package": base_package, "Architecture": "all", **common}),
-        build_deb(flavour, out, {"Package": f"linux-headers-{kernel}", "Architecture": "amd64",
-                                 "Depends": f"{base_package}, libc6 (>= 2.34), libelf1",
-                                 **common}),
+        build_deb(base, out, {"Package": common, "Architecture": "all", **fields}),
+        build_deb(flavour, out, {"Package": f"linux-headers-{kernel}",
+                                 "Architecture": deb_arch,
+                                 "Depends": f"{common}, libc6 (>= 2.34), {libelf}", **fields}),
     ]
 
 
@@ -189,21 +197,27 @@ def _link_into(common: Path, flavour: Path, common_top: Path, flavour_top: Path)
             os.symlink(os.path.relpath(installed_entry, installed_dir), dest)
 
 
+def deb822_ubuntu_sources(root: Path, key: Key, keyring_name: str, stanza: str) -> None:
+    """Ubuntu 24.04's layout: `key` as /usr/share/keyrings/<keyring_name>, sources.list left
+    with only its "moved" note, and ubuntu.sources holding `stanza` signed by that keyring."""
+    keyring = root / "usr/share/keyrings" / keyring_name
+    keyring.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(key.keyring, keyring)
+    parts = root / "etc/apt/sources.list.d"
+    parts.mkdir(parents=True, exist_ok=True)
+    (root / "etc/apt/sources.list").write_text(
+        "# Ubuntu sources have moved to /etc/apt/sources.list.d/ubuntu.sources\n")
+    (parts / "ubuntu.sources").write_text(
+        f"{stanza}Signed-By: /usr/share/keyrings/{keyring_name}\n")
+
+
 def apt_sources(root: Path, base: str, suite: str, key: Key, *, deb822: bool) -> None:
     """The host's sources pointing at `base`: Ubuntu 24.04's deb822 file with Signed-By, or the
     one-line sources.list with the key in trusted.gpg.d (Ubuntu 20.04/22.04, Debian 12)."""
     if deb822:
-        keyring = root / "usr/share/keyrings/test-archive-keyring.gpg"
-        keyring.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(key.keyring, keyring)
-        parts = root / "etc/apt/sources.list.d"
-        parts.mkdir(parents=True, exist_ok=True)
-        (root / "etc/apt/sources.list").write_text(
-            "# Ubuntu sources have moved to /etc/apt/sources.list.d/ubuntu.sources\n")
-        (parts / "ubuntu.sources").write_text(
-            f"Types: deb deb-src\nURIs: {base}\nSuites: {suite} {suite}-updates\n"
-            "Components: main\n"
-            "Signed-By: /usr/share/keyrings/test-archive-keyring.gpg\n")
+        deb822_ubuntu_sources(root, key, "test-archive-keyring.gpg",
+                              f"Types: deb deb-src\nURIs: {base}\nSuites: {suite} {suite}-updates\n"
+                              "Components: main\n")
     else:
         trusted = root / "etc/apt/trusted.gpg.d"
         trusted.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,12 @@ import os
 import shutil
 from pathlib import Path
 
-from lib.headerrepos import Key, build_deb, signed_devel_rpm
+from lib.headerrepos import (
+    Key,
+    deb822_ubuntu_sources,
+    signed_devel_rpm,
+    ubuntu_header_pair,
+)
 from lib.hosttrees import header_tree, write_known_os_release, write_osrelease_kernel
 
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
@@ -54,37 +59,19 @@ def ubuntu_debs(work: Path, kernel: str, common: str, arch: str, gcc: int,
     os.rmdir(tree / "include/linux")
     os.symlink(f"../{common}/Makefile", tree / "Makefile")
     os.symlink(f"../../{common}/include/linux", tree / "include/linux")
-    modules = flavour / "lib/modules" / kernel
-    modules.mkdir(parents=True)
-    os.symlink(f"/usr/src/linux-headers-{kernel}", modules / "build")
-    fields = {"Version": version, "Maintainer": "test <test@example.invalid>",
-              "Section": "devel", "Priority": "optional",
-              "Description": "Linux kernel headers (test archive, Ubuntu's shape)"}
-    out = work / "debs"
-    return [
-        build_deb(base, out, {"Package": common, "Architecture": "all", **fields}),
-        build_deb(flavour, out, {"Package": f"linux-headers-{kernel}",
-                                 "Architecture": DEB_ARCH[arch],
-                                 "Depends": f"{common}, libc6 (>= 2.34), libelf1t64",
-                                 **fields}),
-    ]
+    return ubuntu_header_pair(work / "debs", base, flavour, kernel, common, version,
+                              DEB_ARCH[arch], "libelf1t64",
+                              "Linux kernel headers (test archive, Ubuntu's shape)")
 
 
 def ubuntu_sources(root: Path, base: str, suite: str, key: Key, arch: str) -> None:
     """24.04 and later write deb822 `ubuntu.sources` with Signed-By the archive keyring
     (archive.ubuntu.com for amd64, ports.ubuntu.com/ubuntu-ports for arm64)."""
-    keyring = root / "usr/share/keyrings/ubuntu-archive-keyring.gpg"
-    keyring.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(key.keyring, keyring)
-    parts = root / "etc/apt/sources.list.d"
-    parts.mkdir(parents=True, exist_ok=True)
-    (root / "etc/apt/sources.list").write_text(
-        "# Ubuntu sources have moved to /etc/apt/sources.list.d/ubuntu.sources\n")
     uri = f"{base}/ubuntu" if arch == "x86_64" else f"{base}/ubuntu-ports"
-    (parts / "ubuntu.sources").write_text(
-        f"Types: deb\nURIs: {uri}\nSuites: {suite} {suite}-updates {suite}-backports\n"
-        "Components: main restricted universe multiverse\n"
-        "Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg\n")
+    deb822_ubuntu_sources(root, key, "ubuntu-archive-keyring.gpg",
+                          f"Types: deb\nURIs: {uri}\n"
+                          f"Suites: {suite} {suite}-updates {suite}-backports\n"
+                          "Components: main restricted universe multiverse\n")
 
 
 # --- the EL rebuilds and Amazon Linux ------------------------------------------------------

@@ -6,8 +6,10 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from installer import state
 from installer.host import PciGpu
 from installer.hostroot import HostRoot
+from installer.layout import READY_FILE
 
 SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
@@ -193,6 +195,16 @@ def write_driver_version(
     """A loaded driver: /proc/driver/nvidia/version and /sys/module/nvidia/version."""
     _write(root / "sys/module/nvidia/version", f"{version}\n")
     return _write(root / "proc/driver/nvidia/version", driver_version_text(version, flavour, arch))
+
+
+def write_verified(root: Path, version: str, kernel: str) -> None:
+    """What a passing verify leaves: nvidia_uvm and nvidia loaded, the driver's version, and
+    the readiness file for `version` (open modules) built for `kernel`."""
+    write_proc_modules(root, [module_line(n) for n in ("nvidia_uvm", "nvidia")])
+    write_driver_version(root, version)
+    path = HostRoot(root).local(READY_FILE)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(state.ready_text(version, "open", "/var/lib/nvidia", kernel))
 
 
 def set_secure_boot(root: Path, on: bool | None) -> None:

@@ -187,6 +187,19 @@ class QuietHandler(BaseHTTPRequestHandler):
         pass
 
 
+def answer(h: BaseHTTPRequestHandler, status: int, body: bytes = b"",
+           headers: dict[str, str] | None = None) -> None:
+    """A whole answer from a test's stand-in server: status, `headers`, Content-Length and,
+    but to a HEAD, `body`."""
+    h.send_response(status)
+    for name, value in (headers or {}).items():
+        h.send_header(name, value)
+    h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    if h.command != "HEAD":
+        h.wfile.write(body)
+
+
 class _Handler(QuietHandler):
     server: _Server
     timeout = 5  # idle keep-alive connections end on their own

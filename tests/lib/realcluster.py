@@ -166,3 +166,28 @@ def real_nodes(cp: ControlPlane, tmp_path: Path) -> Iterator[tuple[RealNodes, Ap
             yield nodes, proxy
         finally:
             nodes.close()
+
+
+@contextlib.contextmanager
+def component_nodes(cp: ControlPlane, tmp_path: Path,
+                    *component_dirs: Path) -> Iterator[tuple[RealNodes, ApiProxy]]:
+    """real_nodes with each component's admission policy applied and its RBAC bound to the
+    installer's account, as the DaemonSet's components bring them."""
+    with real_nodes(cp, tmp_path) as (real, proxy):
+        for directory in component_dirs:
+            apply_policies(cp, directory / "admission-policy.yaml")
+            real.bind(directory / "rbac.yaml")
+        yield real, proxy
+
+
+@dataclass
+class OnRealNodes:
+    """What a test holds of a component_nodes: the nodes, the proxy that records the
+    installer's requests, and the server behind them."""
+
+    real: RealNodes
+    proxy: ApiProxy
+
+    @property
+    def cp(self) -> ControlPlane:
+        return self.real.cp

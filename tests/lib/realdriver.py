@@ -109,15 +109,11 @@ def install_dir(root: Path) -> Path:
     return root / INSTALL_DIR_HOST.lstrip("/")
 
 
-@dataclass(frozen=True)
-class RealInstall:
-    """A Debian host root after `installer run` of the real driver, built ahead for `kernel`."""
+class InstalledRoot:
+    """Where a host root the installer ran on keeps the install dir and the modules it built
+    (a base of the dataclasses that hold such a root)."""
 
     root: Path
-    kernel: str
-    env: dict[str, str]
-    result: subprocess.CompletedProcess[str]
-    seconds: float
 
     @property
     def install(self) -> Path:
@@ -126,6 +122,17 @@ class RealInstall:
     @property
     def drivers(self) -> Path:
         return self.install / "drivers"
+
+
+@dataclass(frozen=True)
+class RealInstall(InstalledRoot):
+    """A Debian host root after `installer run` of the real driver, built ahead for `kernel`."""
+
+    root: Path
+    kernel: str
+    env: dict[str, str]
+    result: subprocess.CompletedProcess[str]
+    seconds: float
 
     @property
     def build_dir(self) -> Path:
@@ -160,6 +167,41 @@ def seed_modules(build: Path, install: Path, kernel: str, flavour: str = "propri
 def modinfo(ko: Path, field: str) -> str:
     return subprocess.run(["modinfo", "-F", field, str(ko)], capture_output=True, text=True,
                           check=True).stdout.strip()
+
+
+def nvidias_built_modules(drivers: Path, version: str) -> list[str]:
+    """The .ko files in `drivers`, checked to be what NVIDIA's proprietary tree builds with
+    --no-drm and its nvidia.ko NVIDIA's own of `version`."""
+    built = sorted(p.name for p in drivers.glob("*.ko"))
+    # --no-drm: nvidia-drm is left out; NVIDIA's tree also builds nvidia-peermem.
+    assert built == ["nvidia-modeset.ko", "nvidia-peermem.ko", "nvidia-uvm.ko", "nvidia.ko"]
+    nvidia = drivers / "nvidia.ko"
+    assert modinfo(nvidia, "version") == version
+    assert modinfo(nvidia, "license") == "NVIDIA"
+    assert nvidia.stat().st_size > 50 << 20  # NVIDIA's nv-kernel.o_binary is linked in
+    return built
+
+
+def assert_installed_into(root: Path, modules_dir: Path, kernel: str, nvidia: Path) -> None:
+    """`nvidia` copied into the host's `modules_dir`/<kernel>/updates tree and depmod's
+    modules.dep listing nvidia-uvm's dependency on it."""
+    host_dir = modules_dir / kernel / "updates/nvidia-driver-installer"
+    assert same_bytes(host_dir / "nvidia.ko", nvidia)
+    depmod = (root / "lib/modules" / kernel / "modules.dep").read_text()
+    assert ("updates/nvidia-driver-installer/nvidia-uvm.ko: "
+            "updates/nvidia-driver-installer/nvidia.ko") in depmod
+
+
+def assert_verify_found_no_driver(returncode: int, stdout: str, stderr: str) -> None:
+    """`installer verify` with NVIDIA's nvidia-smi (exit 9) and NVML (NVMLError_DriverNotLoaded)
+    and no driver loaded: a clear error with its reference, exit code and hint; no traceback."""
+    output = stdout + stderr
+    assert returncode == 40, output[-3000:]
+    assert "error[verification-failed]" in stderr
+    assert "nvidia-smi could not communicate with the driver (exit 9)" in output
+    assert "NVMLError_DriverNotLoaded" in output and "Driver Not Loaded" in output
+    assert "hint:" in stderr.lower()
+    assert "Traceback" not in output
 
 
 def same_bytes(a: Path, b: Path) -> bool:

@@ -129,6 +129,9 @@ def test_dnf_base_is_plain_dnf_on_a_bare_host() -> None:
 
 
 BASE = ["dnf", "-y"]
+# An install of the driver's module stream, which may switch the stream a host was on.
+STREAM_INSTALL = [*BASE, "install", "--allowerasing", "--setopt=module_stream_switch=True"]
+EL9_KERNEL = "5.14.0-427.el9.x86_64"
 
 
 def test_unpinned_stream_is_one_switch_to() -> None:
@@ -141,7 +144,7 @@ def test_unpinned_stream_is_one_switch_to() -> None:
 def test_pinned_stream_is_one_install_that_may_switch_streams() -> None:
     target = dnf_commands.dnf_target(EL9, "exact", "580.105.08", "580.105.08", 580, "open")
     assert dnf_commands.transaction_argv(BASE, target) == [
-        "dnf", "-y", "install", "--allowerasing", "--setopt=module_stream_switch=True",
+        *STREAM_INSTALL,
         "@nvidia-driver:580-open/default", "nvidia-driver-580.105.08",
         "nvidia-driver-cuda-580.105.08", "nvidia-modprobe-580.105.08",
         "kmod-nvidia-open-dkms-580.105.08",
@@ -256,13 +259,13 @@ def test_an_nvswitch_node_installs_the_streams_fm_profile_with_fabric_manager_pi
     assert (target.profile, target.fabricmanager("570.172.08")) == (
         "fm", ["nvidia-fabric-manager"])
     choice = dnf_commands.Choice("570-dkms", "570.172.08", "kmod-nvidia-latest-dkms", False, "")
-    assert dnf_commands.install_argv(BASE, target, choice, "5.14.0-427.el9.x86_64") == [
-        "dnf", "-y", "install", "--allowerasing", "--setopt=module_stream_switch=True",
+    assert dnf_commands.install_argv(BASE, target, choice, EL9_KERNEL) == [
+        *STREAM_INSTALL,
         "@nvidia-driver:570-dkms/fm",
         "nvidia-driver-570.172.08", "nvidia-driver-cuda-570.172.08",
         "nvidia-modprobe-570.172.08", "kmod-nvidia-latest-dkms-570.172.08",
         "nvidia-fabric-manager-570.172.08",
-        "kernel-devel-5.14.0-427.el9.x86_64", "kernel-headers-5.14.0-427.el9.x86_64",
+        f"kernel-devel-{EL9_KERNEL}", f"kernel-headers-{EL9_KERNEL}",
     ]
     pinned = dnf_commands.dnf_target(EL9, "exact", "580.105.08", "580.105.08", 580, "open",
                                      fabric=True)
@@ -289,13 +292,13 @@ def test_an_nvlink5_node_installs_nvlsm_in_the_drivers_transaction() -> None:
     target = dnf_commands.dnf_target(EL9, "branch", "580", "580.105.08", 580, "open", fabric=True,
                             nvlsm="nvlsm-2025.06.6")
     choice = dnf_commands.Choice("580-open", "580.105.08", "kmod-nvidia-open-dkms", False, "")
-    assert dnf_commands.install_argv(BASE, target, choice, "5.14.0-427.el9.x86_64") == [
-        "dnf", "-y", "install", "--allowerasing", "--setopt=module_stream_switch=True",
+    assert dnf_commands.install_argv(BASE, target, choice, EL9_KERNEL) == [
+        *STREAM_INSTALL,
         "@nvidia-driver:580-open/fm",
         "nvidia-driver-580.105.08", "nvidia-driver-cuda-580.105.08",
         "nvidia-modprobe-580.105.08", "kmod-nvidia-open-dkms-580.105.08",
         "nvidia-fabricmanager-580.105.08", "nvlsm-2025.06.6",
-        "kernel-devel-5.14.0-427.el9.x86_64", "kernel-headers-5.14.0-427.el9.x86_64",
+        f"kernel-devel-{EL9_KERNEL}", f"kernel-headers-{EL9_KERNEL}",
     ]
     # No Fabric Manager of ours (EL10, no profiles): no NVLSM either.
     el10 = dnf_commands.dnf_target(EL10, "branch", "580", "580.126.20", 580, "open", fabric=True,

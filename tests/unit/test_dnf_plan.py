@@ -184,6 +184,11 @@ def test_probe_wants_a_transaction(
     assert not step(plan, "install-driver-packages").is_satisfied()
 
 
+def dnf_failing_with(output: str) -> FakeRunner:
+    """No rpm installed, and every dnf call fails (exit 1) printing `output`."""
+    return rpm_answer({}).on("dnf", returncode=1, output=output)
+
+
 def makecache_ok(runner: FakeRunner) -> None:
     """dnf makecache succeeds; the answers added before it answer every other dnf call."""
     others = list(runner.answers)
@@ -249,13 +254,9 @@ def test_transaction_runs_the_exact_argv_and_maps_a_conflict(tmp_path: Path) -> 
 
 def test_unreachable_repo_during_the_transaction(tmp_path: Path) -> None:
     add_repo_file(tmp_path)
-    runner = rpm_answer({}).on(
-        "dnf",
-        returncode=1,
-        output=(
-            "Error: Failed to download metadata for repo 'cuda-rhel9-x86_64': Cannot download "
-            "repomd.xml: All mirrors were tried\n"
-        ),
+    runner = dnf_failing_with(
+        "Error: Failed to download metadata for repo 'cuda-rhel9-x86_64': Cannot download "
+        "repomd.xml: All mirrors were tried\n"
     )
     plan = plan_for(tmp_path, runner, NVIDIA_DRIVER_VERSION="580")
     with pytest.raises(RepoUnavailable) as info:
@@ -265,13 +266,9 @@ def test_unreachable_repo_during_the_transaction(tmp_path: Path) -> None:
 
 def test_missing_kernel_devel_names_package_kernel_and_repos(tmp_path: Path) -> None:
     add_repo_file(tmp_path)
-    runner = rpm_answer({}).on(
-        "dnf",
-        returncode=1,
-        output=(
-            f"No match for argument: kernel-devel-{KERNEL}\n"
-            f"Error: Unable to find a match: kernel-devel-{KERNEL}\n"
-        ),
+    runner = dnf_failing_with(
+        f"No match for argument: kernel-devel-{KERNEL}\n"
+        f"Error: Unable to find a match: kernel-devel-{KERNEL}\n"
     )
     makecache_ok(runner)
     plan = plan_for(tmp_path, runner, NVIDIA_DRIVER_VERSION="580.105.08")
@@ -655,9 +652,7 @@ def test_the_open_kmod_registers_with_dkms_as_nvidia_from_570_148_08(
 
 def test_epel_is_added_only_when_the_setting_asks_and_none_is_enabled(tmp_path: Path) -> None:
     add_repo_file(tmp_path)
-    runner = rpm_answer({}).on(
-        "dnf", returncode=1, output="No match for argument: epel-release\n"
-    )
+    runner = dnf_failing_with("No match for argument: epel-release\n")
     plan = plan_for(tmp_path, runner, NVIDIA_DNF_ENABLE_EPEL="true")
     names = [s.name for s in plan.steps]
     assert names.index("enable-epel") == names.index("add-dnf-repo") + 1

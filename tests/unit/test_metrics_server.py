@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -35,6 +36,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextmanager
+def exporter_on_a_free_port(listen: str = "127.0.0.1:{}",
+                            limits: exporter.Limits | None = None) -> Iterator[int]:
+    """The exporter serving `snap` on a free port (put in `listen`'s {}), stopped on leaving;
+    yields the port."""
+    port = free_port()
+    stop = exporter.start(snap, listen.format(port), limits=limits)
+    try:
+        yield port
+    finally:
+        stop()
 
 
 @pytest.fixture
@@ -73,10 +87,8 @@ def get(port: int, path: str = "/metrics", **headers: str) -> tuple[int, str]:
 
 def test_idle_clients_hold_no_thread_and_a_scrape_still_answers(
         idle: list[socket.socket]) -> None:
-    port = free_port()
     before = threading.active_count()
-    stop = exporter.start(snap, f"127.0.0.1:{port}")
-    try:
+    with exporter_on_a_free_port() as port:
         open_idle(port, IDLE_CLIENTS, idle)
         time.sleep(0.5)
         # One serving thread and its few workers, never a thread per connection.
@@ -89,15 +101,11 @@ def test_idle_clients_hold_no_thread_and_a_scrape_still_answers(
         still_open = sum(not closed_by_server(c, 0.01) for c in idle)
         assert still_open <= CONNECTIONS
         assert closed_by_server(idle[0], 1)
-    finally:
-        stop()
 
 
 def test_a_client_that_never_finishes_its_request_is_dropped_at_its_deadline(
         idle: list[socket.socket]) -> None:
-    port = free_port()
-    stop = exporter.start(snap, f"127.0.0.1:{port}", limits=exporter.Limits(read_timeout=1.0))
-    try:
+    with exporter_on_a_free_port(limits=exporter.Limits(read_timeout=1.0)) as port:
         open_idle(port, 1, idle)
         drip = socket.create_connection(("127.0.0.1", port), timeout=5)
         idle.append(drip)
@@ -115,14 +123,10 @@ def test_a_client_that_never_finishes_its_request_is_dropped_at_its_deadline(
         assert closed or closed_by_server(drip, 1)
         assert time.monotonic() - started < 3
         assert closed_by_server(idle[0], 1)
-    finally:
-        stop()
 
 
 def test_only_get_metrics_is_served_and_a_huge_head_is_refused() -> None:
-    port = free_port()
-    stop = exporter.start(snap, f"127.0.0.1:{port}")
-    try:
+    with exporter_on_a_free_port() as port:
         assert get(port, "/")[0] == 404
         assert get(port, "/metrics?x=1")[0] == 200
         assert get(port, "/metrics", Cookie="x" * (HEAD + 10))[0] == 431
@@ -132,16 +136,10 @@ def test_only_get_metrics_is_served_and_a_huge_head_is_refused() -> None:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
             client.sendall(b"garbage\r\n\r\n")
             assert client.recv(64).startswith(b"HTTP/1.1 400 ")
-    finally:
-        stop()
 
 
 def test_the_listen_address_is_bound_as_given() -> None:
-    port = free_port()
-    stop = exporter.start(snap, f"[127.0.0.1]:{port}")
-    try:
+    with exporter_on_a_free_port("[127.0.0.1]:{}") as port:
         assert get(port)[0] == 200
-    finally:
-        stop()
     with pytest.raises(MetricsPortUnavailable, match=r"cannot listen on 192\.0\.2\.1"):
         exporter.start(snap, f"192.0.2.1:{port}")  # not this host's: refused, not widened

@@ -40,6 +40,15 @@ def victim(tmp_path: Path, name: str = "shadow") -> Path:
     return path
 
 
+def planted_link(link: Path, target: Path) -> Path:
+    """`link` made a symlink to the directory `target` outside (both made, with their
+    parents); returns the target."""
+    target.mkdir(parents=True, exist_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target)
+    return target
+
+
 def untouched(path: Path) -> None:
     assert path.read_bytes() == PRECIOUS
     assert path.stat().st_mode & 0o777 == 0o644
@@ -111,10 +120,7 @@ def test_a_link_at_a_part_file_with_an_http_mirror_writes_nothing_outside(
 
 def test_a_link_above_the_downloads_dir_is_refused(tmp_path: Path) -> None:
     install = tmp_path / "install"
-    (install / "cache").mkdir(parents=True)
-    elsewhere = tmp_path / "outside/etc"
-    elsewhere.mkdir(parents=True)
-    (install / "cache/downloads").symlink_to(elsewhere)
+    elsewhere = planted_link(install / "cache/downloads", tmp_path / "outside/etc")
     with pytest.raises(PlantedLink) as info:
         fetch_file(["file:///nonexistent/x.run"], install / "cache/downloads", NAME,
                    sha256="0" * 64, settings=QUIET, within=install)
@@ -288,11 +294,8 @@ def test_a_cache_elsewhere_is_its_own_anchor(tmp_path: Path) -> None:
 
 def test_a_link_inside_a_scratch_dir_is_removed_not_followed(tmp_path: Path) -> None:
     install = tmp_path / "install"
-    (install / "cache/tmp").mkdir(parents=True)
-    elsewhere = tmp_path / "outside"
-    elsewhere.mkdir()
+    elsewhere = planted_link(install / "cache/tmp/inner", tmp_path / "outside")
     (elsewhere / "keep").write_bytes(PRECIOUS)
-    (install / "cache/tmp/inner").symlink_to(elsewhere)
     with dirs.scratch(install / "cache/tmp", within=install) as tmp:
         assert list(tmp.iterdir()) == []
     assert (elsewhere / "keep").read_bytes() == PRECIOUS
@@ -365,11 +368,8 @@ def _built(ctx: Any) -> None:
 def test_a_link_in_the_host_module_tree_is_refused(tmp_path: Path) -> None:
     ctx = context(tmp_path, FakeRunner().on("depmod"))
     _built(ctx)
-    elsewhere = tmp_path / "outside/boot"
-    elsewhere.mkdir(parents=True)
     base = ctx.root.local(f"/lib/modules/{K}")
-    base.mkdir(parents=True, exist_ok=True)
-    (base / "updates").symlink_to(elsewhere)
+    elsewhere = planted_link(base / "updates", tmp_path / "outside/boot")
     with pytest.raises(PlantedLink) as info:
         steps.module_files_step(ctx).apply()
     assert str(base / "updates") in info.value.message
@@ -379,11 +379,7 @@ def test_a_link_in_the_host_module_tree_is_refused(tmp_path: Path) -> None:
 def test_a_link_in_the_host_firmware_tree_is_refused(tmp_path: Path) -> None:
     ctx = context(tmp_path, FakeRunner())
     _built(ctx)
-    elsewhere = tmp_path / "outside/etc"
-    elsewhere.mkdir(parents=True)
-    firmware = ctx.root.local("/lib/firmware")
-    firmware.mkdir(parents=True, exist_ok=True)
-    (firmware / "nvidia").symlink_to(elsewhere)
+    elsewhere = planted_link(ctx.root.local("/lib/firmware/nvidia"), tmp_path / "outside/etc")
     with pytest.raises(PlantedLink):
         steps.firmware_step(ctx).apply()
     assert list(elsewhere.iterdir()) == []
@@ -406,10 +402,7 @@ def test_a_planted_firmware_file_link_is_refused(tmp_path: Path) -> None:
 
 def test_safefs_refuses_a_link_anywhere_below_the_anchor(tmp_path: Path) -> None:
     anchor = tmp_path / "anchor"
-    (anchor / "a").mkdir(parents=True)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (anchor / "a/b").symlink_to(elsewhere)
+    elsewhere = planted_link(anchor / "a/b", tmp_path / "elsewhere")
     with pytest.raises(PlantedLink):
         safefs.write_atomic(anchor / "a/b/c/file", "x", anchor=anchor)
     with pytest.raises(PlantedLink):

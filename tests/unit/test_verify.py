@@ -159,6 +159,12 @@ def run_verify(
     )
 
 
+def problems_when(install_dir: Path, **answers: Any) -> tuple[str, ...]:
+    """The problems verify reports when nvidia-smi or the NVML child answer so (the other as
+    a good driver's does), expecting the usual version and GPUs."""
+    return run_verify(install_dir, ok_runner(install_dir, **answers)).problems
+
+
 # --- what we run ------------------------------------------------------------------------
 
 
@@ -278,15 +284,11 @@ def test_no_expected_version_still_catches_sources_that_disagree(install_dir: Pa
 def test_gpu_count_differs(install_dir: Path) -> None:
     one_gpu = SMI_OK.splitlines()[0] + "\n"
     lib = str(install_dir / "lib64" / f"libnvidia-ml.so.{VERSION}")
-    runner = ok_runner(
+    assert problems_when(
         install_dir,
         smi=(0, one_gpu),
         nvml=(0, nvml_answer(gpus=[(NAME, UUIDS[0], "00000000:3B:00.0", 81920)], library=lib)),
-    )
-
-    report = run_verify(install_dir, runner)
-
-    assert report.problems == (
+    ) == (
         "NVML sees 1 GPU(s), expected 2 (0000:3b:00.0, 0000:5e:00.0)",
         "NVML does not see the expected GPU 0000:5e:00.0",
         "nvidia-smi sees 1 GPU(s), expected 2 (0000:3b:00.0, 0000:5e:00.0)",
@@ -313,7 +315,7 @@ def test_expected_gpus_in_smi_form_are_normalised_too(install_dir: Path) -> None
 
 def test_gpu_without_name_uuid_or_memory(install_dir: Path) -> None:
     lib = str(install_dir / "lib64" / f"libnvidia-ml.so.{VERSION}")
-    runner = ok_runner(
+    assert problems_when(
         install_dir,
         nvml=(
             0,
@@ -325,11 +327,7 @@ def test_gpu_without_name_uuid_or_memory(install_dir: Path) -> None:
                 library=lib,
             ),
         ),
-    )
-
-    report = run_verify(install_dir, runner)
-
-    assert report.problems == (
+    ) == (
         "NVML GPU 1 (0000:5e:00.0) has no name",
         "NVML GPU 1 (0000:5e:00.0) has no UUID",
         "NVML GPU 1 (0000:5e:00.0) reports memory 0, expected > 0 MiB",
@@ -337,11 +335,7 @@ def test_gpu_without_name_uuid_or_memory(install_dir: Path) -> None:
 
 
 def test_uuid_differs_between_nvml_and_smi(install_dir: Path) -> None:
-    runner = ok_runner(install_dir, smi=(0, SMI_OK.replace(UUIDS[1], "GPU-other")))
-
-    report = run_verify(install_dir, runner)
-
-    assert report.problems == (
+    assert problems_when(install_dir, smi=(0, SMI_OK.replace(UUIDS[1], "GPU-other"))) == (
         f"GPU 0000:5e:00.0 has UUID {UUIDS[1]} in NVML but GPU-other in nvidia-smi",
     )
 
@@ -365,19 +359,13 @@ def test_smi_exit_12_is_no_library(install_dir: Path) -> None:
         "the NVIDIA Display Driver is properly installed and present in your system.\n"
         "Please also try adding directory that contains libnvidia-ml.so to your system PATH.\n"
     )
-    runner = ok_runner(install_dir, smi=(12, output))
-
-    report = run_verify(install_dir, runner)
-
-    assert report.problems == ("nvidia-smi could not load libnvidia-ml.so.1 (exit 12)",)
+    assert problems_when(install_dir, smi=(12, output)) == (
+        "nvidia-smi could not load libnvidia-ml.so.1 (exit 12)",
+    )
 
 
 def test_smi_no_devices_when_gpus_were_expected(install_dir: Path) -> None:
-    runner = ok_runner(install_dir, smi=(6, "No devices were found\n"))
-
-    report = run_verify(install_dir, runner)
-
-    assert report.problems == (
+    assert problems_when(install_dir, smi=(6, "No devices were found\n")) == (
         "nvidia-smi found no GPUs (exit 6), expected 2 (0000:3b:00.0, 0000:5e:00.0)",
     )
 
@@ -397,54 +385,39 @@ def test_no_gpus_planned_and_none_found_is_ok(install_dir: Path) -> None:
 
 
 def test_smi_other_exit_reports_its_last_line(install_dir: Path) -> None:
-    runner = ok_runner(install_dir, smi=(2, 'Field "memory.totl" is not a valid field to query.\n'))
-
-    report = run_verify(install_dir, runner)
-
-    assert report.problems == (
+    smi_said = 'Field "memory.totl" is not a valid field to query.\n'
+    assert problems_when(install_dir, smi=(2, smi_said)) == (
         'nvidia-smi failed with exit 2: Field "memory.totl" is not a valid field to query.',
     )
 
 
 def test_smi_exit_0_without_rows_is_a_problem(install_dir: Path) -> None:
-    runner = ok_runner(install_dir, smi=(0, "something unexpected\n"))
-
-    report = run_verify(install_dir, runner)
-
-    assert report.problems == ("nvidia-smi printed no GPU rows: something unexpected",)
+    assert problems_when(install_dir, smi=(0, "something unexpected\n")) == (
+        "nvidia-smi printed no GPU rows: something unexpected",
+    )
 
 
 def test_nvml_answer_without_version_is_a_problem(install_dir: Path) -> None:
-    runner = ok_runner(install_dir, nvml=(0, '{"driver_version": null, "error": null}'))
-
-    report = run_verify(install_dir, runner)
-
-    assert report.problems == (
+    assert problems_when(install_dir, nvml=(0, '{"driver_version": null, "error": null}')) == (
         'the NVML check answered without a driver version: {"driver_version": null, "error": null}',
     )
 
 
 def test_smi_missing(install_dir: Path) -> None:
     smi_path = install_dir / "bin" / "nvidia-smi"
-    runner = ok_runner(install_dir, smi=CommandNotFound(f"command not found: {smi_path}"))
-
-    report = run_verify(install_dir, runner)
-
-    assert report.problems == (f"nvidia-smi is missing: {smi_path} does not exist",)
+    assert problems_when(install_dir, smi=CommandNotFound(f"command not found: {smi_path}")) == (
+        f"nvidia-smi is missing: {smi_path} does not exist",
+    )
 
 
 def test_smi_timeout(install_dir: Path) -> None:
     smi_path = str(install_dir / "bin" / "nvidia-smi")
-    runner = ok_runner(
+    assert problems_when(
         install_dir,
         smi=CommandFailed(
             [smi_path], -9, "", message=f"`{smi_path}` did not finish within 30 s and was killed"
         ),
-    )
-
-    report = run_verify(install_dir, runner)
-
-    assert report.problems == (
+    ) == (
         f"nvidia-smi did not answer: `{smi_path}` did not finish within 30 s and was killed",
     )
 
@@ -490,11 +463,7 @@ def test_nvml_per_gpu_error_is_reported(install_dir: Path) -> None:
 
 
 def test_nvml_child_that_crashes_without_json(install_dir: Path) -> None:
-    runner = ok_runner(install_dir, nvml=(-11, "Fatal Python error: Segmentation fault\n"))
-
-    report = run_verify(install_dir, runner)
-
-    assert report.problems == (
+    assert problems_when(install_dir, nvml=(-11, "Fatal Python error: Segmentation fault\n")) == (
         "the NVML check (python -m installer.verify) exited -11 without an answer: "
         "Fatal Python error: Segmentation fault",
     )
@@ -511,11 +480,7 @@ def test_nvml_json_found_after_library_noise_on_stderr(install_dir: Path) -> Non
 
 def test_nvml_answering_from_another_library_is_a_problem(install_dir: Path) -> None:
     stale = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.535.183.01"
-    runner = ok_runner(install_dir, nvml=(0, nvml_answer(library=stale)))
-
-    report = run_verify(install_dir, runner)
-
-    assert report.problems == (
+    assert problems_when(install_dir, nvml=(0, nvml_answer(library=stale))) == (
         f"NVML answered from {stale}, not from the installed {install_dir / 'lib64'}",
     )
 
@@ -551,6 +516,21 @@ def test_no_nvml_library_at_all(tmp_path: Path) -> None:
 # --- the report -------------------------------------------------------------------------
 
 
+def gpu_json_of_a_good_answer(index: int, bus_id: str) -> dict[str, Any]:
+    """GPU `index` in the report's JSON when NVML and nvidia-smi answered as ok_runner's do."""
+    return {
+        "index": index,
+        "name": NAME,
+        "uuid": UUIDS[index],
+        "pci_bus_id": bus_id,
+        "memory_total_mib": 81920,
+        "fabric": {"state": None, "status": None, "cluster_uuid": None,
+                   "clique_id": None, "health_mask": None, "health_summary": None},
+        "persistence_mode": None,
+        "cuda": {"ok": True, "error": None, "name": None, "meaning": None},
+    }
+
+
 def test_json_shape(install_dir: Path) -> None:
     report = run_verify(install_dir, ok_runner(install_dir), version="550.90.07")
 
@@ -563,30 +543,8 @@ def test_json_shape(install_dir: Path) -> None:
         "expected_gpus": list(GPUS),
         "driver_version": {"nvml": VERSION, "nvidia_smi": VERSION},
         "nvml_library": str(install_dir / "lib64" / f"libnvidia-ml.so.{VERSION}"),
-        "gpus": [
-            {
-                "index": 0,
-                "name": NAME,
-                "uuid": UUIDS[0],
-                "pci_bus_id": "0000:3b:00.0",
-                "memory_total_mib": 81920,
-                "fabric": {"state": None, "status": None, "cluster_uuid": None,
-                           "clique_id": None, "health_mask": None, "health_summary": None},
-                "persistence_mode": None,
-                "cuda": {"ok": True, "error": None, "name": None, "meaning": None},
-            },
-            {
-                "index": 1,
-                "name": NAME,
-                "uuid": UUIDS[1],
-                "pci_bus_id": "0000:5e:00.0",
-                "memory_total_mib": 81920,
-                "fabric": {"state": None, "status": None, "cluster_uuid": None,
-                           "clique_id": None, "health_mask": None, "health_summary": None},
-                "persistence_mode": None,
-                "cuda": {"ok": True, "error": None, "name": None, "meaning": None},
-            },
-        ],
+        "gpus": [gpu_json_of_a_good_answer(0, "0000:3b:00.0"),
+                 gpu_json_of_a_good_answer(1, "0000:5e:00.0")],
         "cuda": {"library": None, "ok": True, "failure_expected": False, "error": None},
         "fabric": {"required": False, "state": "not-applicable", "nvswitches": [],
                    "clique": None, "reasons": []},
