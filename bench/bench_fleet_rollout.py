@@ -83,29 +83,6 @@ def shipped_max_unavailable(nodes: int) -> int:
     raise SystemExit(f"no DaemonSet in {DAEMONSET}")
 
 
-class CountingProxy(ApiProxy):
-    """The ApiProxy, also keeping each request under the token it came with (the bodies'
-    bytes, as ApiProxy counts them): one proxy in front of every node's installer."""
-
-    def __init__(self, cp: ControlPlane, directory: Path) -> None:
-        self.by_token: dict[str, list[tuple[float, int, int]]] = {}
-        super().__init__(cp, directory)
-
-    def _handler(self) -> type[Any]:
-        base = super()._handler()
-        proxy = self
-
-        class Counting(base):  # type: ignore[misc, valid-type]
-            def _record(self, status: int, injected: bool, bytes_in: int, out: int) -> None:
-                super()._record(status, injected, bytes_in, out)
-                token = str(self.headers.get("Authorization", ""))
-                with proxy.lock:
-                    proxy.by_token.setdefault(token, []).append(
-                        (time.monotonic(), bytes_in, out))
-
-        return Counting
-
-
 class MetricsSampler:
     """apiserver_request_total summed over its labels, every `every` seconds, as the
     administrator (each sample is one request of its own, counted in the next)."""
@@ -282,7 +259,7 @@ class NodeRun:
     result: dict[str, Any] | None = None
 
 
-def roll_out(fleet: Fleet, proxy: CountingProxy, work: Path, concurrency: int,
+def roll_out(fleet: Fleet, proxy: ApiProxy, work: Path, concurrency: int,
              install_seconds: float, deadline: float) -> tuple[float, list[NodeRun]]:
     """The rolling update: at most `concurrency` node processes at once, the next node as soon
     as one ends. Returns the start time and every node's run."""
@@ -364,7 +341,7 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
                      f"settled in {settle:.0f} s")
             fleet.tokens = dict(zip(nodes, _parallel(cp.pod_token, nodes)))
             progress(f"N={n}: tokens made; rolling out, {concurrency} nodes at once")
-            proxy = CountingProxy(cp, work / "proxy-tls")
+            proxy = ApiProxy(cp, work / "proxy-tls")
             with proxy:
                 setup = time.monotonic() - setup_began
                 load_before = os.getloadavg()
@@ -393,7 +370,7 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summarize(n: int, args: argparse.Namespace, budget: int, concurrency: int, workloads: int,
-              fleet: Fleet, proxy: CountingProxy, sampler: MetricsSampler, runs: list[NodeRun],
+              fleet: Fleet, proxy: ApiProxy, sampler: MetricsSampler, runs: list[NodeRun],
               began: float, ended: float, stored: list[dict[str, Any]], cpu: dict[str, float],
               load_before: tuple[float, float, float], setup: float, settle: float,
               restored: float, lease_round: float, agent_errors: list[str],
@@ -412,7 +389,12 @@ def summarize(n: int, args: argparse.Namespace, budget: int, concurrency: int, w
                      if (o.get("spec") or {}).get("unschedulable")
                      or "nvidia-driver-installer/upgrade" in (o["metadata"].get("annotations")
                                                               or {})]
-    per_node = [proxy.by_token.get(f"Bearer {fleet.tokens[node]}", []) for node in fleet.nodes]
+    # The proxy's record keeps each request's token: a node's requests are its token's.
+    by_token: dict[str | None, list[tuple[float, int, int]]] = {}
+    with proxy.lock:
+        for seen in proxy.seen:
+            by_token.setdefault(seen.bearer, []).append((seen.at, seen.bytes_in, seen.bytes_out))
+    per_node = [by_token.get(fleet.tokens[node], []) for node in fleet.nodes]
     requests = [len(calls) for calls in per_node]
     sent = [sum(c[1] for c in calls) for calls in per_node]
     received = [sum(c[2] for c in calls) for calls in per_node]
