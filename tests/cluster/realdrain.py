@@ -102,27 +102,10 @@ class Drain:
                                      "resources": {"claims": [{"name": "gpu"}]}}]}})
         claim = f"{name}-gpu"
         if template:  # the resourceclaim controller makes the claim and names it in the pod
-            deadline = time.monotonic() + 30
-            while True:
-                statuses = self.cp.get(f"/api/v1/namespaces/{self.ns}/pods/{name}").get(
-                    "status", {}).get("resourceClaimStatuses") or []
-                if statuses and statuses[0].get("resourceClaimName"):
-                    claim = statuses[0]["resourceClaimName"]
-                    break
-                assert time.monotonic() < deadline, "the resourceclaim controller made no claim"
-                time.sleep(0.1)
+            claim = generated_claim(self, name)
         if driver is None:
             return
-        path = f"{RESOURCE}/namespaces/{self.ns}/resourceclaims/{claim}"
-        current = self.cp.get(path)
-        current["status"] = {
-            "allocation": {"devices": {"results": [{"request": "gpu", "driver": driver,
-                                                    "pool": node, "device": "gpu-0"}]},
-                           "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{
-                               "key": "metadata.name", "operator": "In", "values": [node]}]}]}},
-            "reservedFor": [{"resource": "pods", "name": name,
-                             "uid": pod["metadata"]["uid"]}]}
-        self.cp.request("PUT", f"{path}/status", current)
+        allocate(self, claim, pod, driver, node)
 
 
 @pytest.fixture
