@@ -174,9 +174,8 @@ def exits_when_paused(d: Drain, pid: int, comm: str, label: str = PLUGIN) -> Ite
     selecting the node once its deploy label is paused, and its process (holding /dev/nvidia0)
     goes. A watcher of the real Node, as the administrator."""
     hold(d, pid, comm)
-    stop = threading.Event()
 
-    def watch() -> None:
+    def watch(stop: threading.Event) -> None:
         while not stop.wait(0.05):
             with contextlib.suppress(ApiError, OSError):
                 labels = d.real.get_node(d.node)["metadata"].get("labels") or {}
@@ -184,13 +183,8 @@ def exits_when_paused(d: Drain, pid: int, comm: str, label: str = PLUGIN) -> Ite
                     exit_process(d, pid)
                     return
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
+    with watching(watch):
         yield
-    finally:
-        stop.set()
-        watcher.join(10)
 
 
 def label_node(d: Drain, labels: dict[str, str | None], node: str | None = None) -> None:
