@@ -16,7 +16,7 @@ from installer.config import Config
 from installer.errors import InstallerError
 from installer.hostroot import HostRoot
 from installer.layout import GPUS_READY_FILE, LD_DROP_IN, READY_FILE, Layout
-from installer.plan import Plan
+from installer.plan import Plan, StepOutcome
 from installer.release import catalog, download
 from installer.runner import Runner, SubprocessRunner
 
@@ -38,7 +38,7 @@ def build_plan(config: Config, runner: Runner | None = None, arch: str | None = 
     return plan
 
 
-def run(config: Config, runner: Runner | None = None) -> list[pipeline.StepOutcome]:
+def run(config: Config, runner: Runner | None = None) -> list[StepOutcome]:
     """Install (or confirm) the planned driver under the host lock. Every run, success or
     failure, leaves its outcome in the install dir (outcome.py; the metrics read it)."""
     progress = outcome.Progress()
@@ -61,7 +61,7 @@ def _install_dir(config: Config) -> Path | None:
 
 
 def _run(config: Config, runner: Runner,
-         progress: outcome.Progress) -> list[pipeline.StepOutcome]:
+         progress: outcome.Progress) -> list[StepOutcome]:
     started = time.monotonic()
     # The node's condition and Events (NVIDIA_INSTALLER_CLUSTER_SIGNALS), told every outcome;
     # with the signals off the cluster client is never imported.
@@ -106,7 +106,7 @@ def _told(config: Config) -> signals.Told | None:
 
 
 def _execute(config: Config, layout: Layout, plan: Plan,
-             done: list[pipeline.StepOutcome] | None = None) -> list[pipeline.StepOutcome]:
+             done: list[StepOutcome] | None = None) -> list[StepOutcome]:
     from dataclasses import replace
 
     done = [] if done is None else done

@@ -31,7 +31,7 @@ class Progress:
         self.install_dir: Optional[Path] = None
         self.target: Any = None  # plan.Target once the plan is made
         self.steps: list[str] = []  # every step the run would go through, in order
-        self.done: list[Any] = []  # pipeline.StepOutcome of each step that finished
+        self.done: list[Any] = []  # plan.StepOutcome of each step that finished
         self.started = time.monotonic()
 
 

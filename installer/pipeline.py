@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import NamedTuple
 
 from installer.errors import InstallFailed
-from installer.plan import Plan, Step
+from installer.plan import Plan, Step, StepOutcome
 
 log = logging.getLogger(__name__)
-
-
-class StepOutcome(NamedTuple):
-    name: str
-    status: str  # "satisfied" or "applied"
-    seconds: float
 
 
 def execute(plan: Plan, done: list[StepOutcome] | None = None) -> list[StepOutcome]:

@@ -89,6 +89,14 @@ class Step(NamedTuple):
     apply: Callable[[], None]
 
 
+class StepOutcome(NamedTuple):
+    """What running a step did: the run's outcome record and its events read it."""
+
+    name: str
+    status: str  # "satisfied" or "applied"
+    seconds: float
+
+
 @dataclass
 class Target:
     """What this run installs, decided once by the planner."""

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from installer.cluster.client import NodeClient, for_node
 from installer.config import Config
 from installer.errors import InstallerError
+
+if TYPE_CHECKING:
+    from installer.plan import StepOutcome
 
 log = logging.getLogger(__name__)
 
@@ -23,14 +26,6 @@ class Event(NamedTuple):
     message: str
     warning: bool = False
     action: str = ""
-
-
-class StepTime(NamedTuple):
-    """pipeline.StepOutcome's fields that matter here (cluster/ stays below the spine)."""
-
-    name: str
-    status: str
-    seconds: float
 
 
 
@@ -66,7 +61,7 @@ def started(version: str, flavour: str, kernel: str, source: str) -> Event:
                  f"kernel {kernel} from {source}", action="Install")
 
 
-def outcomes(steps: Sequence[StepTime], version: str, total: float) -> list[Event]:
+def outcomes(steps: Sequence[StepOutcome], version: str, total: float) -> list[Event]:
     """The events of a successful run, from what its steps did (nothing for a run that found
     every step satisfied: a pod restart on an installed node is no news)."""
     done = {s.name: s for s in steps if s.status == "applied"}

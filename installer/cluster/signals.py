@@ -5,23 +5,14 @@ for each outcome. `app` loads this only with the signals on."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from installer.config import Config
 from installer.errors import InstallerError
 from installer.hostroot import HostRoot
 
 if TYPE_CHECKING:
-    from installer.plan import Target
-
-
-class StepOutcome(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def status(self) -> str: ...
-    @property
-    def seconds(self) -> float: ...
+    from installer.plan import StepOutcome, Target
 
 
 class Told:
@@ -56,8 +47,7 @@ class Told:
         from installer.cluster import condition, driver_labels, events
         from installer.host import readiness
 
-        self._events.post(events.outcomes(
-            [events.StepTime(s.name, s.status, s.seconds) for s in steps], version, total))
+        self._events.post(events.outcomes(steps, version, total))
         node = condition.read_node(self._config)
         condition.report(self._config, condition.after_run(self._root, self._components, None),
                          node=node)

@@ -96,24 +96,6 @@ def with_ofed_sources(ctx: Context, headers: Headers) -> Headers:
     return headers._replace(binds=headers.binds + trees) if trees else headers
 
 
-def decision(ctx: Context) -> Decision:
-    if not ctx.config.gpudirect_rdma:
-        return Decision("gpudirect-rdma", "off", "NVIDIA_GPUDIRECT_RDMA=false: nvidia-peermem "
-                        "is not loaded (DMA-BUF needs no module)")
-    found = mellanox_functions(ctx.root)
-    if not found:
-        return Decision("gpudirect-rdma", "not applicable", "no Mellanox PCI device (15b3) "
-                        "in /sys/bus/pci/devices")
-    sources = ofed_sources(ctx.root)
-    built = (f"built against the host's OFED sources ({', '.join(map(str, sources))})"
-             if sources else "no OFED sources in /usr/src/ofa_kernel on the host: peermem is "
-             "built without the peer-memory API and will not load")
-    return Decision("gpudirect-rdma", MODULE, f"{len(found)} Mellanox function(s) ({found[0]}"
-                    f"{', ...' if len(found) > 1 else ''}): {MODULE} after the driver, once "
-                    f"MOFED/DOCA-OFED's ib_core is loaded (waiting up to "
-                    f"{ctx.config.ofed_timeout:.0f} s); {built}")
-
-
 def loaded(root: HostRoot) -> str | None:
     """nvidia_peermem's version as NCCL and UCX read it, when it is loaded."""
     text = root.read_text(VERSION_FILE)
@@ -141,12 +123,6 @@ def wait_for_ofed(root: HostRoot, timeout: float, clock: Callable[[], float] = t
             raise OfedNotReady(f"no MOFED/DOCA-OFED ib_core after {timeout:.0f} s: "
                                f"{state.reason}")
         sleep(min(POLL_SECONDS, max(deadline - clock(), 0.0)))
-
-
-def loaded_steps(ctx: Context) -> list[Step]:
-    """Its step, where NVIDIA_GPUDIRECT_RDMA asks for it (every run that loads the driver, so
-    an upgrade, which unloads nvidia_peermem first, loads it again)."""
-    return [load_step(ctx)] if ctx.config.gpudirect_rdma else []
 
 
 def load_step(ctx: Context, wait: Callable[[HostRoot, float], Ofed] = wait_for_ofed) -> Step:
@@ -199,10 +175,26 @@ class GpudirectRdma(Part):
     name = "gpudirect-rdma"
 
     def decision(self, ctx: Context) -> Decision:
-        return decision(ctx)
+        if not ctx.config.gpudirect_rdma:
+            return Decision("gpudirect-rdma", "off", "NVIDIA_GPUDIRECT_RDMA=false: nvidia-peermem "
+                            "is not loaded (DMA-BUF needs no module)")
+        found = mellanox_functions(ctx.root)
+        if not found:
+            return Decision("gpudirect-rdma", "not applicable", "no Mellanox PCI device (15b3) "
+                            "in /sys/bus/pci/devices")
+        sources = ofed_sources(ctx.root)
+        built = (f"built against the host's OFED sources ({', '.join(map(str, sources))})"
+                 if sources else "no OFED sources in /usr/src/ofa_kernel on the host: peermem is "
+                 "built without the peer-memory API and will not load")
+        return Decision("gpudirect-rdma", MODULE, f"{len(found)} Mellanox function(s) ({found[0]}"
+                        f"{', ...' if len(found) > 1 else ''}): {MODULE} after the driver, once "
+                        f"MOFED/DOCA-OFED's ib_core is loaded (waiting up to "
+                        f"{ctx.config.ofed_timeout:.0f} s); {built}")
 
     def loaded_steps(self, ctx: Context) -> list[Step]:
-        return loaded_steps(ctx)
+        """Its step, where NVIDIA_GPUDIRECT_RDMA asks for it (every run that loads the driver, so
+        an upgrade, which unloads nvidia_peermem first, loads it again)."""
+        return [load_step(ctx)] if ctx.config.gpudirect_rdma else []
 
     def verify_section(self, config: Config, root: HostRoot) -> dict[str, object]:
         section, _ = report(config.gpudirect_rdma, root)

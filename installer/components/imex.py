@@ -124,50 +124,6 @@ def install(archive: Path, work: Path, layout: Layout, version: str) -> list[str
     return [f"bin/{name}" for name in BINARIES]
 
 
-def decision(ctx: Context) -> Decision:
-    want, why = wanted(ctx.config, tuple(g.device_id for g in ctx.facts.gpus))
-    if not want:
-        return Decision("imex", "not installed", why)
-    unit = host_unit(ctx.root)
-    service = {None: "the host has no nvidia-imex.service",
-               "masked": "the host's nvidia-imex.service is masked"}.get(
-        unit, f"the host's {unit} is left alone: mask it (systemctl mask nvidia-imex) where the "
-        "DRA driver's compute-domain daemon runs IMEX")
-    where = (f"into versions/{ctx.target.version}/bin (the DRA driver finds them with "
-             f"nvidiaDriverRoot={ctx.layout.install_host})")
-    t = ctx.target
-    if t.ships_user_space(COMPONENT_KEY) is not ShippedBy.COMPONENT:
-        package = (f"nvidia-imex-{t.version}" if t.branch >= 580 else
-                   f"nvidia-imex-{t.branch}-{t.version}")
-        return Decision("imex", "not installed by the installer", f"{why}; the {t.source} "
-                        f"source does not install it: install NVIDIA's {package} package of "
-                        f"the driver's version; {service}")
-    return Decision("imex", f"nvidia-imex {t.version}", f"{why}: nvidia-imex and "
-                    f"nvidia-imex-ctl of exactly {t.version} from the imex entry of "
-                    f"redistrib_{t.version}.json at {', '.join(ctx.config.fabricmanager_redist)} "
-                    f"{where}; {service}")
-
-
-def steps(ctx: Context) -> list[Step]:
-    if ctx.target.ships_user_space(COMPONENT_KEY) is not ShippedBy.COMPONENT or not wanted(
-            ctx.config, tuple(g.device_id for g in ctx.facts.gpus))[0]:
-        return []
-    layout, version, arch = ctx.layout, ctx.target.version, ctx.facts.arch
-
-    def satisfied() -> bool:
-        return installed(layout, version)
-
-    def apply() -> None:
-        archive = fetch(ctx.config, layout, version, arch)
-        with scratch(layout.tmp, within=layout.cache_anchor) as tmp:
-            placed = install(archive, tmp, layout, version)
-        log.info("installed IMEX %s: %s", version, ", ".join(placed))
-
-    return [Step("install-imex", "nvidia-imex and nvidia-imex-ctl of the driver's version "
-                 "into versions/<ver>/bin (the redistrib JSON names the archive)", satisfied,
-                 apply)]
-
-
 def channel(root: HostRoot) -> dict[str, object]:
     """What `verify --json` reports of IMEX channels: the driver's char device major for
     nvidia-caps-imex-channels in /proc/devices, and whether channel0's node exists."""
@@ -188,10 +144,46 @@ class ImexChannel(Part):
     name = "imex-channel"
 
     def decision(self, ctx: Context) -> Decision:
-        return decision(ctx)
+        want, why = wanted(ctx.config, tuple(g.device_id for g in ctx.facts.gpus))
+        if not want:
+            return Decision("imex", "not installed", why)
+        unit = host_unit(ctx.root)
+        service = {None: "the host has no nvidia-imex.service",
+                   "masked": "the host's nvidia-imex.service is masked"}.get(
+            unit, f"the host's {unit} is left alone: mask it (systemctl mask nvidia-imex) where "
+            "the DRA driver's compute-domain daemon runs IMEX")
+        where = (f"into versions/{ctx.target.version}/bin (the DRA driver finds them with "
+                 f"nvidiaDriverRoot={ctx.layout.install_host})")
+        t = ctx.target
+        if t.ships_user_space(COMPONENT_KEY) is not ShippedBy.COMPONENT:
+            package = (f"nvidia-imex-{t.version}" if t.branch >= 580 else
+                       f"nvidia-imex-{t.branch}-{t.version}")
+            return Decision("imex", "not installed by the installer", f"{why}; the {t.source} "
+                            f"source does not install it: install NVIDIA's {package} package of "
+                            f"the driver's version; {service}")
+        return Decision("imex", f"nvidia-imex {t.version}", f"{why}: nvidia-imex and "
+                        f"nvidia-imex-ctl of exactly {t.version} from the imex entry of "
+                        f"redistrib_{t.version}.json at "
+                        f"{', '.join(ctx.config.fabricmanager_redist)} {where}; {service}")
 
     def steps(self, ctx: Context) -> list[Step]:
-        return steps(ctx)
+        if ctx.target.ships_user_space(COMPONENT_KEY) is not ShippedBy.COMPONENT or not wanted(
+                ctx.config, tuple(g.device_id for g in ctx.facts.gpus))[0]:
+            return []
+        layout, version, arch = ctx.layout, ctx.target.version, ctx.facts.arch
+
+        def satisfied() -> bool:
+            return installed(layout, version)
+
+        def apply() -> None:
+            archive = fetch(ctx.config, layout, version, arch)
+            with scratch(layout.tmp, within=layout.cache_anchor) as tmp:
+                placed = install(archive, tmp, layout, version)
+            log.info("installed IMEX %s: %s", version, ", ".join(placed))
+
+        return [Step("install-imex", "nvidia-imex and nvidia-imex-ctl of the driver's version "
+                     "into versions/<ver>/bin (the redistrib JSON names the archive)", satisfied,
+                     apply)]
 
     def verify_section(self, config: Config, root: HostRoot) -> dict[str, object]:
         """The channel device where IMEX is installed or the driver has the device."""

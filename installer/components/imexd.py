@@ -229,12 +229,13 @@ class ImexDaemon:
 
 class Imex(Part):
     """IMEX run by the node, as a registered component (components.COMPONENTS): its binaries
-    come with the `install-imex` step (components/imex.py), so no steps or download here."""
+    come with the `install-imex` step (components/imex.py), so no steps or download here. Not
+    awaited (Part's default): the host-managed daemon is opt-in, so the scheduling gate and the
+    node's condition only report its readiness."""
 
     name = NAME
     command = True
     daemon = DAEMON
-    awaited = False
     summary = ("Keep nvidia-imex of the verified driver running with its command socket on "
                "(the DRA driver's hostManaged IMEX mode; restarted with backoff); idle where "
                "IMEX is not installed.")

@@ -174,55 +174,6 @@ def applies(ctx: Context) -> bool:
             and detect(ctx.facts.fabric.lpf_ports).detected)
 
 
-def decision(ctx: Context) -> Decision:
-    found = detect(ctx.facts.fabric.lpf_ports)
-    if not found.detected:
-        return Decision("nvlink5", "no", found.reason)
-    if ctx.config.fabricmanager == "false":
-        return Decision("nvlink5", "off", f"{found.reason}; NVIDIA_FABRICMANAGER=false: the "
-                        "host runs NVLSM and Fabric Manager")
-    if not applies(ctx):
-        return Decision("nvlink5", "not managed here", planned_fabric(ctx.facts).reason)
-    kernel = ctx.target.kernel
-    wanted = not_loaded(ctx.root, kernel)
-    absent = [name for name in unavailable(ctx.root, kernel) if name in wanted]
-    if not ctx.target.load:
-        modules_said = (f"{', '.join(IB_MODULES)} are loaded by a run that loads the driver "
-                        "(this one loads nothing)")
-    elif absent:
-        modules_said = (f"{', '.join(absent)} missing from /lib/modules/{kernel}: install "
-                        f"{_package(ctx)} (run fails with ib-modules-missing)")
-    elif wanted:
-        modules_said = f"{', '.join(wanted)} will be loaded (modprobe)"
-    else:
-        modules_said = f"{', '.join(IB_MODULES)} loaded"
-    shipped_by = ctx.target.ships_user_space("nvlsm")
-    if shipped_by is ShippedBy.SOURCE:
-        # Fabric Manager comes with the stream's fm profile there (fabricmanager.decision).
-        package = (f"nvlsm-{ctx.config.nvlsm_version} (NVIDIA_NVLSM_VERSION)"
-                   if ctx.config.nvlsm_version else "nvlsm (the host's, else the repo's newest)")
-        nvlsm_said = (f"NVLSM: NVIDIA's package {package} from the host's NVIDIA repo (signed, "
-                      "as the driver's), its files into versions/<ver>/")
-    elif shipped_by is ShippedBy.HOST:
-        nvlsm_said = ("NVLSM is not installed by the installer on this source, so the "
-                      "fabricmanager container fails with nvlsm-missing: set "
-                      "NVIDIA_FABRICMANAGER=false and run NVIDIA's nvlsm package and Fabric "
-                      "Manager of the driver's version on the host")
-    else:
-        from installer.components import nvlsm_archive
-
-        nvlsm_said = "NVLSM: " + nvlsm_archive.digest_source(ctx.config, ctx.target.version)
-    return Decision("nvlink5", "yes", f"{found.reason}: NVLSM runs on that port before Fabric "
-                    f"Manager, both in the fabricmanager container; {modules_said}; "
-                    f"{nvlsm_said}")
-
-
-def steps(ctx: Context) -> list[Step]:
-    if not applies(ctx) or not ctx.target.load:
-        return []
-    return [ib_modules_step(ctx, detect(ctx.facts.fabric.lpf_ports))]
-
-
 def diagnose(root: HostRoot) -> str | None:
     """Why an NVLink5 node's fabric is not complete (IB modules not loaded, no NVLSM running),
     or None when that is not the reason (not an NVLink5 node, or both are fine). Reads sysfs
@@ -245,13 +196,6 @@ def diagnose(root: HostRoot) -> str | None:
     return None
 
 
-def fabric_reasons(root: HostRoot, gpus: Sequence[object]) -> list[str]:
-    """`diagnose` in the shape of a registered fabric diagnosis: a list of phrases (the GPUs
-    NVML reported are not needed: sysfs and /proc say it)."""
-    said = diagnose(root)
-    return [said] if said else []
-
-
 class Nvlink5Prerequisites(Part):
     """The NVLink5 prerequisites as a registered component (components.COMPONENTS): said first
     in the plan (why Fabric Manager applies there, what NVLSM needs), its InfiniBand modules
@@ -262,13 +206,58 @@ class Nvlink5Prerequisites(Part):
     stop_order = 1
 
     def decision(self, ctx: Context) -> Decision:
-        return decision(ctx)
+        found = detect(ctx.facts.fabric.lpf_ports)
+        if not found.detected:
+            return Decision("nvlink5", "no", found.reason)
+        if ctx.config.fabricmanager == "false":
+            return Decision("nvlink5", "off", f"{found.reason}; NVIDIA_FABRICMANAGER=false: the "
+                            "host runs NVLSM and Fabric Manager")
+        if not applies(ctx):
+            return Decision("nvlink5", "not managed here", planned_fabric(ctx.facts).reason)
+        kernel = ctx.target.kernel
+        wanted = not_loaded(ctx.root, kernel)
+        absent = [name for name in unavailable(ctx.root, kernel) if name in wanted]
+        if not ctx.target.load:
+            modules_said = (f"{', '.join(IB_MODULES)} are loaded by a run that loads the driver "
+                            "(this one loads nothing)")
+        elif absent:
+            modules_said = (f"{', '.join(absent)} missing from /lib/modules/{kernel}: install "
+                            f"{_package(ctx)} (run fails with ib-modules-missing)")
+        elif wanted:
+            modules_said = f"{', '.join(wanted)} will be loaded (modprobe)"
+        else:
+            modules_said = f"{', '.join(IB_MODULES)} loaded"
+        shipped_by = ctx.target.ships_user_space("nvlsm")
+        if shipped_by is ShippedBy.SOURCE:
+            # Fabric Manager comes with the stream's fm profile there (fabricmanager's decision).
+            pinned = ctx.config.nvlsm_version
+            package = (f"nvlsm-{pinned} (NVIDIA_NVLSM_VERSION)" if pinned
+                       else "nvlsm (the host's, else the repo's newest)")
+            nvlsm_said = (f"NVLSM: NVIDIA's package {package} from the host's NVIDIA repo (signed, "
+                          "as the driver's), its files into versions/<ver>/")
+        elif shipped_by is ShippedBy.HOST:
+            nvlsm_said = ("NVLSM is not installed by the installer on this source, so the "
+                          "fabricmanager container fails with nvlsm-missing: set "
+                          "NVIDIA_FABRICMANAGER=false and run NVIDIA's nvlsm package and Fabric "
+                          "Manager of the driver's version on the host")
+        else:
+            from installer.components import nvlsm_archive
+
+            nvlsm_said = "NVLSM: " + nvlsm_archive.digest_source(ctx.config, ctx.target.version)
+        return Decision("nvlink5", "yes", f"{found.reason}: NVLSM runs on that port before Fabric "
+                        f"Manager, both in the fabricmanager container; {modules_said}; "
+                        f"{nvlsm_said}")
 
     def steps(self, ctx: Context) -> list[Step]:
-        return steps(ctx)
+        if not applies(ctx) or not ctx.target.load:
+            return []
+        return [ib_modules_step(ctx, detect(ctx.facts.fabric.lpf_ports))]
 
     def fabric_reasons(self, root: HostRoot, gpus: Sequence[object]) -> list[str]:
-        return fabric_reasons(root, gpus)
+        """`diagnose` in the shape of a registered fabric diagnosis: a list of phrases (the GPUs
+        NVML reported are not needed: sysfs and /proc say it)."""
+        said = diagnose(root)
+        return [said] if said else []
 
 
 COMPONENT = Nvlink5Prerequisites()

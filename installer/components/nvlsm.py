@@ -128,31 +128,6 @@ def pair_start(layout: Layout, driver: str, found: nvlink5.Nvlink5, fabricmanage
     return start
 
 
-def steps(ctx: Context) -> list[Step]:
-    """NVLSM into versions/<ver>/ beside Fabric Manager (the runfile source's; on a dnf host
-    sources/dnf/nvlsm.py installs NVIDIA's nvlsm package instead)."""
-    if not nvlink5.applies(ctx) or (
-            ctx.target.ships_user_space(DAEMON) is not ShippedBy.COMPONENT):
-        return []
-    layout, driver, arch = ctx.layout, ctx.target.version, ctx.facts.arch
-
-    def satisfied() -> bool:
-        return nvlsm_archive.installed(layout, driver) is not None
-
-    def apply() -> None:
-        # One step: which archive (and its version) is known only once the JSON is read.
-        listed, archive = nvlsm_archive.fetch(ctx.config, layout, driver, arch)
-        with scratch(layout.tmp, within=layout.cache_anchor) as tmp:
-            placed = nvlsm_archive.unpack_and_install(archive, tmp, layout, driver,
-                                                      listed.version)
-        log.info("installed NVLSM %s into %s: %s", listed.version, layout.version_dir(driver),
-                 ", ".join(placed))
-
-    return [Step("install-nvlsm", "download the NVLSM archive ("
-                 + nvlsm_archive.digest_source(ctx.config, driver) + ") and put nvlsm and "
-                 "nvlsm.conf into versions/<ver>/ beside Fabric Manager", satisfied, apply)]
-
-
 class Nvlsm(Part):
     """NVLSM as a registered component (components.COMPONENTS): its step beside Fabric
     Manager's; its daemon runs in the fabricmanager container behind nv-fabricmanager, so it
@@ -163,7 +138,28 @@ class Nvlsm(Part):
     stop_order = 1
 
     def steps(self, ctx: Context) -> list[Step]:
-        return steps(ctx)
+        """NVLSM into versions/<ver>/ beside Fabric Manager (the runfile source's; on a dnf host
+        sources/dnf/nvlsm.py installs NVIDIA's nvlsm package instead)."""
+        if not nvlink5.applies(ctx) or (
+                ctx.target.ships_user_space(DAEMON) is not ShippedBy.COMPONENT):
+            return []
+        layout, driver, arch = ctx.layout, ctx.target.version, ctx.facts.arch
+
+        def satisfied() -> bool:
+            return nvlsm_archive.installed(layout, driver) is not None
+
+        def apply() -> None:
+            # One step: which archive (and its version) is known only once the JSON is read.
+            listed, archive = nvlsm_archive.fetch(ctx.config, layout, driver, arch)
+            with scratch(layout.tmp, within=layout.cache_anchor) as tmp:
+                placed = nvlsm_archive.unpack_and_install(archive, tmp, layout, driver,
+                                                          listed.version)
+            log.info("installed NVLSM %s into %s: %s", listed.version, layout.version_dir(driver),
+                     ", ".join(placed))
+
+        return [Step("install-nvlsm", "download the NVLSM archive ("
+                     + nvlsm_archive.digest_source(ctx.config, driver) + ") and put nvlsm and "
+                     "nvlsm.conf into versions/<ver>/ beside Fabric Manager", satisfied, apply)]
 
 
 COMPONENT = Nvlsm()

@@ -35,8 +35,7 @@ from installer.errors import (
 from installer.host import readiness
 from installer.hostroot import HostRoot
 from installer.layout import READY_FILE
-from installer.pipeline import StepOutcome
-from installer.plan import Target
+from installer.plan import StepOutcome, Target
 
 REPO = Path(__file__).resolve().parents[2]
 SIGNALS = REPO / "daemonset" / "components" / "cluster-signals"

@@ -108,9 +108,10 @@ def test_fabric_reasons_come_in_stop_order_then_the_partitions(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Fabric Manager's reasons, then NVLink5's (NVLSM's, which runs behind it), then the
     # fabric's own (a shared-NVSwitch partition).
-    for module, said in ((fabricmanager, "fm"), (nvlink5, "nvlsm"), (fabric, "partition")):
-        attr = "partition_reasons" if module is fabric else "fabric_reasons"
-        monkeypatch.setattr(module, attr, lambda root, gpus, said=said: [said])
+    for component, said in ((fabricmanager.COMPONENT, "fm"), (nvlink5.COMPONENT, "nvlsm")):
+        monkeypatch.setattr(type(component), "fabric_reasons",
+                            lambda self, root, gpus, said=said: [said])
+    monkeypatch.setattr(fabric, "partition_reasons", lambda root, gpus: ["partition"])
     assert components.fabric_diagnosis(HostRoot(tmp_path), ()) == ["fm", "nvlsm", "partition"]
 
 

@@ -140,7 +140,7 @@ def test_peermem_is_loaded_after_mofed_and_then_satisfied(tmp_path: Path) -> Non
                   NVIDIA_MODULE_ARGS="nvidia-peermem.peerdirect_support=1")
     with_nic(tmp_path)
     ib_core(tmp_path, MOFED_KALLSYMS)
-    [step] = gpudirect.loaded_steps(ctx)
+    [step] = gpudirect.COMPONENT.loaded_steps(ctx)
     assert step.name == "load-peermem" and not step.is_satisfied()
     step.apply()
     loads = [c.argv for c in runner.calls if c.argv[0] in ("modprobe", "insmod")
@@ -158,7 +158,7 @@ def test_no_load_is_tried_on_the_kernels_own_ib_core(tmp_path: Path) -> None:
     ctx = context(tmp_path, runner, NVIDIA_GPUDIRECT_RDMA="true")
     with_nic(tmp_path)
     ib_core(tmp_path, MAINLINE_KALLSYMS)
-    [step] = gpudirect.loaded_steps(ctx)
+    [step] = gpudirect.COMPONENT.loaded_steps(ctx)
     with pytest.raises(PeermemNeedsOfed):
         step.apply()
     assert [c for c in runner.calls if c.argv[0] in ("modprobe", "insmod")] == []
@@ -174,7 +174,7 @@ def test_a_refused_peermem_is_its_own_error(tmp_path: Path) -> None:
     with_nic(tmp_path)
     ib_core(tmp_path, MOFED_KALLSYMS)
     with pytest.raises(PeermemLoadFailed) as info:
-        gpudirect.loaded_steps(ctx)[0].apply()
+        gpudirect.COMPONENT.loaded_steps(ctx)[0].apply()
     assert "loading nvidia-peermem failed" in info.value.message
     assert "Invalid argument" in info.value.message
     assert "/usr/src/ofa_kernel" in info.value.hint
@@ -183,12 +183,12 @@ def test_a_refused_peermem_is_its_own_error(tmp_path: Path) -> None:
 
 def test_without_the_setting_or_a_mellanox_device_nothing_is_asked(tmp_path: Path) -> None:
     ctx = context(tmp_path, FakeRunner())
-    assert gpudirect.loaded_steps(ctx) == []
-    assert gpudirect.decision(ctx).value == "off"
+    assert gpudirect.COMPONENT.loaded_steps(ctx) == []
+    assert gpudirect.COMPONENT.decision(ctx).value == "off"
     on = context(tmp_path / "on", FakeRunner(), NVIDIA_GPUDIRECT_RDMA="true")
-    [step] = gpudirect.loaded_steps(on)
+    [step] = gpudirect.COMPONENT.loaded_steps(on)
     assert step.is_satisfied()  # no 15b3 function: nothing to load
-    assert gpudirect.decision(on).value == "not applicable"
+    assert gpudirect.COMPONENT.decision(on).value == "not applicable"
 
 
 def test_the_plan_loads_peermem_right_after_the_drivers_modules(tmp_path: Path) -> None:

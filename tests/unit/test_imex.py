@@ -88,10 +88,10 @@ def test_the_dnf_source_names_nvidias_imex_package_by_branch(
     ctx = dataclasses.replace(ctx, target=dataclasses.replace(
         ctx.target, version=version, branch=branch, source="dnf",
         ships_user_space=lambda component: dnf.ships_user_space(component, ctx.facts.distro)))
-    said = imex.decision(ctx)
+    said = imex.COMPONENT.decision(ctx)
     assert said.value == "not installed by the installer"
     assert f"install NVIDIA's {package} package of the driver's version" in said.reason
-    assert imex.steps(ctx) == []
+    assert imex.COMPONENT.steps(ctx) == []
 
 
 def entry(version: str = V, **item: object) -> bytes:

@@ -216,10 +216,10 @@ def test_the_diagnosis_names_what_an_nvlink5_fabric_lacks(tmp_path: Path) -> Non
                         cmdline="/opt/nvlsm/bin/nvlsm-exporter")
     os.symlink("/opt/nvlsm/bin/nvlsm-exporter", other / "exe")
     assert "NVLSM is not running" in (nvlink5.diagnose(root) or "")
-    assert nvlink5.fabric_reasons(root, []) == [nvlink5.diagnose(root)]
+    assert nvlink5.COMPONENT.fabric_reasons(root, []) == [nvlink5.diagnose(root)]
     our_process(tmp_path, 4243, "/var/lib/nvidia", "nvlsm", script=True)  # the kit's stand-in
     assert nvlink5.diagnose(root) is None
-    assert nvlink5.fabric_reasons(root, []) == []
+    assert nvlink5.COMPONENT.fabric_reasons(root, []) == []
     assert nvlink5.diagnose(make_host(tmp_path / "other", gpus=[B200])) is None
 
 
@@ -387,4 +387,4 @@ def test_on_dnf_hosts_the_plan_says_where_nvlsm_comes_from(
     ctx = dataclasses.replace(plan.context, target=dataclasses.replace(
         plan.context.target,
         ships_user_space=lambda component: dnf.ships_user_space(component, distro)))
-    assert nvlink5.decision(ctx).reason.endswith(said)
+    assert nvlink5.COMPONENT.decision(ctx).reason.endswith(said)

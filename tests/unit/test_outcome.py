@@ -16,7 +16,7 @@ from lib.hosttrees import make_host, root_env
 from installer import app, outcome
 from installer.config import from_env
 from installer.errors import LockTimeout, NoNvidiaGpu
-from installer.pipeline import StepOutcome
+from installer.plan import StepOutcome
 
 INSTALL = "/var/lib/nvidia"
 TARGET = SimpleNamespace(version="580.105.08", flavour="open", kernel="6.1.0-28-amd64",
