@@ -24,17 +24,26 @@ from vm.harness import SECTION_MARKER, VmError, VmResult
 QEMU = "qemu-system-aarch64"
 KERNEL_CMDLINE = "console=ttyAMA0 panic=-1 loglevel=4 rdinit=/init"
 DONE = "vm: scenario exit code"
-INIT = """#!/bin/busybox sh
-/bin/busybox mkdir -p /proc /sys /dev /tmp
+
+
+def busybox_init(directory: str, then: str) -> str:
+    """An initramfs's /init: busybox's applets, the kernel's file systems (and `directory`
+    made), the modules named in /modules/order inserted in that order, then `then`."""
+    return f"""#!/bin/busybox sh
+/bin/busybox mkdir -p /proc /sys /dev {directory}
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 for m in $(cat /modules/order); do insmod /modules/$m.ko || echo "vm: insmod $m failed"; done
+{then}"""
+
+
+INIT = busybox_init("/tmp", f"""\
 sh /scenario.sh
-echo "vm: scenario exit code $?"
+echo "{DONE} $?"
 poweroff -f
-"""
+""")
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,9 @@ from pathlib import Path
 from kit.arm64_parts import KERNEL, Arm64Parts
 
 from vm import arm64_root
-from vm.arm64_guest import QEMU
+from vm.arm64_guest import DONE, KERNEL_CMDLINE, QEMU, busybox_init
 from vm.harness import VmError, VmResult
 
-KERNEL_CMDLINE = "console=ttyAMA0 panic=-1 loglevel=4 rdinit=/init"
-DONE = "vm: scenario exit code"
 # The initramfs's modules (loaded in this order) and the root's module tree: what reaches the
 # root, and drm, which NVIDIA's real nvidia.ko needs (modprobe resolves it from modules.dep).
 BOOT_MODULES = ("virtio_pci", "virtio_blk", "virtio_net", "crc32c_generic", "ext4")
@@ -36,17 +34,12 @@ TREE_MODULES = (*BOOT_MODULES, "drm", "drm_kms_helper")
 EDU = ("0x1234", "0x11e8")
 STAND_IN = {"vendor": "0x10de", "device": "0x2330", "class": "0x030200",
             "subsystem_vendor": "0x10de", "subsystem_device": "0x16c1"}
-INIT = """#!/bin/busybox sh
-/bin/busybox mkdir -p /proc /sys /dev /newroot
-/bin/busybox --install -s /bin
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
-for m in $(cat /modules/order); do insmod /modules/$m.ko || echo "vm: insmod $m failed"; done
+# The initramfs mounts the root and hands over to the node's own boot (NODE).
+INIT = busybox_init("/newroot", """\
 mount -t ext4 /dev/vda /newroot || { echo "vm: no root"; poweroff -f; }
 umount /proc /sys /dev
 exec switch_root /newroot /sbin/vm-node
-"""
+""")
 NODE = """#!/bin/bash
 # The node's own boot: file systems, the ld cache, the network, the crafted PCI tree, then the
 # scenario; its exit code goes to the console and the node powers off.
