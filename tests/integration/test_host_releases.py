@@ -183,7 +183,7 @@ def el_repo_dir(host: Host) -> str:
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, list[str]]]:
     """One server with every distribution's repos: Ubuntu's (per suite and architecture, on
     archive.ubuntu.com's and ports.ubuntu.com's paths) and the EL rebuilds' and Amazon's."""
-    work = tmp_path_factory.mktemp("hosts2026")
+    work = tmp_path_factory.mktemp("host-releases")
     www = work / "www"
     key = make_key(work / "key")
     debs: dict[tuple[str, str], list[Path]] = {}

@@ -10,7 +10,7 @@ Ubuntu's flavour package with its kbuild scripts and links into the `linux-heade
 common package it Depends on; the EL rebuilds' one flat tree in /usr/src/kernels/<uname -r>,
 named kernel-uek-devel on UEK), UTS_RELEASE set to the posed release. The trees were built with
 Debian's gcc 12, so gcc 12 stands in for each kernel's own compiler (Ubuntu 24.04's 13, 26.04's
-15, EL's 11 and 14: those are tests/integration/test_hosts_2026.py's plan checks). As in the
+15, EL's 11 and 14: those are tests/integration/test_host_releases.py's plan checks). As in the
 rest of the integration tier nothing is loaded: the host runs another kernel and the run builds
 ahead for the posed one (loading is the vm tier's)."""
 
@@ -83,7 +83,7 @@ class Archive(NamedTuple):
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Archive]:
     """Ubuntu's noble and resolute suites, Oracle Linux 9's UEKR8 channel and Rocky 10's
     AppStream (each with its sibling repos, empty), and the kit's .run."""
-    work = tmp_path_factory.mktemp("hosts2026run")
+    work = tmp_path_factory.mktemp("host-releases-run")
     www = work / "www"
     key = make_key(work / "key")
     for name, shape in SHAPES.items():
