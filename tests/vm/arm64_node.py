@@ -16,15 +16,14 @@ import gzip
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from kit.arm64_parts import KERNEL, Arm64Parts
 
 from vm import arm64_root
-from vm.arm64_guest import DONE, KERNEL_CMDLINE, QEMU, busybox_init
-from vm.harness import VmError, VmResult
+from vm.arm64_guest import DONE, KERNEL_CMDLINE, QEMU, busybox_init, run_to_exit_code
+from vm.harness import VmResult
 
 # The initramfs's modules (loaded in this order) and the root's module tree: what reaches the
 # root, and drm, which NVIDIA's real nvidia.ko needs (modprobe resolves it from modules.dep).
@@ -166,20 +165,7 @@ def boot(parts: Arm64Parts, disk: Path, work: Path, *, timeout: float = 1500) ->
             "-device", "virtio-blk-pci,drive=root",
             "-netdev", "user,id=net", "-device", "virtio-net-pci,netdev=net",
             "-device", "edu"]
-    started = time.monotonic()
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              check=False, stdin=subprocess.DEVNULL)
-        console = (done.stdout + done.stderr).replace("\r", "")
-        (work / "console.log").write_text(console)  # kept with the test's temporary files
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
-        raise VmError(f"the arm64 node did not finish in {timeout} s", out) from exc
-    for line in console.splitlines():
-        if line.startswith(DONE):
-            code = int(line.removeprefix(DONE).strip())
-            return VmResult(code, console, time.monotonic() - started)
-    raise VmError("the arm64 node never reported its scenario's exit code", console)
+    return run_to_exit_code(argv, "node", timeout, work / "console.log")
 
 
 def scratch() -> Path:
