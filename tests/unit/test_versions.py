@@ -62,23 +62,18 @@ def run(request: str, *device_ids: int, **kwargs: Any) -> Resolution:
 # --- parsing -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("text", "kind", "value"),
-    [
-        ("550.54.15", "exact", "550.54.15"),
-        ("470.82", "exact", "470.82"),
-        (" 580.82.07\n", "exact", "580.82.07"),
-        ("550", "branch", "550"),
-        ("R550", "branch", "550"),
-        ("r550", "branch", "550"),
-        ("auto", "alias", "auto"),
-        ("default", "alias", "auto"),
-        ("latest", "alias", "latest"),
-        ("LATEST", "alias", "latest"),
-        ("production", "alias", "production"),
-        ("lts", "alias", "lts"),
-    ],
-)
+# Each kind of request: the texts that parse to it, each with the value it names.
+PARSED = {
+    "exact": {"550.54.15": "550.54.15", "470.82": "470.82", " 580.82.07\n": "580.82.07"},
+    "branch": {"550": "550", "R550": "550", "r550": "550"},
+    "alias": {"auto": "auto", "default": "auto", "latest": "latest", "LATEST": "latest",
+              "production": "production", "lts": "lts"},
+}
+
+
+@pytest.mark.parametrize(("text", "kind", "value"), [
+    pytest.param(text, kind, value, id=f"{kind}-{text.strip()}")
+    for kind, texts in PARSED.items() for text, value in texts.items()])
 def test_parse_request(text: str, kind: str, value: str) -> None:
     assert parse_request(text) == VersionRequest(kind, value, text)  # type: ignore[arg-type]
 
