@@ -1,18 +1,18 @@
-"""`installer run` on posed hosts of 2026, one per family shape: Ubuntu 24.04 and 26.04 (apt),
-Oracle Linux 9 on UEK and Rocky 10 (dnf); Amazon Linux 2023 through its dnf source is
-test_dnf_amazon.py. Each run goes through the family's own code: the kernel's headers package
-fetched with the real apt-get or dnf from the host's own (signed, 127.0.0.1) sources, then the
-kit's strict nvidia-installer builds the kit's modules with real kbuild against them.
+"""`installer run` on posed host releases (tests/lib/hosts/*.json), one per family shape: Ubuntu
+24.04 and 26.04 (apt), Oracle Linux 9 on UEK and Rocky 10 (dnf); Amazon Linux 2023 through its dnf
+source is test_dnf_amazon.py. Each run goes through the family's own code: the kernel's headers
+package fetched with the real apt-get or dnf from the host's own (signed, 127.0.0.1) sources, then
+the kit's strict nvidia-installer builds the kit's modules with real kbuild against them.
 
 Where the header packages come from: this machine's real Debian 6.1 trees repackaged under the
-posed kernel release, in each distribution's package names and layout (lib/headerrepos.py:
-Ubuntu's flavour package with its kbuild scripts and links into the `linux-headers-<abi>`
-common package it Depends on; the EL rebuilds' one flat tree in /usr/src/kernels/<uname -r>,
-named kernel-uek-devel on UEK), UTS_RELEASE set to the posed release. The trees were built with
-Debian's gcc 12, so gcc 12 stands in for each kernel's own compiler (Ubuntu 24.04's 13, 26.04's
-15, EL's 11 and 14: those are tests/integration/test_host_releases.py's plan checks). As in the
-rest of the integration tier nothing is loaded: the host runs another kernel and the run builds
-ahead for the posed one (loading is the vm tier's)."""
+posed kernel release, in each distribution's package names and layout (lib/headerrepos.py: Ubuntu's
+flavour package with its kbuild scripts and links into the `linux-headers-<abi>` common package it
+Depends on; the EL rebuilds' one flat tree in /usr/src/kernels/<uname -r>, named kernel-uek-devel
+on UEK), UTS_RELEASE set to the posed release. The trees were built with Debian's gcc 12, so gcc 12
+stands in for each kernel's own compiler (Ubuntu 24.04's 13, 26.04's 15, EL's 11 and 14: those are
+tests/integration/test_host_releases.py's plan checks). As in the rest of the integration tier
+nothing is loaded: the host runs another kernel and the run builds ahead for the posed one (loading
+is the vm tier's)."""
 
 from __future__ import annotations
 
@@ -25,16 +25,17 @@ from typing import Any, NamedTuple
 
 import kit
 import pytest
+from lib import hostreleases
 from lib.headerrepos import (
     kernel_devel_rpm,
     make_key,
     publish_apt,
     publish_dnf,
-    rocky_repos,
     ubuntu_shape_debs,
 )
 from lib.hostkit import INSTALL_DIR_HOST, RUNNING_KERNEL, installer_env, run_installer
-from lib.hostshapes import oracle_repos, ubuntu_sources
+from lib.hostreleases import PosedHost
+from lib.hostshapes import release_sources, write_release_os_release
 from lib.hosttrees import add_gpus, make_host
 from lib.httpfaults import serve_directory
 from lib.marks import needs_headers
@@ -45,31 +46,14 @@ pytestmark = [needs_headers, pytest.mark.skipif(
     any(shutil.which(t) is None for t in _TOOLS) and not os.environ.get("CI"),
     reason="needs " + ", ".join(_TOOLS))]
 
-VERSION = "580.105.08"
-# Ubuntu 26.04 and kernel 7.0 take 595.91.07 or newer (installer/release/data/floors.json).
-RESOLUTE_VERSION = "595.91.07"
+VERSION = "580.105.08"  # where the release names no driver_version of its own
+# One posed host (tests/lib/hosts/*.json) per family shape: the build is minutes a host.
+SHAPES = {name: host for name, host in hostreleases.posed_hosts().items()
+          if name in ("noble-generic", "resolute-generic", "ol9-uek", "rocky10")}
 
 
-class Shape(NamedTuple):
-    distro: str
-    kernel: str
-    package: str  # the headers package the family names and fetches
-    common: str  # Ubuntu: the common package it Depends on; EL: ""
-
-
-SHAPES = {
-    "noble-generic": Shape("ubuntu-24.04", "6.8.0-87-generic", "linux-headers-6.8.0-87-generic",
-                           "linux-headers-6.8.0-87"),
-    "resolute-generic": Shape("ubuntu-26.04", "7.0.0-15-generic",
-                              "linux-headers-7.0.0-15-generic", "linux-headers-7.0.0-15"),
-    "ol9-uek": Shape("ol-9", "6.12.0-105.51.5.el9uek.x86_64",
-                     "kernel-uek-devel-6.12.0-105.51.5.el9uek.x86_64", ""),
-    "rocky10": Shape("rocky-10", "6.12.0-55.12.1.el10_0.x86_64",
-                     "kernel-devel-6.12.0-55.12.1.el10_0.x86_64", ""),
-}
-SUITES = {"ubuntu-24.04": "noble", "ubuntu-26.04": "resolute"}
-ROCKY10 = {"baseos": "rocky/10/BaseOS/$basearch/os/",
-           "appstream": "rocky/10/AppStream/$basearch/os/"}
+def version_of(host: PosedHost) -> str:
+    return host.release.driver_version or VERSION
 
 
 class Archive(NamedTuple):
@@ -86,43 +70,38 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Archive]:
     work = tmp_path_factory.mktemp("host-releases-run")
     www = work / "www"
     key = make_key(work / "key")
-    for name, shape in SHAPES.items():
-        if shape.common:
+    for name, (release, kernel) in SHAPES.items():
+        if kernel.common_package:
             # CONFIG_GCC_VERSION 120200: this machine's gcc 12 built the trees (module doc).
-            debs = ubuntu_shape_debs(work / name, shape.kernel, shape.common, 120200)
-            publish_apt(www / "ubuntu", SUITES[shape.distro], debs, key)
-    publish_dnf(www / "repo/OracleLinux/OL9/UEKR8/x86_64", [kernel_devel_rpm(
-        work / "uek", SHAPES["ol9-uek"].kernel, key, "kernel-uek-devel")])
-    publish_dnf(www / "rocky/10/AppStream/x86_64/os", [kernel_devel_rpm(
-        work / "el10", SHAPES["rocky10"].kernel, key)])
-    for empty in ("repo/OracleLinux/OL9/baseos/latest/x86_64",
-                  "repo/OracleLinux/OL9/appstream/x86_64", "rocky/10/BaseOS/x86_64/os"):
-        publish_dnf(www / empty, [])
-    for version in (VERSION, RESOLUTE_VERSION):
+            debs = ubuntu_shape_debs(work / name, kernel.release, kernel.common_package, 120200)
+            publish_apt(www / "ubuntu", release.codename, debs, key)
+        else:
+            publish_dnf(www / kernel.repo, [kernel_devel_rpm(
+                work / name, kernel.release, key, kernel.package_name)])
+    # The other repos the hosts' files name, empty (dnf reads each).
+    for where in sorted({repo for release, _ in SHAPES.values() for repo in release.repos}):
+        if not (www / where / "repodata").is_dir():
+            publish_dnf(www / where, [])
+    for version in sorted({version_of(host) for host in SHAPES.values()}):
         kit.build_runfile(version, www / "runfiles" / version)
     digests = kit.write_digests(work / "digests", www / "runfiles")
     with serve_directory(www) as (base, requests):
         yield Archive(base, key, digests, requests)
 
 
-def posed(tmp_path: Path, shape: Shape, archive: Archive) -> Path:
-    """A node of the shape's release with an H100, its own package sources and keys, running
+def posed(tmp_path: Path, host: PosedHost, archive: Archive) -> Path:
+    """A node of the host's release with an H100, its own package sources and keys, running
     another kernel than the one the run builds for."""
     root = tmp_path / "host"
-    make_host(root, distro=shape.distro, kernel=RUNNING_KERNEL)
+    make_host(root, kernel=RUNNING_KERNEL)
+    write_release_os_release(root, host.release)  # over make_host's default release's
     add_gpus(root, (0x2330,))
     (root / "proc/sys/kernel/arch").write_text("x86_64\n")
-    (root / "lib/modules" / shape.kernel).mkdir(parents=True)
+    (root / "lib/modules" / host.kernel.release).mkdir(parents=True)
     (root / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
     (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
     (root / "etc/modprobe.d").mkdir(parents=True, exist_ok=True)
-    major = int(shape.distro.split("-")[1].split(".")[0])
-    if shape.common:
-        ubuntu_sources(root, archive.base, SUITES[shape.distro], archive.key, "x86_64")
-    elif shape.distro.startswith("ol-"):
-        oracle_repos(root, major, archive.base, archive.key)
-    else:
-        rocky_repos(root, major, archive.base, archive.key, ROCKY10)
+    release_sources(root, host.release, "x86_64", archive.base, archive.key)
     return root
 
 
@@ -135,10 +114,11 @@ def vermagic(module: Path) -> str:
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_run_fetches_the_familys_headers_and_builds_against_them(
         archive: Archive, tmp_path: Path, name: str) -> None:
-    shape = SHAPES[name]
-    version = RESOLUTE_VERSION if shape.distro == "ubuntu-26.04" else VERSION
-    root = posed(tmp_path, shape, archive)
-    env = installer_env(root, shape.kernel, NVIDIA_DRIVER_VERSION=version,
+    host = SHAPES[name]
+    kernel = host.kernel
+    version = version_of(host)
+    root = posed(tmp_path, host, archive)
+    env = installer_env(root, kernel.release, NVIDIA_DRIVER_VERSION=version,
                         NVIDIA_DRIVER_MIRRORS=f"{archive.base}/runfiles",
                         NVIDIA_DRIVER_DIGESTS_FILE=str(archive.digests),
                         NVIDIA_INSTALLER_FETCH_HEADERS="true")
@@ -147,9 +127,10 @@ def test_run_fetches_the_familys_headers_and_builds_against_them(
     assert result.returncode == 0, result.stderr[-4000:]
 
     install = root / INSTALL_DIR_HOST.lstrip("/")
-    cache = install / "cache/headers" / shape.kernel
+    cache = install / "cache/headers" / kernel.release
     fetched = (cache / ".complete").read_text().split()
-    assert fetched == ([shape.package, shape.common] if shape.common else [shape.package])
+    assert fetched == ([kernel.headers_package, kernel.common_package] if kernel.common_package
+                       else [kernel.headers_package])
     downloads = [r for r in archive.requests if r.endswith((".deb", ".rpm"))]
     first_runfile = next(i for i, r in enumerate(archive.requests) if r.endswith(".run"))
     assert downloads and all(archive.requests.index(d) < first_runfile for d in downloads)
@@ -158,10 +139,10 @@ def test_run_fetches_the_familys_headers_and_builds_against_them(
     modules = sorted(p.name for p in (install / "drivers").glob("*.ko"))
     assert "nvidia.ko" in modules and "nvidia-uvm.ko" in modules, modules
     for module in modules:
-        assert vermagic(install / "drivers" / module).startswith(f"{shape.kernel} SMP"), module
+        assert vermagic(install / "drivers" / module).startswith(f"{kernel.release} SMP"), module
     record = json.loads((install / "state.json").read_text())
     assert (record["version"], record["kernel"], record["source"]) == (
-        version, shape.kernel, "runfile")
+        version, kernel.release, "runfile")
     assert (install / "bin/nvidia-smi").is_file()
     # The host's package databases were never touched: the fetch used its own.
     for path in ("var/lib/dpkg", "var/lib/apt", "var/lib/rpm", "var/lib/dnf", "var/cache"):
