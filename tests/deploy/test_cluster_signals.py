@@ -18,8 +18,10 @@ import pytest
 from lib.manifests import (
     DAEMONSET_DIR,
     SAMPLE_NODE_NAME,
-    container_env,
-    installer_container,
+    container_config,
+    gate_sidecar,
+    granted,
+    installer_config,
     installer_daemonset,
     load_all,
     pod_spec,
@@ -28,23 +30,10 @@ from lib.manifests import (
 
 from installer import setting_parsers
 from installer.cluster import condition, driver_labels
-from installer.config import from_env
 from installer.errors import ConfigError
 
 EXAMPLES = DAEMONSET_DIR / "examples"
 COMPONENTS = DAEMONSET_DIR / "components"
-
-
-def _granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
-    return {(d["metadata"].get("namespace", "*") if d["kind"] == "Role" else "*", g, r, v)
-            for d in docs if d["kind"] in ("Role", "ClusterRole")
-            for rule in d["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-            for v in rule["verbs"]}
-
-
-def _container(ds: dict[str, Any], name: str) -> dict[str, Any]:
-    (found,) = [c for c in pod_spec(ds)["containers"] if c["name"] == name]
-    return found
 
 
 def test_the_component_brings_identity_least_rbac_policy_and_the_watcher() -> None:
@@ -53,19 +42,17 @@ def test_the_component_brings_identity_least_rbac_policy_and_the_watcher() -> No
     spec = pod_spec(ds)
     assert spec["automountServiceAccountToken"] is True
     assert spec["serviceAccountName"] == "nvidia-driver-installer"
-    assert _granted(docs) == {("*", "", "nodes", "get"), ("*", "", "nodes", "patch"),
-                              ("*", "", "nodes", "publish-driver-version"),
-                              ("*", "", "nodes/status", "patch"),
-                              ("default", "", "events", "create")}
+    assert granted(docs) == {("*", "", "nodes", "get"), ("*", "", "nodes", "patch"),
+                             ("*", "", "nodes", "publish-driver-version"),
+                             ("*", "", "nodes/status", "patch"),
+                             ("default", "", "events", "create")}
     assert {d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"} \
         == {"nvidia-driver-installer-node-condition", "nvidia-driver-installer-node-events",
             "nvidia-driver-installer-driver-version"}
-    init = from_env(container_env(installer_container(ds)))
+    init = installer_config(ds)
     assert init.cluster_signals and not init.scheduling_gate
-    watcher = _container(ds, "driver-condition")
-    assert watcher["args"] == ["gate"]
-    assert watcher["image"] == installer_container(ds)["image"]
-    config = from_env(container_env(watcher))
+    watcher = gate_sidecar(ds, "driver-condition")
+    config = container_config(watcher)
     assert config.cluster_signals and config.node_name == SAMPLE_NODE_NAME
     assert not config.scheduling_gate
     security = watcher["securityContext"]
@@ -81,17 +68,17 @@ def test_all_three_components_render_together(tmp_path: Path) -> None:
                   for c in ("upgrade-protocol", "scheduling-gate", "cluster-signals")))
     docs = render(tmp_path)
     ds = installer_daemonset(docs)
-    init = from_env(container_env(installer_container(ds)))
+    init = installer_config(ds)
     assert init.cluster_signals and init.scheduling_gate and init.upgrade_protocol
     assert {c["name"] for c in pod_spec(ds)["containers"]} >= {"scheduling-gate",
                                                                "driver-condition"}
-    assert ("*", "", "nodes/status", "patch") in _granted(docs)
+    assert ("*", "", "nodes/status", "patch") in granted(docs)
 
 
 def _gate_keys(docs: list[dict[str, Any]]) -> set[str]:
     ds = installer_daemonset(docs)
-    keys = {from_env(container_env(installer_container(ds))).gate_taint,
-            from_env(container_env(_container(ds, "scheduling-gate"))).gate_taint}
+    keys = {installer_config(ds).gate_taint,
+            container_config(gate_sidecar(ds, "scheduling-gate")).gate_taint}
     for doc in docs:
         if doc["kind"] == "ValidatingAdmissionPolicy":
             for variable in doc["spec"].get("variables", []):
@@ -153,7 +140,7 @@ def _selects(terms: list[dict[str, Any]], labels: dict[str, str]) -> bool:
 def test_the_driver_on_node_example_selects_by_the_labels_the_installer_publishes() -> None:
     example = EXAMPLES / "driver-on-node"
     ds = installer_daemonset(render(example))
-    config = from_env(container_env(installer_container(ds)))
+    config = installer_config(ds)
     assert config.cluster_signals and config.gke_driver_annotations
     assert not config.gpu_feature_discovery
     (patch,) = load_all(example / "device-plugin-on-gpu-present.yaml")

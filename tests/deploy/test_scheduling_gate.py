@@ -15,15 +15,14 @@ from lib.manifests import (
     DAEMONSET_DIR,
     READY_DIR,
     SAMPLE_NODE_NAME,
-    container_env,
-    installer_container,
+    container_config,
+    gate_sidecar,
+    installer_config,
     installer_daemonset,
     load_all,
     pod_spec,
     render,
 )
-
-from installer.config import from_env
 
 COMPONENTS = DAEMONSET_DIR / "components"
 KEY = "nvidia.com/gpu.driver-not-ready"
@@ -51,12 +50,6 @@ def gate_docs() -> list[dict[str, Any]]:
 
 def both_docs() -> list[dict[str, Any]]:
     return rendered("examples/gate-and-upgrade-protocol")
-
-
-def _container(ds: dict[str, Any], name: str) -> dict[str, Any]:
-    containers: list[dict[str, Any]] = pod_spec(ds)["containers"]
-    (found,) = [c for c in containers if c["name"] == name]
-    return found
 
 
 def _granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -89,18 +82,16 @@ def test_the_gate_brings_a_node_only_role_its_token_and_its_policy() -> None:
 
 def test_the_installer_runs_with_the_gate_on_and_the_protocol_off() -> None:
     ds = installer_daemonset(gate_docs())
-    config = from_env(container_env(installer_container(ds)))
+    config = installer_config(ds)
     assert config.scheduling_gate is True and config.upgrade_protocol is False
     assert config.node_name == SAMPLE_NODE_NAME and config.gate_taint == KEY
 
 
 def test_the_gate_container_is_the_installer_image_unprivileged_reading_the_ready_dir() -> None:
     ds = installer_daemonset(gate_docs())
-    container = _container(ds, "scheduling-gate")
-    assert container["args"] == ["gate"]
-    assert container["image"] == installer_container(ds)["image"]
+    container = gate_sidecar(ds, "scheduling-gate")
     assert container["image"].startswith("registry.example.com/nvidia-driver-installer:")
-    config = from_env(container_env(container))
+    config = container_config(container)
     assert config.scheduling_gate and config.node_name == SAMPLE_NODE_NAME
     assert str(config.root) == "/"  # the readiness files at their own path, /proc the host's
     security = container["securityContext"]
@@ -120,7 +111,7 @@ def test_both_components_share_one_account_and_grant_the_union() -> None:
     assert len(accounts) == 1
     assert _granted(both_docs()) == _granted(gate_docs()) | _granted(
         rendered("overlays/upgrade-protocol"))
-    config = from_env(container_env(installer_container(installer_daemonset(both_docs()))))
+    config = installer_config(installer_daemonset(both_docs()))
     assert config.scheduling_gate and config.upgrade_protocol
 
 
@@ -159,6 +150,6 @@ def test_the_taint_key_agrees_in_the_installer_the_container_and_every_policy(
         where: str, key: str) -> None:
     docs = rendered(where)
     ds = installer_daemonset(docs)
-    assert from_env(container_env(installer_container(ds))).gate_taint == key
-    assert from_env(container_env(_container(ds, "scheduling-gate"))).gate_taint == key
+    assert installer_config(ds).gate_taint == key
+    assert container_config(gate_sidecar(ds, "scheduling-gate")).gate_taint == key
     assert _policy_keys(docs) == {key}

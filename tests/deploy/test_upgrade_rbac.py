@@ -14,7 +14,10 @@ import pytest
 from lib.manifests import (
     DAEMONSET_DIR,
     SAMPLE_NODE_NAME,
+    container_config,
     container_env,
+    granted,
+    installer_config,
     installer_container,
     installer_daemonset,
     load_all,
@@ -35,14 +38,6 @@ def _kinds(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def _granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
-    """(namespace or '*', group, resource, verb) over every Role and ClusterRole."""
-    return {(d["metadata"].get("namespace", "*") if d["kind"] == "Role" else "*", g, r, v)
-            for d in docs if d["kind"] in ("Role", "ClusterRole")
-            for rule in d["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-            for v in rule["verbs"]}
-
-
 @pytest.mark.parametrize("overlay", ["ubuntu", "rocky", "debian", "module-registry"])
 def test_without_the_protocol_the_pod_has_no_api_identity(overlay: str) -> None:
     docs = render(DAEMONSET_DIR / "overlays" / overlay)
@@ -52,7 +47,7 @@ def test_without_the_protocol_the_pod_has_no_api_identity(overlay: str) -> None:
     spec = pod_spec(installer_daemonset(docs))
     assert spec["automountServiceAccountToken"] is False
     assert "serviceAccountName" not in spec
-    config = from_env(container_env(installer_container(installer_daemonset(docs))))
+    config = installer_config(installer_daemonset(docs))
     assert config.upgrade_protocol is False
     assert config.node_name == SAMPLE_NODE_NAME  # to restore a node an earlier run left
 
@@ -70,7 +65,7 @@ def test_the_protocol_overlay_brings_identity_rbac_and_policy() -> None:
                 "namespace": NAMESPACE}]
     for binding in kinds["ClusterRoleBinding"] + kinds["RoleBinding"]:
         assert binding["subjects"] == subject
-    assert _granted(docs) == {
+    assert granted(docs) == {
         ("*", "", "nodes", "get"), ("*", "", "nodes", "patch"),
         ("*", "", "nodes", "list"),  # a pool policy's budget: the pool's nodes mid-upgrade
         ("*", "", "pods", "list"),
@@ -79,7 +74,7 @@ def test_the_protocol_overlay_brings_identity_rbac_and_policy() -> None:
         ("*", "resource.k8s.io", "resourceclaims", "get"),  # GPU pods through DRA
         ("default", "", "events", "create"),  # Node events live in default: a Role there
     }
-    assert not any(r.endswith("/eviction") for _, _, r, _ in _granted(docs))
+    assert not any(r.endswith("/eviction") for _, _, r, _ in granted(docs))
     assert all("*" not in str(rule) for d in docs if "rules" in d for rule in d["rules"])
     policies = {p["metadata"]["name"] for p in kinds["ValidatingAdmissionPolicy"]}
     bound = {b["spec"]["policyName"]: b["spec"]["validationActions"]
@@ -88,7 +83,7 @@ def test_the_protocol_overlay_brings_identity_rbac_and_policy() -> None:
     container = installer_container(ds)
     (node_name,) = [e for e in container["env"] if e["name"] == "NODE_NAME"]
     assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    config = from_env(container_env(container))
+    config = container_config(container)
     assert config.upgrade_protocol is True and config.force_eviction is False
     assert config.node_name == SAMPLE_NODE_NAME
     assert "device-plugin" in config.pause_components
@@ -97,9 +92,9 @@ def test_the_protocol_overlay_brings_identity_rbac_and_policy() -> None:
 def test_the_force_eviction_variant_grants_nothing_more() -> None:
     """Force eviction is the installer's decision to stop waiting for budgets, not a right."""
     docs = render(DAEMONSET_DIR / "examples" / "force-eviction")
-    plain = _granted(render(DAEMONSET_DIR / "overlays" / "upgrade-protocol"))
-    assert _granted(docs) == plain
-    config = from_env(container_env(installer_container(installer_daemonset(docs))))
+    plain = granted(render(DAEMONSET_DIR / "overlays" / "upgrade-protocol"))
+    assert granted(docs) == plain
+    config = installer_config(installer_daemonset(docs))
     assert config.force_eviction is True and config.upgrade_protocol is True
 
 

@@ -17,7 +17,7 @@ from kit.nvlink5 import hgx_b200_ports, write_cx7_port, write_module_tree
 from kit.nvlsm import build_nvlsm
 from lib.hostkit import INSTALL_DIR_HOST, installer_env, make_debian_host, ok, run_installer
 from lib.hosttrees import B200
-from lib.httpfaults import serve_directory
+from lib.httpfaults import serve_new_directory
 from lib.marks import needs_headers
 
 pytestmark = needs_headers
@@ -26,15 +26,17 @@ V = "580.105.08"
 SM = "2025.10.12"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, list[str]]]:
-    www = tmp_path_factory.mktemp("www")
+def build_mirror(www: Path) -> None:
+    """The driver's runfile, and its redist tree with Fabric Manager, NVLSM and IMEX."""
     kit.build_runfile(V, www / V)
     build_fabricmanager(V, www / "redist")
     build_nvlsm(SM, www / "redist", driver=V)
     build_imex(V, www / "redist")
-    with serve_directory(www) as (base, requests):
-        yield base, www, requests
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, list[str]]]:
+    yield from serve_new_directory(tmp_path_factory, build_mirror)
 
 
 

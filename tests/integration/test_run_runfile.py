@@ -26,7 +26,7 @@ from lib.hostkit import (
     run_installer,
     tree_snapshot,
 )
-from lib.httpfaults import serve_directory
+from lib.httpfaults import serve_new_directory
 from lib.marks import needs_headers
 
 pytestmark = needs_headers
@@ -35,16 +35,18 @@ A = "580.105.08"
 B = "580.126.20"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, list[str]]]:
-    """Fake runfiles for A and B (and a broken one) served on 127.0.0.1; requests recorded."""
-    www = tmp_path_factory.mktemp("www")
+def build_mirror(www: Path) -> None:
+    """Fake runfiles for A and B, and a broken one; their digests beside the mirror."""
     for version in (A, B):
         kit.build_runfile(version, www / version)
     kit.build_runfile("570.195.03", www / "broken", compile_error=True)
     kit.write_digests(digests_of(www), www)  # the operator's file: a mirror serves bytes only
-    with serve_directory(www) as (base, requests):
-        yield base, www, requests
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, list[str]]]:
+    """The mirror on 127.0.0.1, its requests recorded."""
+    yield from serve_new_directory(tmp_path_factory, build_mirror)
 
 
 def digests_of(www: Path) -> Path:
@@ -67,6 +69,14 @@ def env_for(
         root, kernel, NVIDIA_DRIVER_VERSION=version, NVIDIA_DRIVER_MIRRORS=base,
         NVIDIA_DRIVER_DIGESTS_FILE=str(digests_of(www)), **settings
     )
+
+
+@pytest.fixture
+def installed(host: tuple[Path, str], served: Any) -> dict[str, str]:
+    """The host after one successful `installer run` of A: the settings that ran it."""
+    env = env_for(host, served)
+    ok(run_installer(env, "run"))
+    return env
 
 
 def install_dir(root: Path) -> Path:
@@ -160,11 +170,10 @@ def test_cold_install_produces_the_gke_layout(host: tuple[Path, str], served: An
 
 
 def test_warm_rerun_touches_nothing_and_downloads_nothing(
-    host: tuple[Path, str], served: Any
+    host: tuple[Path, str], served: Any, installed: dict[str, str]
 ) -> None:
     root, _ = host
-    env = env_for(host, served)
-    ok(run_installer(env, "run"))
+    env = installed
     before = tree_snapshot(root)
     served[2].clear()
     result = ok(run_installer(env, "run"))
@@ -448,14 +457,12 @@ def test_no_gpu_fails_unless_told_to_install_ahead(tmp_path: Path, served: Any) 
 
 
 def test_uninstall_removes_only_what_the_installer_put_down(
-    host: tuple[Path, str], served: Any
+    host: tuple[Path, str], installed: dict[str, str]
 ) -> None:
     root, kernel = host
-    env = env_for(host, served)
-    ok(run_installer(env, "run"))
     inst = install_dir(root)
     (inst / "operator-notes.txt").write_text("keep me")
-    result = ok(run_installer(env, "uninstall"))
+    result = ok(run_installer(installed, "uninstall"))
     assert "removed /etc/ld.so.conf.d/nvidia-driver-installer.conf" in result.stdout
     assert not (root / "etc/ld.so.conf.d/nvidia-driver-installer.conf").exists()
     assert not (root / "lib/modules" / kernel / "updates/nvidia-driver-installer").exists()

@@ -11,18 +11,41 @@ from pathlib import Path
 from lib.headerrepos import (
     Key,
     deb822_ubuntu_sources,
+    rocky_repos,
     signed_devel_rpm,
     ubuntu_header_pair,
 )
-from lib.hosttrees import header_tree, write_known_os_release, write_osrelease_kernel
+from lib.hostreleases import HostRelease, PosedHost
+from lib.hosttrees import (
+    header_tree,
+    write_known_os_release,
+    write_os_release,
+    write_osrelease_kernel,
+)
 
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
 def pose_host(root: Path, distro: str, kernel: str, arch: str, proc_version: str) -> Path:
-    """A node of `distro` running `kernel` on `arch`: os-release, the kernel's release and
-    machine (kernel.osrelease and kernel.arch under /proc/sys), /proc/version."""
+    """A node of `distro` running `kernel` on `arch`: os-release, then pose_kernel."""
     write_known_os_release(root, distro)
+    return pose_kernel(root, kernel, arch, proc_version)
+
+
+def pose_release(root: Path, host: PosedHost) -> Path:
+    """A node of a posed host's release (its os-release from data) running the host's kernel."""
+    write_release_os_release(root, host.release)
+    return pose_kernel(root, host.kernel.release, host.kernel.arch, host.kernel.proc_version)
+
+
+def write_release_os_release(root: Path, release: HostRelease) -> Path:
+    return write_os_release(root, release.id, release.version_id,
+                            pretty_name=release.pretty_name or None, codename=release.codename)
+
+
+def pose_kernel(root: Path, kernel: str, arch: str, proc_version: str) -> Path:
+    """A node running `kernel` on `arch`: the kernel's release and machine (kernel.osrelease and
+    kernel.arch under /proc/sys), /proc/version, no module loaded, its /lib/modules dir."""
     write_osrelease_kernel(root, kernel)
     (root / "proc/sys/kernel/arch").write_text(f"{arch}\n")
     (root / "proc/version").write_text(proc_version)
@@ -141,3 +164,21 @@ def rhel_repos(root: Path, major: int, arch: str, base: str, key: Key) -> None:
             f"Red Hat Enterprise Linux {major} for $basearch - AppStream (RPMs)",
             f"{base}/content/dist/rhel{major}/$releasever/$basearch/appstream/os"),
     })
+
+
+def release_sources(root: Path, release: HostRelease, arch: str, base: str, key: Key) -> None:
+    """The package sources (and signing key) the release's family installs, on `base`."""
+    major = int(release.version_id.split(".")[0])
+    if release.id == "ubuntu":
+        ubuntu_sources(root, base, release.codename, key, arch)
+    elif release.id == "ol":
+        oracle_repos(root, major, base, key)
+    elif release.id == "amzn":
+        amazon_repos(root, base, key)
+    elif release.id == "rhel":
+        rhel_repos(root, major, arch, base, key)
+    elif release.id == "rocky":
+        rocky_repos(root, major, base, key, {"baseos": f"rocky/{major}/BaseOS/$basearch/os/",
+                                             "appstream": f"rocky/{major}/AppStream/$basearch/os/"})
+    else:
+        raise ValueError(f"no package sources are shaped for {release.name}")

@@ -197,11 +197,20 @@ def write_driver_version(
     return _write(root / "proc/driver/nvidia/version", driver_version_text(version, flavour, arch))
 
 
+def load_driver(
+    root: Path, version: str, flavour: str = "proprietary", *, uvm: bool = True, holders: int = 0
+) -> None:
+    """A driver loaded as the kernel shows it: /proc/modules lists nvidia (with `holders`
+    references) after nvidia_uvm unless `uvm` is off, and the driver's version files."""
+    loaded = ["nvidia_uvm"] if uvm else []
+    write_proc_modules(root, [*map(module_line, loaded), module_line("nvidia", refcount=holders)])
+    write_driver_version(root, version, flavour)
+
+
 def write_verified(root: Path, version: str, kernel: str) -> None:
     """What a passing verify leaves: nvidia_uvm and nvidia loaded, the driver's version, and
     the readiness file for `version` (open modules) built for `kernel`."""
-    write_proc_modules(root, [module_line(n) for n in ("nvidia_uvm", "nvidia")])
-    write_driver_version(root, version)
+    load_driver(root, version)
     path = HostRoot(root).local(READY_FILE)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(state.ready_text(version, "open", "/var/lib/nvidia", kernel))

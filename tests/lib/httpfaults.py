@@ -24,12 +24,14 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
+
+import pytest
 
 _SEND_CHUNK = 64 * 1024
 
@@ -474,3 +476,15 @@ def serve_directory(directory: Path) -> Iterator[tuple[str, list[str]]]:
     request paths it receives (tests assert that a warm run asks for nothing)."""
     with static_server(directory) as (port, requests):
         yield f"http://127.0.0.1:{port}", requests
+
+
+def serve_new_directory(
+    factory: pytest.TempPathFactory, fill: Callable[[Path], object]
+) -> Iterator[tuple[str, Path, list[str]]]:
+    """The body of a module's `served` fixture: a new directory that `fill` writes, served on
+    127.0.0.1 for as long as the fixture lasts; yields the base URL, the directory and the
+    request paths the server receives."""
+    www = factory.mktemp("www")
+    fill(www)
+    with serve_directory(www) as (base, requests):
+        yield base, www, requests

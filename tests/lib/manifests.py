@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from installer import layout
+from installer.config import Config, from_env
 
 REPO = Path(__file__).resolve().parents[2]
 DAEMONSET_DIR = REPO / "daemonset"
@@ -142,6 +143,33 @@ def container_env(container: dict[str, Any]) -> dict[str, str]:
         assert "value" in item or "valueFrom" not in item, f"{item['name']} uses valueFrom"
         env[item["name"]] = str(item.get("value", ""))
     return env
+
+
+def container_config(container: dict[str, Any]) -> Config:
+    """The installer's settings as a container's env gives them on a node."""
+    return from_env(container_env(container))
+
+
+def installer_config(ds: dict[str, Any]) -> Config:
+    """The installer's settings as its initContainer's env gives them on a node."""
+    return container_config(installer_container(ds))
+
+
+def gate_sidecar(ds: dict[str, Any], name: str) -> dict[str, Any]:
+    """The pod's long-running container `name` (the scheduling gate, the cluster signals'
+    watcher): it runs `installer gate` from the installer's own image."""
+    (found,) = [c for c in pod_spec(ds)["containers"] if c["name"] == name]
+    assert found["args"] == ["gate"], found["args"]
+    assert found["image"] == installer_container(ds)["image"]
+    return found
+
+
+def granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
+    """(namespace or '*', group, resource, verb) over every Role and ClusterRole."""
+    return {(d["metadata"].get("namespace", "*") if d["kind"] == "Role" else "*", g, r, v)
+            for d in docs if d["kind"] in ("Role", "ClusterRole")
+            for rule in d["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"]}
 
 
 def host_path_of(ds: dict[str, Any], container: dict[str, Any], mount_path: str) -> str | None:

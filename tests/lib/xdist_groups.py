@@ -27,7 +27,7 @@ LONG_GROUPS = ("vm/test_pod_scenarios.py", "real-driver", "arm64", "pod/test_mul
                "vm/test_installer_scenarios.py",
                "vm/test_headers_fetched.py", "vm/test_upgrade_protocol.py",
                "vm/test_next_kernel_vm.py", "vm/test_dnf_scenario.py", "vm/test_prebuilt_vm.py",
-               "integration/test_hosts_2026_run.py")
+               "integration/test_host_releases_run.py")
 
 
 def group_of(path: str) -> str:

@@ -15,11 +15,9 @@ from lib.fakes import FakeRunner
 from lib.hosttrees import (
     H100,
     add_process,
+    load_driver,
     make_host,
-    module_line,
     root_env,
-    write_driver_version,
-    write_proc_modules,
 )
 
 from installer import components, planner, steps
@@ -249,8 +247,7 @@ def test_a_registered_component_has_its_command_and_the_gate_waits_for_it(
     assert invoke("dcgm") == 2  # not registered: click's "No such command"
 
     root = make_host(tmp_path, gpus=[H100])
-    write_proc_modules(tmp_path, [module_line("nvidia_uvm"), module_line("nvidia")])
-    write_driver_version(tmp_path, V, "open")
+    load_driver(tmp_path, V, "open")
     root.write_atomic(readiness.component_file("fabricmanager"), f"DRIVER_VERSION={V}\n")
     root.write_atomic(readiness.component_file("persistenced"), f"DRIVER_VERSION={V}\n")
     root.write_atomic(READY_FILE, f"DRIVER_VERSION={V}\n")

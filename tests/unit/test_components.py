@@ -20,11 +20,10 @@ from lib.hosttrees import (
     H100,
     add_pci_device,
     add_process,
+    load_driver,
     make_host,
-    module_line,
     root_env,
     write_driver_version,
-    write_proc_modules,
 )
 
 from installer import components, host, planner, steps
@@ -273,8 +272,7 @@ def test_a_driver_held_only_by_our_daemons_is_free_to_replace(tmp_path: Path) ->
     from lib.contexts import context
 
     ctx = context(tmp_path, FakeRunner())
-    write_proc_modules(tmp_path, [module_line("nvidia", refcount=2)])
-    write_driver_version(tmp_path, "550.127.05")
+    load_driver(tmp_path, "550.127.05", uvm=False, holders=2)
     our_process(tmp_path, 100, str(ctx.layout.install_host), "nvidia-persistenced")
     assert steps.driver_free_step(ctx).is_satisfied()
     add_process(tmp_path, 103, "python3", {5: "/dev/nvidia0"})

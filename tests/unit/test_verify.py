@@ -353,21 +353,39 @@ def test_smi_exit_9_is_no_driver(install_dir: Path) -> None:
     assert report.gpus[0].uuid == UUIDS[0]  # NVML's answer still reported
 
 
-def test_smi_exit_12_is_no_library(install_dir: Path) -> None:
-    output = (
-        "NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that "
-        "the NVIDIA Display Driver is properly installed and present in your system.\n"
-        "Please also try adding directory that contains libnvidia-ml.so to your system PATH.\n"
-    )
-    assert problems_when(install_dir, smi=(12, output)) == (
-        "nvidia-smi could not load libnvidia-ml.so.1 (exit 12)",
-    )
-
-
-def test_smi_no_devices_when_gpus_were_expected(install_dir: Path) -> None:
-    assert problems_when(install_dir, smi=(6, "No devices were found\n")) == (
+# One answer of nvidia-smi or of the NVML child (the other answering as a good driver's does)
+# and the one problem verify makes of it.
+@pytest.mark.parametrize(("answers", "problem"), [
+    pytest.param(
+        {"smi": (12, "NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please "
+                 "make sure that the NVIDIA Display Driver is properly installed and present "
+                 "in your system.\nPlease also try adding directory that contains "
+                 "libnvidia-ml.so to your system PATH.\n")},
+        "nvidia-smi could not load libnvidia-ml.so.1 (exit 12)", id="smi-exit-12-no-library"),
+    pytest.param(
+        {"smi": (6, "No devices were found\n")},
         "nvidia-smi found no GPUs (exit 6), expected 2 (0000:3b:00.0, 0000:5e:00.0)",
-    )
+        id="smi-no-devices-when-gpus-were-expected"),
+    pytest.param(
+        {"smi": (2, 'Field "memory.totl" is not a valid field to query.\n')},
+        'nvidia-smi failed with exit 2: Field "memory.totl" is not a valid field to query.',
+        id="smi-other-exit-its-last-line"),
+    pytest.param(
+        {"smi": (0, "something unexpected\n")},
+        "nvidia-smi printed no GPU rows: something unexpected", id="smi-exit-0-without-rows"),
+    pytest.param(
+        {"nvml": (0, '{"driver_version": null, "error": null}')},
+        'the NVML check answered without a driver version: {"driver_version": null, '
+        '"error": null}', id="nvml-answer-without-version"),
+    pytest.param(
+        {"nvml": (-11, "Fatal Python error: Segmentation fault\n")},
+        "the NVML check (python -m installer.verify) exited -11 without an answer: "
+        "Fatal Python error: Segmentation fault", id="nvml-child-crashes-without-json"),
+])
+def test_an_answer_that_is_one_problem(
+    install_dir: Path, answers: dict[str, Any], problem: str
+) -> None:
+    assert problems_when(install_dir, **answers) == (problem,)
 
 
 def test_no_gpus_planned_and_none_found_is_ok(install_dir: Path) -> None:
@@ -382,25 +400,6 @@ def test_no_gpus_planned_and_none_found_is_ok(install_dir: Path) -> None:
 
     assert report.problems == ()
     assert report.nvml_driver_version == VERSION
-
-
-def test_smi_other_exit_reports_its_last_line(install_dir: Path) -> None:
-    smi_said = 'Field "memory.totl" is not a valid field to query.\n'
-    assert problems_when(install_dir, smi=(2, smi_said)) == (
-        'nvidia-smi failed with exit 2: Field "memory.totl" is not a valid field to query.',
-    )
-
-
-def test_smi_exit_0_without_rows_is_a_problem(install_dir: Path) -> None:
-    assert problems_when(install_dir, smi=(0, "something unexpected\n")) == (
-        "nvidia-smi printed no GPU rows: something unexpected",
-    )
-
-
-def test_nvml_answer_without_version_is_a_problem(install_dir: Path) -> None:
-    assert problems_when(install_dir, nvml=(0, '{"driver_version": null, "error": null}')) == (
-        'the NVML check answered without a driver version: {"driver_version": null, "error": null}',
-    )
 
 
 def test_smi_missing(install_dir: Path) -> None:
@@ -460,13 +459,6 @@ def test_nvml_per_gpu_error_is_reported(install_dir: Path) -> None:
         "NVML nvmlDeviceGetUUID failed for GPU 1: NVMLError_GpuIsLost: GPU is lost"
     )
     assert "NVML GPU 1 (0000:5e:00.0) has no UUID" in report.problems
-
-
-def test_nvml_child_that_crashes_without_json(install_dir: Path) -> None:
-    assert problems_when(install_dir, nvml=(-11, "Fatal Python error: Segmentation fault\n")) == (
-        "the NVML check (python -m installer.verify) exited -11 without an answer: "
-        "Fatal Python error: Segmentation fault",
-    )
 
 
 def test_nvml_json_found_after_library_noise_on_stderr(install_dir: Path) -> None:

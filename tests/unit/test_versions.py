@@ -35,6 +35,7 @@ from lib.hosttrees import (
 from installer.errors import (
     ConfigError,
     IncompatibleGpus,
+    InstallerError,
     InvalidVersion,
     UnknownVersion,
     UnsupportedGpu,
@@ -62,23 +63,18 @@ def run(request: str, *device_ids: int, **kwargs: Any) -> Resolution:
 # --- parsing -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("text", "kind", "value"),
-    [
-        ("550.54.15", "exact", "550.54.15"),
-        ("470.82", "exact", "470.82"),
-        (" 580.82.07\n", "exact", "580.82.07"),
-        ("550", "branch", "550"),
-        ("R550", "branch", "550"),
-        ("r550", "branch", "550"),
-        ("auto", "alias", "auto"),
-        ("default", "alias", "auto"),
-        ("latest", "alias", "latest"),
-        ("LATEST", "alias", "latest"),
-        ("production", "alias", "production"),
-        ("lts", "alias", "lts"),
-    ],
-)
+# Each kind of request: the texts that parse to it, each with the value it names.
+PARSED = {
+    "exact": {"550.54.15": "550.54.15", "470.82": "470.82", " 580.82.07\n": "580.82.07"},
+    "branch": {"550": "550", "R550": "550", "r550": "550"},
+    "alias": {"auto": "auto", "default": "auto", "latest": "latest", "LATEST": "latest",
+              "production": "production", "lts": "lts"},
+}
+
+
+@pytest.mark.parametrize(("text", "kind", "value"), [
+    pytest.param(text, kind, value, id=f"{kind}-{text.strip()}")
+    for kind, texts in PARSED.items() for text, value in texts.items()])
 def test_parse_request(text: str, kind: str, value: str) -> None:
     assert parse_request(text) == VersionRequest(kind, value, text)  # type: ignore[arg-type]
 
@@ -372,11 +368,18 @@ def test_auto_falls_back_outside_the_track_when_nothing_in_it_fits() -> None:
     assert any("no LTS branch in the catalog supports" in r for r in result.reasons)
 
 
-def test_auto_with_no_branch_for_the_gpu() -> None:
-    small = small_catalog({535: ("lts branch", ["535.230.02"])})
-    with pytest.raises(UnsupportedGpu) as err:
-        resolve("auto", small, pci_gpus(B200))
-    assert "test catalog" in err.value.message
+@pytest.mark.parametrize(("branches", "gpu", "error", "named"), [
+    pytest.param({535: ("lts branch", ["535.230.02"])}, B200, UnsupportedGpu, "test catalog",
+                 id="no-branch-for-the-gpu"),
+    pytest.param({580: ("lts branch", ["580.82.07"])}, K80, UnknownVersion, "470",
+                 id="its-legacy-branch-missing-from-the-catalog"),
+])
+def test_auto_refuses_a_catalog_without_the_gpus_branch(
+        branches: dict[int, tuple[str, list[str]]], gpu: int, error: type[InstallerError],
+        named: str) -> None:
+    with pytest.raises(error) as err:
+        resolve("auto", small_catalog(branches), pci_gpus(gpu))
+    assert named in err.value.message
 
 
 def test_auto_when_no_single_branch_fits_all() -> None:
@@ -395,13 +398,6 @@ def test_auto_when_no_single_branch_fits_all() -> None:
     with pytest.raises(IncompatibleGpus) as err:
         resolve("auto", small, pci_gpus(0x0FFF, H100), database=database)
     assert "Old Card" in err.value.message and "H100" in err.value.message
-
-
-def test_legacy_branch_missing_from_catalog() -> None:
-    small = small_catalog({580: ("lts branch", ["580.82.07"])})
-    with pytest.raises(UnknownVersion) as err:
-        resolve("auto", small, pci_gpus(K80))
-    assert "470" in err.value.message
 
 
 def test_alias_without_branch_of_that_type() -> None:

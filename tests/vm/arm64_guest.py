@@ -24,17 +24,26 @@ from vm.harness import SECTION_MARKER, VmError, VmResult
 QEMU = "qemu-system-aarch64"
 KERNEL_CMDLINE = "console=ttyAMA0 panic=-1 loglevel=4 rdinit=/init"
 DONE = "vm: scenario exit code"
-INIT = """#!/bin/busybox sh
-/bin/busybox mkdir -p /proc /sys /dev /tmp
+
+
+def busybox_init(directory: str, then: str) -> str:
+    """An initramfs's /init: busybox's applets, the kernel's file systems (and `directory`
+    made), the modules named in /modules/order inserted in that order, then `then`."""
+    return f"""#!/bin/busybox sh
+/bin/busybox mkdir -p /proc /sys /dev {directory}
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 for m in $(cat /modules/order); do insmod /modules/$m.ko || echo "vm: insmod $m failed"; done
+{then}"""
+
+
+INIT = busybox_init("/tmp", f"""\
 sh /scenario.sh
-echo "vm: scenario exit code $?"
+echo "{DONE} $?"
 poweroff -f
-"""
+""")
 
 
 @dataclass(frozen=True)
@@ -94,19 +103,28 @@ class Arm64Guest:
                     "-initrd", str(initramfs), "-append", KERNEL_CMDLINE,
                     # A PCI device that is no NVIDIA GPU: qemu's edu, on virt's PCIe host bridge.
                     "-device", "edu"]
-            started = time.monotonic()
-            try:
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                                      check=False, stdin=subprocess.DEVNULL)
-                console = done.stdout + done.stderr
-            except subprocess.TimeoutExpired as exc:
-                out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
-                raise VmError(f"the arm64 guest did not finish in {timeout} s", out) from exc
-        for line in console.splitlines():
-            if line.startswith(DONE):
-                code = int(line.removeprefix(DONE).strip())
-                return VmResult(code, console.replace("\r", ""), time.monotonic() - started)
-        raise VmError("the arm64 guest never reported its scenario's exit code", console)
+            return run_to_exit_code(argv, "guest", timeout)
+
+
+def run_to_exit_code(argv: list[str], what: str, timeout: float,
+                     log: Path | None = None) -> VmResult:
+    """Run qemu (`argv`) until the machine powers off; the scenario's exit code is what its
+    console's DONE line says. `log` keeps the console (with the test's temporary files)."""
+    started = time.monotonic()
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              check=False, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
+        raise VmError(f"the arm64 {what} did not finish in {timeout} s", out) from exc
+    console = (done.stdout + done.stderr).replace("\r", "")
+    if log is not None:
+        log.write_text(console)
+    for line in console.splitlines():
+        if line.startswith(DONE):
+            code = int(line.removeprefix(DONE).strip())
+            return VmResult(code, console, time.monotonic() - started)
+    raise VmError(f"the arm64 {what} never reported its scenario's exit code", console)
 
 
 __all__ = ["SECTION_MARKER", "Arm64Guest"]

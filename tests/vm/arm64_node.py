@@ -16,18 +16,15 @@ import gzip
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from kit.arm64_parts import KERNEL, Arm64Parts
 
 from vm import arm64_root
-from vm.arm64_guest import QEMU
-from vm.harness import VmError, VmResult
+from vm.arm64_guest import DONE, KERNEL_CMDLINE, QEMU, busybox_init, run_to_exit_code
+from vm.harness import VmResult
 
-KERNEL_CMDLINE = "console=ttyAMA0 panic=-1 loglevel=4 rdinit=/init"
-DONE = "vm: scenario exit code"
 # The initramfs's modules (loaded in this order) and the root's module tree: what reaches the
 # root, and drm, which NVIDIA's real nvidia.ko needs (modprobe resolves it from modules.dep).
 BOOT_MODULES = ("virtio_pci", "virtio_blk", "virtio_net", "crc32c_generic", "ext4")
@@ -36,17 +33,12 @@ TREE_MODULES = (*BOOT_MODULES, "drm", "drm_kms_helper")
 EDU = ("0x1234", "0x11e8")
 STAND_IN = {"vendor": "0x10de", "device": "0x2330", "class": "0x030200",
             "subsystem_vendor": "0x10de", "subsystem_device": "0x16c1"}
-INIT = """#!/bin/busybox sh
-/bin/busybox mkdir -p /proc /sys /dev /newroot
-/bin/busybox --install -s /bin
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
-for m in $(cat /modules/order); do insmod /modules/$m.ko || echo "vm: insmod $m failed"; done
+# The initramfs mounts the root and hands over to the node's own boot (NODE).
+INIT = busybox_init("/newroot", """\
 mount -t ext4 /dev/vda /newroot || { echo "vm: no root"; poweroff -f; }
 umount /proc /sys /dev
 exec switch_root /newroot /sbin/vm-node
-"""
+""")
 NODE = """#!/bin/bash
 # The node's own boot: file systems, the ld cache, the network, the crafted PCI tree, then the
 # scenario; its exit code goes to the console and the node powers off.
@@ -173,20 +165,7 @@ def boot(parts: Arm64Parts, disk: Path, work: Path, *, timeout: float = 1500) ->
             "-device", "virtio-blk-pci,drive=root",
             "-netdev", "user,id=net", "-device", "virtio-net-pci,netdev=net",
             "-device", "edu"]
-    started = time.monotonic()
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              check=False, stdin=subprocess.DEVNULL)
-        console = (done.stdout + done.stderr).replace("\r", "")
-        (work / "console.log").write_text(console)  # kept with the test's temporary files
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
-        raise VmError(f"the arm64 node did not finish in {timeout} s", out) from exc
-    for line in console.splitlines():
-        if line.startswith(DONE):
-            code = int(line.removeprefix(DONE).strip())
-            return VmResult(code, console, time.monotonic() - started)
-    raise VmError("the arm64 node never reported its scenario's exit code", console)
+    return run_to_exit_code(argv, "node", timeout, work / "console.log")
 
 
 def scratch() -> Path:

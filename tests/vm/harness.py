@@ -70,6 +70,15 @@ class VmResult:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class BootAndReboot:
+    """What a guest's scenario printed on its first boot and on its reboot from the same state
+    disk (boot_and_run's state_dir)."""
+
+    first: VmResult
+    second: VmResult
+
+
 class VmError(RuntimeError):
     """The guest never reported an exit code: boot failure, panic or timeout."""
 

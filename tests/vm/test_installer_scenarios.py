@@ -27,7 +27,7 @@ import kit
 import pytest
 
 from vm.guest_kernel import GuestKernel
-from vm.harness import FakeGpu, VmResult, boot_and_run
+from vm.harness import BootAndReboot, FakeGpu, VmResult, boot_and_run
 from vm.prebuild import prebuild_modules
 from vm.scripts import SERVE_WWW, assert_libraries_cached, exit_of, passed_verify
 
@@ -119,11 +119,9 @@ dmesg -t | grep 'NVRM' | tail -n 1
 """
 
 
-@dataclass
-class Boots:
-    first: VmResult
-    second: VmResult
-    third: VmResult
+@dataclass(frozen=True)
+class Boots(BootAndReboot):
+    third: VmResult  # a boot without GPUs, after the reboot
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from lib.secondkernel import SECOND, add_headers, unpacked
 
 from installer.nextkernel import is_newer
 from vm.guest_kernel import GuestKernel, unpacked_guest_kernel
-from vm.harness import FakeGpu, VmResult, boot_and_run
+from vm.harness import BootAndReboot, FakeGpu, boot_and_run
 from vm.scripts import NO_COMPILERS, SERVE_WWW, exit_of
 
 pytestmark = pytest.mark.vm
@@ -85,11 +85,9 @@ echo "@@ compilers"; cat /tmp/compiler-calls 2>/dev/null || echo "no compiler pr
 """
 
 
-@dataclass
-class Boots:
-    first: VmResult
-    second: VmResult
-    next_kernel: str
+@dataclass(frozen=True)
+class Boots(BootAndReboot):
+    next_kernel: str  # the release the reboot came up on
 
 
 @pytest.fixture(scope="module")
