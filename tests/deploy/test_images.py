@@ -183,8 +183,8 @@ def test_no_package_lists_or_caches_left_behind(family: str) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_runtime_installs_what_the_driver_build_needs(family: str) -> None:
     runtime = _stages(DOCKERFILES[family])[-1]
-    (install,) = [a for op, a in runtime
-                  if op == "RUN" and re.search(r"(apt-get|dnf|zypper --non-interactive) install", a)]
+    installs = r"(apt-get|dnf|zypper --non-interactive) install"
+    (install,) = [a for op, a in runtime if op == "RUN" and re.search(installs, a)]
     words = set(install.split())
     assert RUNTIME_PACKAGES[family] <= words, RUNTIME_PACKAGES[family] - words
 
