@@ -31,7 +31,7 @@ _TOOLS = ("zypper", "rpm", "rpmbuild", "createrepo_c", "gpg", "rpm2cpio", "cpio"
 _MISSING = [t for t in _TOOLS if shutil.which(t) is None]
 pytestmark = pytest.mark.skipif(
     bool(_MISSING), reason=f"needs {', '.join(_MISSING)} (scripts/install-deps installs them; "
-    "Debian's zypper package brings libzypp)")
+    "zypper beside dnf-plugins-core, which Debian's zypper package Breaks)")
 
 KERNEL = "6.4.0-150600.23.25-default"
 PACKAGE = "kernel-default-devel-6.4.0-150600.23.25"
