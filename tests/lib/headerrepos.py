@@ -329,7 +329,9 @@ def suse_devel_rpms(work: Path, kernel: str) -> list[Path]:
     flavour's configured tree in /usr/src/linux-<ver>-obj/x86_64/<flavour> and
     /lib/modules/<kernel>/{build,source} links, requiring the noarch kernel-devel with the sources'
     tree in /usr/src/linux-<ver>. Each rpm's release has the rebuild counter (.1) uname -r lacks
-    and provides its name at the version without it, as SUSE's do."""
+    and provides its name at the version without it, as SUSE's do. Posed, not checked against a
+    real SLES package: that the `source` link ships in the flavour's devel package, and the
+    obj Makefile's relative include."""
     version, flavour = kernel.rsplit("-", 1)
     upstream, release = version.split("-", 1)
     source, obj = f"/usr/src/linux-{version}", f"/usr/src/linux-{version}-obj/x86_64/{flavour}"
