@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Build (and optionally push) the installer images: Ubuntu 20.04/22.04/24.04/26.04 and Debian 12/13
-# (one Dockerfile, images/ubuntu, with Debian as its DISTRO build argument) and Rocky 8/9/10
-# (images/rocky).
+# (one Dockerfile, images/ubuntu, with Debian as its DISTRO build argument), Rocky 8/9/10
+# (images/rocky) and SLES 15 (images/suse; it serves openSUSE Leap 15 too).
 #
-#   images/build.sh [--push] [--dry-run] [--only debian|ubuntu|rocky|<tag suffix>] [--help]
+#   images/build.sh [--push] [--dry-run] [--only debian|ubuntu|rocky|sles|<tag suffix>] [--help]
 #
 # Environment:
 #   REGISTRY    image repository prefix          (default: registry.example.com)
@@ -18,7 +18,7 @@
 #   BUILD_OPTS  extra words for every build      (e.g. --build-arg BASE_IMAGE=...)
 #
 # Tags: $REGISTRY/$IMAGE:$TAG-debian12, -debian13, -ubuntu20.04, -ubuntu22.04, -ubuntu24.04,
-# -ubuntu26.04, -rocky8, -rocky9, -rocky10.
+# -ubuntu26.04, -rocky8, -rocky9, -rocky10, -sles15.
 # The build context is the repository root; each Dockerfile has its own .dockerignore.
 # BUILDER=buildah needs no daemon (root, --isolation chroot); --push then pushes each tag.
 set -euo pipefail
@@ -36,7 +36,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --push) push=true ;;
         --dry-run) dry_run=true ;;
-        --only) only="${2:?--only needs debian, ubuntu, rocky or a tag suffix}"; shift ;;
+        --only) only="${2:?--only needs debian, ubuntu, rocky, sles or a tag suffix}"; shift ;;
         --only=*) only="${1#--only=}" ;;
         -h|--help) usage; exit 0 ;;
         *) echo "build.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
@@ -44,8 +44,8 @@ while [ $# -gt 0 ]; do
     shift
 done
 # A family, or one image by its tag suffix (debian12: CI's image test has a bookworm base only).
-case "$only" in ""|debian|ubuntu|rocky|debian12|debian13|ubuntu20.04|ubuntu22.04|ubuntu24.04|ubuntu26.04|rocky8|rocky9|rocky10) ;;
-    *) echo "build.sh: --only takes debian, ubuntu, rocky or a tag suffix (debian12, ...)" >&2; exit 2 ;; esac
+case "$only" in ""|debian|ubuntu|rocky|sles|debian12|debian13|ubuntu20.04|ubuntu22.04|ubuntu24.04|ubuntu26.04|rocky8|rocky9|rocky10|sles15) ;;
+    *) echo "build.sh: --only takes debian, ubuntu, rocky, sles or a tag suffix (debian12, ...)" >&2; exit 2 ;; esac
 
 DOCKER=${DOCKER:-docker}
 REGISTRY=${REGISTRY:-registry.example.com}
@@ -97,6 +97,8 @@ build_one() {
     local args=(--file "$here/$dir/Dockerfile")
     if [ "$dir" = ubuntu ]; then
         args+=(--build-arg "DISTRO=$name" --build-arg "DISTRO_VERSION=$version")
+    elif [ "$dir" = suse ]; then
+        args+=(--build-arg "SLE_VERSION=$version")
     else
         args+=(--build-arg "ROCKY_VERSION=$version")
     fi
@@ -139,7 +141,7 @@ wanted() { [ -z "$only" ] || [ "$only" = "$1" ] || [ "$only" = "$1$2" ]; }
 echo "# builder=$BUILDER registry=$REGISTRY image=$IMAGE tag=$TAG platforms=$PLATFORMS push=$push"
 for image in "ubuntu debian 12" "ubuntu debian 13" "ubuntu ubuntu 20.04" "ubuntu ubuntu 22.04" \
              "ubuntu ubuntu 24.04" "ubuntu ubuntu 26.04" "rocky rocky 8" "rocky rocky 9" \
-             "rocky rocky 10"; do
+             "rocky rocky 10" "suse sles 15"; do
     read -r dir name version <<<"$image"
     if wanted "$name" "$version"; then build_one "$dir" "$name" "$version"; fi
 done

@@ -11,6 +11,7 @@ from installer.distros.amazon import Amazon
 from installer.distros.debian import Debian
 from installer.distros.family import Facts, Family, PackageNotFound
 from installer.distros.rhel import Rhel
+from installer.distros.suse import Suse
 from installer.errors import UnsupportedDistro
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ __all__ = [
     "supporting",
 ]
 
-FAMILIES: tuple[Family, ...] = (Debian(), Rhel(), Amazon())
+FAMILIES: tuple[Family, ...] = (Debian(), Rhel(), Amazon(), Suse())
 
 
 def named(name: str) -> Family:

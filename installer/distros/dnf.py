@@ -12,6 +12,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from installer.distros.family import PackageNotFound
+from installer.distros.rpmpayload import unpack_argv
 from installer.errors import CommandFailed, HeadersFetchFailed
 from installer.hostroot import HostRoot
 from installer.runner import Result, Runner
@@ -226,13 +227,6 @@ def verify_argvs(dnf: PrivateDnf, rpms: list[Path]) -> list[list[str]]:
     signature and digests against them (dnf download alone checks none)."""
     argvs = [dnf.rpm_argv("--import", key) for key in dnf.keys]
     return [*argvs, dnf.rpm_argv("--checksig", *map(str, rpms))]
-
-
-def unpack_argv(rpm: Path, tree: Path) -> list[str]:
-    """Unpack an rpm's files only (no scriptlets, no rpm database)."""
-    return ["sh", "-c", 'cd "$2" && rpm2cpio "$1" > .payload.cpio && '
-            'cpio -idm --quiet --no-absolute-filenames < .payload.cpio; rc=$?; '
-            'rm -f .payload.cpio; exit $rc', "sh", str(rpm), str(tree)]
 
 
 def fetch(root: HostRoot, config: Config, facts: Facts, work: Path, runner: Runner,

@@ -45,7 +45,7 @@ class UnsupportedDistro(InstallerError):
     exit_code = 14
     default_hint = (
         "Supported: Ubuntu 20.04/22.04/24.04/26.04, Debian 11/12/13, Rocky/RHEL/AlmaLinux/Oracle "
-        "Linux 8/9/10, Amazon Linux 2023. "
+        "Linux 8/9/10, Amazon Linux 2023, SLES 15 SP6, openSUSE Leap 15.6. "
         "Check that ROOT_MOUNT_DIR points at the host's root."
     )
 

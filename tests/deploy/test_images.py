@@ -15,6 +15,7 @@ from lib.manifests import DAEMONSET_DIR, IMAGES_DIR, REPO, need_tool
 DOCKERFILES = {
     "ubuntu": IMAGES_DIR / "ubuntu" / "Dockerfile",
     "rocky": IMAGES_DIR / "rocky" / "Dockerfile",
+    "suse": IMAGES_DIR / "suse" / "Dockerfile",
 }
 FAMILIES = sorted(DOCKERFILES)
 
@@ -46,6 +47,20 @@ RUNTIME_PACKAGES = {
         "ca-certificates",
         '"${python}"',
         '"${python}-pip"',
+        "pciutils",
+    },
+    "suse": {
+        "gcc",
+        "make",
+        "diffutils",
+        "libelf-devel",
+        "kmod",
+        "util-linux",
+        "xz",
+        "cpio",
+        "ca-certificates",
+        "python311",
+        "python311-pip",
         "pciutils",
     },
 }
@@ -157,6 +172,10 @@ def test_no_package_lists_or_caches_left_behind(family: str) -> None:
                 assert "--no-install-recommends" in args
             if "dnf install" in args:
                 assert "dnf clean all" in args and "rm -rf /var/cache/dnf" in args
+            if re.search(r"zypper .*install", args):
+                assert "--no-recommends" in args
+                assert "zypper --non-interactive clean --all" in args
+                assert "rm -rf /var/log/zypper.log" in args
             if re.search(r"\bpip (wheel|install)\b", args):
                 assert "--no-cache-dir" in args
 
@@ -164,7 +183,8 @@ def test_no_package_lists_or_caches_left_behind(family: str) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_runtime_installs_what_the_driver_build_needs(family: str) -> None:
     runtime = _stages(DOCKERFILES[family])[-1]
-    (install,) = [a for op, a in runtime if op == "RUN" and re.search(r"(apt-get|dnf) install", a)]
+    installs = r"(apt-get|dnf|zypper --non-interactive) install"
+    (install,) = [a for op, a in runtime if op == "RUN" and re.search(installs, a)]
     words = set(install.split())
     assert RUNTIME_PACKAGES[family] <= words, RUNTIME_PACKAGES[family] - words
 
@@ -216,7 +236,7 @@ def _build_sh(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 SUFFIXES = ("debian12", "debian13", "ubuntu20.04", "ubuntu22.04", "ubuntu24.04", "ubuntu26.04",
-            "rocky8", "rocky9", "rocky10")
+            "rocky8", "rocky9", "rocky10", "sles15")
 
 
 def test_build_sh_dry_run_builds_every_image_with_the_pyproject_version() -> None:
@@ -232,6 +252,7 @@ def test_build_sh_dry_run_builds_every_image_with_the_pyproject_version() -> Non
     assert all("images/ubuntu/Dockerfile" in c for c in commands[:6])
     assert "--build-arg ROCKY_VERSION=9" in commands[7]
     assert "--build-arg ROCKY_VERSION=10" in commands[8]
+    assert "images/suse/Dockerfile --build-arg SLE_VERSION=15 " in commands[9]
     assert all("--build-arg VERSION=0.1.0" in c for c in commands)
     # Without buildx (no docker client here): plain docker build with BuildKit on.
     assert all("env DOCKER_BUILDKIT=1 /nonexistent/docker build" in c for c in commands)
@@ -333,3 +354,6 @@ def test_build_sh_only_takes_a_family_or_one_tag() -> None:
     (command,) = [line for line in one.stdout.splitlines() if line.startswith("+ ")]
     assert "--build-arg DISTRO=debian --build-arg DISTRO_VERSION=13" in command
     assert _build_sh("--dry-run", "--only", "debian14").returncode == 2
+    sles = _build_sh("--dry-run", "--only", "sles")
+    assert re.findall(r"--tag \S+:0\.1\.0-(\S+)", sles.stdout) == ["sles15"]
+    assert _build_sh("--dry-run", "--only", "sles16").returncode == 2

@@ -318,3 +318,76 @@ def rocky_repos(root: Path, major: int, base: str, key: Key, repos: dict[str, st
     (root / "etc/yum.repos.d/rocky.repo").write_text("\n".join(lines))
     (root / "etc/dnf/vars").mkdir(parents=True, exist_ok=True)
     (root / "etc/dnf/vars/contentdir").write_text("pub/rocky\n")
+
+
+# --- zypper -----------------------------------------------------------------------------
+
+
+def suse_devel_rpms(work: Path, kernel: str) -> list[Path]:
+    """SUSE's two header packages of `kernel` (6.4.0-150600.23.25-default), posed small and
+    unsigned (the signed repo metadata is what zypper checks): kernel-<flavour>-devel with the
+    flavour's configured tree in /usr/src/linux-<ver>-obj/x86_64/<flavour> and
+    /lib/modules/<kernel>/{build,source} links, requiring the noarch kernel-devel with the sources'
+    tree in /usr/src/linux-<ver>. Each rpm's release has the rebuild counter (.1) uname -r lacks
+    and provides its name at the version without it, as SUSE's do. Posed, not checked against a
+    real SLES package: that the `source` link ships in the flavour's devel package, and the
+    obj Makefile's relative include."""
+    version, flavour = kernel.rsplit("-", 1)
+    upstream, release = version.split("-", 1)
+    source, obj = f"/usr/src/linux-{version}", f"/usr/src/linux-{version}-obj/x86_64/{flavour}"
+    modules = f"/lib/modules/{kernel}"
+    specs = {
+        "kernel-devel": ("noarch", "", [
+            f"mkdir -p %{{buildroot}}{source}/include/linux",
+            f"echo '/* posed */' > %{{buildroot}}{source}/include/linux/kernel.h",
+            f"echo 'VERSION = {upstream.split('.')[0]}' > %{{buildroot}}{source}/Makefile",
+        ], [source]),
+        f"kernel-{flavour}-devel": ("x86_64", f"Requires: kernel-devel = {version}", [
+            f"mkdir -p %{{buildroot}}{obj}/include/generated/uapi/linux %{{buildroot}}{modules}",
+            f"echo 'include ../../../linux-{version}/Makefile' > %{{buildroot}}{obj}/Makefile",
+            f"echo '#define LINUX_VERSION_CODE 394240' > "
+            f"%{{buildroot}}{obj}/include/generated/uapi/linux/version.h",
+            f"echo 'CONFIG_GCC_VERSION=70500' > %{{buildroot}}{obj}/.config",
+            f"ln -s {obj} %{{buildroot}}{modules}/build",
+            f"ln -s {source} %{{buildroot}}{modules}/source",
+        ], [f"/usr/src/linux-{version}-obj", modules]),
+    }
+    rpms = []
+    work.mkdir(parents=True, exist_ok=True)
+    for name, (arch, requires, script, files) in specs.items():
+        top = work / f"rpmbuild-{name}"
+        spec = work / f"{name}.spec"
+        newline = "\n"
+        spec.write_text(f"""Name: {name}
+Version: {upstream}
+Release: {release}.1
+Summary: Development files of the kernel (test archive)
+License: GPL-2.0-only
+BuildArch: {arch}
+AutoReqProv: no
+Provides: {name} = {version}
+{requires}
+%description
+Test archive copy.
+%install
+{newline.join(script)}
+%files
+{newline.join(files)}
+""")
+        run("rpmbuild", "-bb", "--quiet", f"--define=_topdir {top}",
+            "--define=_binary_payload w1.gzdio", "--define=_build_id_links none",
+            "--define=__os_install_post %{nil}", "--define=debug_package %{nil}", str(spec))
+        rpms.append(next((top / "RPMS").rglob("*.rpm")))
+    return rpms
+
+
+def sign_repomd(www: Path, key: Key, *, offer_key: bool = False) -> None:
+    """Sign an rpm-md repo's repodata/repomd.xml as SUSE's repos are (repomd.xml.asc, detached
+    and armored); `offer_key` publishes the public key beside it (repomd.xml.key), which zypper
+    offers to import, as SUSE's repos do."""
+    repomd = www / "repodata/repomd.xml"
+    run("gpg", "--homedir", str(key.home), "--batch", "--yes", "--detach-sign", "--armor",
+        "--output", str(repomd.with_name("repomd.xml.asc")), str(repomd))
+    stop_agent(key.home)
+    if offer_key:
+        shutil.copy2(key.armored, repomd.with_name("repomd.xml.key"))

@@ -19,86 +19,90 @@ from installer.headers import compiler, fetch, trees
 from installer.hostroot import HostRoot
 
 K = "6.4.0-150600.23.7-default"
+ALPINE_K = "6.12.13-0-lts"
 
 
-class Suse(Family):
-    """A stand-in for the next family: what SUSE/zypper support would add, in one class."""
+class Alpine(Family):
+    """A stand-in for the next family: what Alpine/apk support would add, in one class."""
 
-    name = "suse"
-    releases: ClassVar[dict[str, tuple[str, ...]]] = {"sles": ("15",)}
-    image_tool = "zypper"
-    sources_where = "/etc/zypp/repos.d"
-    image_tags: ClassVar[dict[str, tuple[int, ...]]] = {"sles15": (7,)}
+    name = "alpine"
+    releases: ClassVar[dict[str, tuple[str, ...]]] = {"alpine": ("3.21",)}
+    image_tool = "apk"
+    sources_where = "/etc/apk/repositories"
+    image_tags: ClassVar[dict[str, tuple[int, ...]]] = {"alpine3.21": (14,)}
 
     def headers_package(self, kernel: str) -> str:
-        return f"kernel-default-devel-{kernel.rsplit('-', 1)[0]}"
+        return f"linux-{kernel.rsplit('-', 1)[1]}-dev"
 
     def source_files(self, root: HostRoot) -> list[PurePosixPath]:
-        base = root.local("/etc/zypp/repos.d")
-        return sorted(PurePosixPath("/etc/zypp/repos.d") / p.name for p in base.glob("*.repo"))
+        found = PurePosixPath("/etc/apk/repositories")
+        return [found] if root.local(found).is_file() else []
 
     def fetch_headers(self, *args: Any) -> list[str]:
         raise NotImplementedError
 
     def ib_modules_package(self, distro: Any, kernel: str) -> str:
-        return f"kernel-default-{kernel}"
+        return f"linux-{kernel.rsplit('-', 1)[1]}"
 
     def owns_compiler_package(self, package: str) -> bool:
-        return package.startswith("gcc") and package[3:].isdigit()
+        return package == "gcc"
 
     def compiler_install_argvs(self, package: str) -> list[list[str]]:
-        return [["zypper", "--non-interactive", "install", package]]
+        return [["apk", "add", "--no-cache", package]]
 
 
 def test_every_family_answers_each_question() -> None:
-    debian, rhel = distros.named("debian"), distros.named("rhel")
-    assert (debian.headers_package(K), rhel.headers_package(K)) == (
-        f"linux-headers-{K}", f"kernel-devel-{K}")
-    assert (debian.image_tool, rhel.image_tool) == ("apt-get", "dnf")
-    assert (debian.package_sources, rhel.package_sources) == ((), ("dnf",))
+    debian, rhel, suse = distros.named("debian"), distros.named("rhel"), distros.named("suse")
+    assert (debian.headers_package(K), rhel.headers_package(K), suse.headers_package(K)) == (
+        f"linux-headers-{K}", f"kernel-devel-{K}", "kernel-default-devel-6.4.0-150600.23.7")
+    assert (debian.image_tool, rhel.image_tool, suse.image_tool) == ("apt-get", "dnf", "zypper")
+    assert (debian.package_sources, rhel.package_sources, suse.package_sources) == (
+        (), ("dnf",), ())
     assert distros.for_compiler_package("gcc-12") is debian
     assert distros.for_compiler_package("gcc-toolset-13-gcc") is rhel
-    assert distros.for_compiler_package("gcc13") is None
+    assert distros.for_compiler_package("gcc13") is suse
+    assert distros.for_compiler_package("clang13") is None
     assert list(distros.image_compilers()) == [
         "debian12", "debian13", "ubuntu20.04", "ubuntu22.04", "ubuntu24.04", "ubuntu26.04",
-        "rocky8", "rocky9", "rocky10"]
+        "rocky8", "rocky9", "rocky10", "sles15"]
 
 
 def test_an_unknown_family_is_an_error_never_a_default() -> None:
-    with pytest.raises(UnsupportedDistro, match="no distro family 'suse'"):
-        distros.named("suse")
+    with pytest.raises(UnsupportedDistro, match="no distro family 'alpine'"):
+        distros.named("alpine")
     with pytest.raises(UnsupportedDistro):
-        trees.headers_package("suse", K)
-    assert distros.for_os_release("sles") is None
+        trees.headers_package("alpine", ALPINE_K)
+    assert distros.for_os_release("alpine") is None
 
 
 def test_a_compiler_package_no_family_installs_is_not_offered(tmp_path: Path) -> None:
     listed = tmp_path / "compiler-packages"
-    listed.write_text("13 gcc13 /usr/bin/gcc-13\n12 gcc-12 /usr/bin/gcc-12\n")
+    listed.write_text("13 clang13 /usr/bin/clang-13\n12 gcc-12 /usr/bin/gcc-12\n")
     assert compiler.installable(13, listed) is None
     assert compiler.installable(12, listed) == compiler.Installable(12, "gcc-12", "/usr/bin/gcc-12")
-    with pytest.raises(CompilerInstallFailed, match="installs the compiler package 'gcc13'"):
-        compiler.Installable(13, "gcc13", "/usr/bin/gcc-13").install_argvs()
+    with pytest.raises(CompilerInstallFailed, match="installs the compiler package 'clang13'"):
+        compiler.Installable(13, "clang13", "/usr/bin/clang-13").install_argvs()
 
 
 def test_a_new_family_is_one_class_and_one_registration(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(distros, "FAMILIES", (*distros.FAMILIES, Suse()))
-    make_host(tmp_path, distro="debian-12", kernel=K)
-    write_os_release(tmp_path, "sles", "15.6", pretty_name="SLES 15 SP6")
-    (tmp_path / "etc/zypp/repos.d").mkdir(parents=True)
-    (tmp_path / "etc/zypp/repos.d/repo-oss.repo").write_text("[repo-oss]\n")
+    monkeypatch.setattr(distros, "FAMILIES", (*distros.FAMILIES, Alpine()))
+    make_host(tmp_path, distro="debian-12", kernel=ALPINE_K)
+    write_os_release(tmp_path, "alpine", "3.21", pretty_name="Alpine Linux v3.21")
+    (tmp_path / "etc/apk").mkdir(parents=True)
+    (tmp_path / "etc/apk/repositories").write_text(
+        "https://dl-cdn.alpinelinux.org/alpine/v3.21/main\n")
     facts = host.gather(HostRoot(tmp_path), free_space_path=tmp_path)
-    assert (facts.distro.family, facts.distro.major) == ("suse", 15)
+    assert (facts.distro.family, facts.distro.major) == ("alpine", 3)
     monkeypatch.setattr(fetch.shutil, "which", lambda tool: f"/usr/bin/{tool}")
     source = fetch.plan_source(HostRoot(tmp_path), from_env({}), facts)
-    assert source.tool == "zypper"
-    assert source.package == "kernel-default-devel-6.4.0-150600.23.7"
-    assert "/etc/zypp/repos.d/repo-oss.repo" in source.where
-    error = trees.missing_headers_error(K, "suse")
-    assert "Install kernel-default-devel-6.4.0-150600.23.7 on the host" in error.hint
-    assert compiler.Installable(7, "gcc7", "/usr/bin/gcc-7").install_argvs() == [
-        ["zypper", "--non-interactive", "install", "gcc7"]]
+    assert source.tool == "apk"
+    assert source.package == "linux-lts-dev"
+    assert "/etc/apk/repositories" in source.where
+    error = trees.missing_headers_error(ALPINE_K, "alpine")
+    assert "Install linux-lts-dev on the host" in error.hint
+    assert compiler.Installable(14, "gcc", "/usr/bin/gcc").install_argvs() == [
+        ["apk", "add", "--no-cache", "gcc"]]
 
 
 @pytest.mark.parametrize(("release", "kernel"), hostreleases.kernel_params())
