@@ -116,6 +116,15 @@ class HostRoot(NamedTuple):
     def local_resolved(self, host_path: HostPath) -> Path:
         return self.local(self.resolve(host_path))
 
+    def files_in(self, directory: HostPath, suffixes: tuple[str, ...]) -> list[PurePosixPath]:
+        """The regular files in host `directory` whose names end in one of `suffixes`, as host
+        paths in name order (the order apt, dnf and zypper read their source files in)."""
+        local = self.local_resolved(directory)
+        if not local.is_dir():
+            return []
+        return [PurePosixPath(directory) / p.name for p in sorted(local.iterdir())
+                if p.suffix in suffixes and p.is_file()]
+
     def exists(self, host_path: HostPath) -> bool:
         return self.local_resolved(host_path).exists()
 

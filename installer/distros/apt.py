@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from installer.distros import payload
 from installer.distros.family import PackageNotFound
 from installer.errors import CommandFailed, HeadersFetchFailed
 from installer.hostroot import HostRoot
@@ -31,11 +32,7 @@ _HEADER_PACKAGE = re.compile(r"^linux-(?:[a-z0-9.+-]*-)?headers-|^linux-kbuild-"
 def source_files(root: HostRoot) -> list[PurePosixPath]:
     """The host's apt source files, in apt's order."""
     found = [SOURCES_LIST] if root.local_resolved(SOURCES_LIST).is_file() else []
-    parts = root.local_resolved(SOURCES_PARTS)
-    if parts.is_dir():
-        found += [SOURCES_PARTS / p.name for p in sorted(parts.iterdir())
-                  if p.suffix in (".list", ".sources") and p.is_file()]
-    return found
+    return found + root.files_in(SOURCES_PARTS, (".list", ".sources"))
 
 
 def _local_keys(root: HostRoot, value: str) -> str:
@@ -169,11 +166,6 @@ def download(runner: Runner, apt: PrivateApt, packages: list[str], dest: Path) -
     return sorted(dest.glob("*.deb"))
 
 
-def unpack_argv(deb: Path, tree: Path) -> list[str]:
-    """Unpack a .deb's files only: no maintainer scripts, no dpkg database."""
-    return ["dpkg-deb", "--extract", str(deb), str(tree)]
-
-
 def fetch(root: HostRoot, config: Config, facts: Facts, work: Path, runner: Runner,
           package: str, where: str) -> list[str]:
     """`package` and the header packages it depends on, fetched through the host's sources
@@ -187,9 +179,8 @@ def fetch(root: HostRoot, config: Config, facts: Facts, work: Path, runner: Runn
                               + updated.tail(15))
     try:
         debs = download(runner, private, packages, work / "debs")
-        for deb in debs:
-            runner.run(unpack_argv(deb, work / "root"), timeout=600)
     except CommandFailed as exc:
         raise HeadersFetchFailed(f"fetching {', '.join(packages)} from {where} failed: "
                                  f"{exc}") from exc
+    payload.unpack(runner, debs, work / "root", f"{', '.join(packages)} from {where}")
     return packages

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
 
 from installer.distros.family import Family
 
 if TYPE_CHECKING:
-    from installer.config import Config
-    from installer.distros.family import Facts, Release
-    from installer.hostroot import HostRoot
-    from installer.runner import Runner
+    from installer.distros.family import HeaderFetch, Release
 
 _GCC = r"^gcc-\d+$"
 
@@ -46,16 +42,10 @@ class Debian(Family):
         # -azure, -gcp and HWE kernels each have their own linux-headers-<release>.
         return f"linux-headers-{kernel}"
 
-    def source_files(self, root: HostRoot) -> list[PurePosixPath]:
+    def header_fetch(self) -> HeaderFetch:
         from installer.distros import apt
 
-        return apt.source_files(root)
-
-    def fetch_headers(self, root: HostRoot, config: Config, facts: Facts, work: Path,
-                      runner: Runner, package: str, where: str) -> list[str]:
-        from installer.distros import apt
-
-        return apt.fetch(root, config, facts, work, runner, package, where)
+        return apt
 
     def ib_modules_package(self, distro: Release, kernel: str) -> str:
         # Ubuntu splits a kernel's modules: mlx5_ib and ib_umad are in linux-modules-extra

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import configparser
 import contextlib
-import io
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from installer.distros import payload, repofile
 from installer.distros.family import PackageNotFound
-from installer.distros.rpmpayload import unpack_argv
 from installer.errors import CommandFailed, HeadersFetchFailed
 from installer.hostroot import HostRoot
 from installer.runner import Result, Runner
@@ -28,12 +27,9 @@ _EL_MINOR = re.compile(r"\.el(\d+)_(\d+)")
 VAULT_REPOS = ("BaseOS", "AppStream")
 
 
-def repo_files(root: HostRoot) -> list[PurePosixPath]:
-    local = root.local_resolved(REPOS_DIR)
-    if not local.is_dir():
-        return []
-    return [REPOS_DIR / p.name for p in sorted(local.iterdir())
-            if p.suffix == ".repo" and p.is_file()]
+def source_files(root: HostRoot) -> list[PurePosixPath]:
+    """The host's .repo files, in the order dnf reads them."""
+    return root.files_in(REPOS_DIR, (".repo",))
 
 
 def _reroot(root: HostRoot, value: str) -> str:
@@ -46,12 +42,6 @@ def _reroot(root: HostRoot, value: str) -> str:
             item = str(root.local_resolved(item))
         out.append(item)
     return " ".join(out)
-
-
-def _parser() -> configparser.ConfigParser:
-    parser = configparser.ConfigParser(interpolation=None, strict=False)
-    parser.optionxform = str  # type: ignore[assignment,method-assign]
-    return parser
 
 
 def reroot_repos(parser: configparser.ConfigParser, root: HostRoot) -> None:
@@ -69,12 +59,9 @@ def reroot_repos(parser: configparser.ConfigParser, root: HostRoot) -> None:
 def rerooted_repo_file(text: str, root: HostRoot) -> str:
     """A host repo file with only its key and certificate paths re-rooted (reroot_repos).
     Raises configparser.Error for a file that is not one."""
-    parser = _parser()
-    parser.read_string(text)
+    parser = repofile.parsed(text)
     reroot_repos(parser, root)
-    out = io.StringIO()
-    parser.write(out)
-    return out.getvalue()
+    return repofile.written(parser)
 
 
 def write_rerooted_repos(root: HostRoot, dest: Path) -> Path:
@@ -85,7 +72,7 @@ def write_rerooted_repos(root: HostRoot, dest: Path) -> Path:
         for old in dest.iterdir():
             old.unlink()
     dest.mkdir(parents=True, exist_ok=True)
-    for path in repo_files(root):
+    for path in source_files(root):
         text = root.local_resolved(path).read_text(errors="replace")
         with contextlib.suppress(configparser.Error):
             text = rerooted_repo_file(text, root)
@@ -96,19 +83,13 @@ def write_rerooted_repos(root: HostRoot, dest: Path) -> Path:
 def rewrite_repos(text: str, root: HostRoot, mirror: str | None) -> str:
     """A repo file for our private dnf: key and certificate paths re-rooted, unreachable repos
     skipped rather than fatal, and every baseurl replaced by `<mirror>/<repo id>/` when set."""
-    parser = _parser()
-    parser.read_string(text)
+    parser = repofile.parsed(text)
     reroot_repos(parser, root)
     for section in parser.sections():
-        repo = parser[section]
-        repo["skip_if_unavailable"] = "1"
-        if mirror:
-            for key in ("mirrorlist", "metalink"):
-                repo.pop(key, None)
-            repo["baseurl"] = f"{mirror.rstrip('/')}/{section}/"
-    out = io.StringIO()
-    parser.write(out)
-    return out.getvalue()
+        parser[section]["skip_if_unavailable"] = "1"
+    if mirror:
+        repofile.point_at_mirror(parser, mirror)
+    return repofile.written(parser)
 
 
 def kernel_minor(kernel: str, distro: Release) -> str:
@@ -138,8 +119,7 @@ def enabled_keys(repo_texts: list[str]) -> list[str]:
     """Key files (`file://`, already re-rooted) of the enabled repos that check signatures."""
     keys: list[str] = []
     for text in repo_texts:
-        parser = _parser()
-        parser.read_string(text)
+        parser = repofile.parsed(text)
         for section in parser.sections():
             repo = parser[section]
             if repo.get("enabled", "1").strip() not in ("1", "true", "yes", "True"):
@@ -188,7 +168,7 @@ def prepare(root: HostRoot, work: Path, distro: Release, kernel: str, *, mirror:
     repos = work / "repos"
     repos.mkdir(parents=True, exist_ok=True)
     texts = []
-    for path in repo_files(root):
+    for path in source_files(root):
         text = rewrite_repos(root.local_resolved(path).read_text(errors="replace"), root, mirror)
         (repos / path.name).write_text(text)
         texts.append(text)
@@ -251,10 +231,7 @@ def fetch(root: HostRoot, config: Config, facts: Facts, work: Path, runner: Runn
                 raise HeadersFetchFailed(
                     f"{package} from {where} is not signed by a key the host's "
                     "repos trust:\n" + "\n".join(unsigned))
-        (work / "root").mkdir(exist_ok=True)
-        for rpm in rpms:
-            runner.run(unpack_argv(rpm, work / "root"), timeout=600)
     except CommandFailed as exc:
-        raise HeadersFetchFailed(f"checking or unpacking {package} from {where} "
-                                 f"failed: {exc}") from exc
+        raise HeadersFetchFailed(f"checking {package} from {where} failed: {exc}") from exc
+    payload.unpack(runner, rpms, work / "root", f"{package} from {where}")
     return [package]

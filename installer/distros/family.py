@@ -45,6 +45,15 @@ class PackageNotFound(Exception):
         self.detail = detail
 
 
+class HeaderFetch(Protocol):
+    """A family's header fetch (distros/apt.py, dnf.py, zypper.py): its module answers these."""
+
+    def source_files(self, root: HostRoot) -> list[PurePosixPath]: ...
+
+    def fetch(self, root: HostRoot, config: Config, facts: Facts, work: Path, runner: Runner,
+              package: str, where: str) -> list[str]: ...
+
+
 class Family(ABC):
     """One family of distributions (one package format, one package manager)."""
 
@@ -98,15 +107,20 @@ class Family(ABC):
         """The package holding the header tree of exactly `kernel`."""
 
     @abstractmethod
+    def header_fetch(self) -> HeaderFetch:
+        """The module that fetches through `image_tool` (distros/<tool>.py), imported here and
+        only when asked: the warm path never loads a package tool's code."""
+
     def source_files(self, root: HostRoot) -> list[PurePosixPath]:
         """The host's package source files (host paths), in the package manager's order."""
+        return self.header_fetch().source_files(root)
 
-    @abstractmethod
     def fetch_headers(self, root: HostRoot, config: Config, facts: Facts, work: Path,
                       runner: Runner, package: str, where: str) -> list[str]:
         """Fetch `package` (and what it needs) through the image's package tool reading the
         host's sources, unpacked under `work/root`; returns the packages fetched. Writes only
         under `work`. Raises PackageNotFound (no source has it) or HeadersFetchFailed."""
+        return self.header_fetch().fetch(root, config, facts, work, runner, package, where)
 
     def vault(self, config: Config, distro: Release, kernel: str) -> tuple[str, str] | None:
         """An archive of older releases the header fetch also reads for `kernel`: (what it is,

@@ -4,17 +4,15 @@ NVIDIA's dnf packages as a driver source."""
 from __future__ import annotations
 
 import re
-from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
 
 from installer.distros.family import Family
 
 if TYPE_CHECKING:
     from installer.config import Config
-    from installer.distros.family import Facts, Release
+    from installer.distros.family import HeaderFetch, Release
     from installer.errors import InstallerError
     from installer.hostroot import HostRoot
-    from installer.runner import Runner
 
 # Red Hat's gcc-toolset-N-gcc packages install gcc-N under /opt/rh/gcc-toolset-N/root.
 _TOOLSET = r"^gcc-toolset-\d+(-gcc)?$"
@@ -104,16 +102,10 @@ class Rhel(Family):
             return "64k"
         return "uek" if re.search(_UEK, kernel) else "default"
 
-    def source_files(self, root: HostRoot) -> list[PurePosixPath]:
+    def header_fetch(self) -> HeaderFetch:
         from installer.distros import dnf
 
-        return dnf.repo_files(root)
-
-    def fetch_headers(self, root: HostRoot, config: Config, facts: Facts, work: Path,
-                      runner: Runner, package: str, where: str) -> list[str]:
-        from installer.distros import dnf
-
-        return dnf.fetch(root, config, facts, work, runner, package, where)
+        return dnf
 
     def vault(self, config: Config, distro: Release, kernel: str) -> tuple[str, str] | None:
         # Rocky moves the kernels of older minor releases to its vault.

@@ -4,16 +4,12 @@ package per flavour, and SUSE's gccN compiler packages."""
 from __future__ import annotations
 
 import re
-from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
 
 from installer.distros.family import Family
 
 if TYPE_CHECKING:
-    from installer.config import Config
-    from installer.distros.family import Facts, Release
-    from installer.hostroot import HostRoot
-    from installer.runner import Runner
+    from installer.distros.family import HeaderFetch, Release
 
 # SUSE's versioned compilers are packages `gcc7`, `gcc13`, ... each installing /usr/bin/gcc-N
 # (the `gcc` package is the release's default, gcc7 on SLE 15).
@@ -59,16 +55,10 @@ class Suse(Family):
         # driver script installs by, and what zypper matches this name against.
         return f"kernel-{self.kernel_flavour(kernel)}-devel-{self._version(kernel)}"
 
-    def source_files(self, root: HostRoot) -> list[PurePosixPath]:
+    def header_fetch(self) -> HeaderFetch:
         from installer.distros import zypper
 
-        return zypper.repo_files(root)
-
-    def fetch_headers(self, root: HostRoot, config: Config, facts: Facts, work: Path,
-                      runner: Runner, package: str, where: str) -> list[str]:
-        from installer.distros import zypper
-
-        return zypper.fetch(root, config, facts, work, runner, package, where)
+        return zypper
 
     def ib_modules_package(self, distro: Release, kernel: str) -> str:
         # SUSE ships a flavour's supported modules (mlx5_core, mlx5_ib, ib_umad among them) in

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import configparser
 import contextlib
-import io
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from installer.distros import payload, repofile
 from installer.distros.family import PackageNotFound
-from installer.distros.rpmpayload import unpack_argv
 from installer.errors import CommandFailed, HeadersFetchFailed
 from installer.hostroot import HostRoot
 from installer.runner import Result, Runner
@@ -43,37 +42,20 @@ _NO_PACKAGE = "resolves to no package"
 _TRUE = ("1", "yes", "on", "true")
 
 
-def repo_files(root: HostRoot) -> list[PurePosixPath]:
+def source_files(root: HostRoot) -> list[PurePosixPath]:
     """The host's .repo files, in the order zypper reads them."""
-    local = root.local_resolved(REPOS_DIR)
-    if not local.is_dir():
-        return []
-    return [REPOS_DIR / p.name for p in sorted(local.iterdir())
-            if p.suffix == ".repo" and p.is_file()]
-
-
-def _parser() -> configparser.ConfigParser:
-    parser = configparser.ConfigParser(interpolation=None, strict=False)
-    parser.optionxform = str  # type: ignore[assignment,method-assign]
-    return parser
+    return root.files_in(REPOS_DIR, (".repo",))
 
 
 def rewrite_repos(text: str, mirror: str | None) -> str:
     """A host repo file for our private zypper: as it is, or with every baseurl replaced by
     `<mirror>/<repo alias>/` when a mirror is set. Raises configparser.Error for a file that is
     not one."""
-    parser = _parser()
-    parser.read_string(text)
+    parser = repofile.parsed(text)
     if not mirror:
         return text
-    for section in parser.sections():
-        repo = parser[section]
-        for key in ("mirrorlist", "metalink"):
-            repo.pop(key, None)
-        repo["baseurl"] = f"{mirror.rstrip('/')}/{section}/"
-    out = io.StringIO()
-    parser.write(out)
-    return out.getvalue()
+    repofile.point_at_mirror(parser, mirror)
+    return repofile.written(parser)
 
 
 def trusted_keys(root: HostRoot, repo_texts: list[str]) -> list[Path]:
@@ -84,9 +66,10 @@ def trusted_keys(root: HostRoot, repo_texts: list[str]) -> list[Path]:
     if build.is_dir():
         keys += [p for p in sorted(build.iterdir()) if p.suffix == ".asc" and p.is_file()]
     for text in repo_texts:
-        parser = _parser()
-        with contextlib.suppress(configparser.Error):
-            parser.read_string(text)
+        try:
+            parser = repofile.parsed(text)
+        except configparser.Error:
+            continue  # no key is trusted for a file that is not a repo file
         for section in parser.sections():
             repo = parser[section]
             if repo.get("enabled", "1").strip().lower() not in _TRUE:
@@ -114,10 +97,6 @@ class PrivateZypper:
     def sysroot(self) -> Path:
         return self.work / "sysroot"
 
-    @property
-    def packages(self) -> Path:
-        return self.work / "packages"
-
     def argv(self, *args: str) -> list[str]:
         # Never --gpg-auto-import-keys nor --no-gpg-checks: non-interactive, zypper answers
         # "reject" to a key it does not trust and "no" to unsigned metadata (SUSE's zypper
@@ -125,7 +104,7 @@ class PrivateZypper:
         return ["zypper", "--non-interactive", "--root", str(self.sysroot),
                 "--reposd-dir", str(self.work / "repos.d"),
                 "--cache-dir", str(self.work / "cache"),
-                "--pkg-cache-dir", str(self.packages),
+                "--pkg-cache-dir", str(self.work / "packages"),
                 "--releasever", self.releasever, *args]
 
     def env(self) -> dict[str, str]:
@@ -144,6 +123,10 @@ class PrivateZypper:
         return ["rpm", "--dbpath", str(self.sysroot / RPMDB.lstrip("/")), "-qp",
                 "--nosignature", "--nodigest", "--requires", str(rpm)]
 
+    def downloaded(self) -> set[Path]:
+        """The rpms in the package cache (zypper keeps one directory per repository)."""
+        return set((self.work / "packages").rglob("*.rpm"))
+
 
 def prepare(root: HostRoot, work: Path, version_id: str, arch: str,
             mirror: str | None) -> PrivateZypper:
@@ -159,7 +142,7 @@ def prepare(root: HostRoot, work: Path, version_id: str, arch: str,
         if local.is_dir() and not link.is_symlink():
             os.symlink(local, link)
     texts = []
-    for path in repo_files(root):
+    for path in source_files(root):
         text = root.local_resolved(path).read_text(errors="replace")
         with contextlib.suppress(configparser.Error):
             text = rewrite_repos(text, mirror)
@@ -171,10 +154,10 @@ def prepare(root: HostRoot, work: Path, version_id: str, arch: str,
 
 def download(runner: Runner, zypper: PrivateZypper, capability: str) -> tuple[Result, list[Path]]:
     """`zypper download` one package (by name-version or capability); the rpms it added."""
-    before = set(zypper.packages.rglob("*.rpm"))
+    before = zypper.downloaded()
     result = runner.run(zypper.argv("--no-refresh", "download", capability), check=False,
                         timeout=1800, env=zypper.env())
-    return result, sorted(set(zypper.packages.rglob("*.rpm")) - before)
+    return result, sorted(zypper.downloaded() - before)
 
 
 def needed(requires: str) -> list[str]:
@@ -243,11 +226,5 @@ def fetch(root: HostRoot, config: Config, facts: Facts, work: Path, runner: Runn
         for rpm in added:
             requires = runner.run(private.requires_argv(rpm), check=False, timeout=120)
             wanted += [c for c in needed(requires.output) if c not in fetched]
-    try:
-        (work / "root").mkdir(exist_ok=True)
-        for rpm in rpms:
-            runner.run(unpack_argv(rpm, work / "root"), timeout=600)
-    except CommandFailed as exc:
-        raise HeadersFetchFailed(f"unpacking {', '.join(fetched)} from {where} failed: "
-                                 f"{exc}") from exc
+    payload.unpack(runner, rpms, work / "root", f"{', '.join(fetched)} from {where}")
     return fetched

@@ -14,12 +14,24 @@ from lib.hosttrees import make_host, write_os_release
 from installer import distros, host
 from installer.config import from_env
 from installer.distros import Family
+from installer.distros.family import HeaderFetch
 from installer.errors import CompilerInstallFailed, UnsupportedDistro
 from installer.headers import compiler, fetch, trees
 from installer.hostroot import HostRoot
 
 K = "6.4.0-150600.23.7-default"
 ALPINE_K = "6.12.13-0-lts"
+
+
+class ApkFetch:
+    """What distros/apk.py would be: the host's /etc/apk/repositories, and its fetch."""
+
+    def source_files(self, root: HostRoot) -> list[PurePosixPath]:
+        found = PurePosixPath("/etc/apk/repositories")
+        return [found] if root.local(found).is_file() else []
+
+    def fetch(self, *args: Any) -> list[str]:
+        raise NotImplementedError
 
 
 class Alpine(Family):
@@ -34,12 +46,8 @@ class Alpine(Family):
     def headers_package(self, kernel: str) -> str:
         return f"linux-{kernel.rsplit('-', 1)[1]}-dev"
 
-    def source_files(self, root: HostRoot) -> list[PurePosixPath]:
-        found = PurePosixPath("/etc/apk/repositories")
-        return [found] if root.local(found).is_file() else []
-
-    def fetch_headers(self, *args: Any) -> list[str]:
-        raise NotImplementedError
+    def header_fetch(self) -> HeaderFetch:
+        return ApkFetch()
 
     def ib_modules_package(self, distro: Any, kernel: str) -> str:
         return f"linux-{kernel.rsplit('-', 1)[1]}"
