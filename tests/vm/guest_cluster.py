@@ -4,11 +4,13 @@ node the scenario upgrades, the shipped upgrade-protocol RBAC and admission poli
 installer's pod-bound token and a kubeconfig through the recording proxy (tests/lib/apiproxy.py).
 Until the scenario's end it plays the node's kubelet (tests/lib/nodeagent.py) and the DaemonSet
 controller of NVIDIA's device plugin (once the node's label pauses the plugin, its pod is
-deleted and its process, a real one in the guest, gets SIGTERM), and dumps on request what the
-test reads: the Node as the server stored it, the Events about it and the installer's writes.
+deleted and its process, a real one in the guest, gets SIGTERM; H is touched once the installer
+has told the server it waits for the driver's holders, which the scenario's plugin waits for
+before it exits), and dumps on request what the test reads: the Node as the server stored it,
+the Events about it and the installer's writes.
 
     python -m vm.guest_cluster --node N --label K=V ... --pod NS/NAME=GPUS ...
-        --plugin-pid-file F --kubeconfig K --ready R --dump D --dump-request Q
+        --plugin-pid-file F --holders-seen H --kubeconfig K --ready R --dump D --dump-request Q
 
 Writes the kubeconfig, then touches R once everything is up; each time Q appears it is removed
 and D is written (atomically)."""
@@ -101,14 +103,24 @@ def pods_running(cp: ControlPlane, node: str) -> bool:
 class DevicePluginDaemonSet:
     """The DaemonSet controller and the kubelet for NVIDIA's device plugin: once the node's
     deploy label says paused, the node no longer matches the DaemonSet's affinity, so its pod
-    is deleted and its process stopped (once per pause)."""
+    is deleted and its process stopped (once per pause). How long a process takes to stop is
+    not the DaemonSet's to say: the scenario's plugin holds the driver until `holders_seen`
+    appears, touched here once the installer's WaitingForDriverHolders event is stored, so the
+    installer is seen waiting for it however slow the guest is."""
 
-    def __init__(self, cp: ControlPlane, node: str, pod: str, pid_file: Path) -> None:
+    def __init__(self, cp: ControlPlane, node: str, pod: str, pid_file: Path,
+                 holders_seen: Path) -> None:
         self.cp, self.node, self.pod, self.pid_file = cp, node, pod, pid_file
+        self.holders_seen = holders_seen
         self.stopped = False
 
     def look(self) -> None:
-        labels = self.cp.get(f"/api/v1/nodes/{self.node}")["metadata"].get("labels") or {}
+        stored = self.cp.get(f"/api/v1/nodes/{self.node}")
+        if self.stopped and not self.holders_seen.exists() and any(
+                e["reason"] == "WaitingForDriverHolders"
+                for e in node_events(self.cp, stored["metadata"]["uid"])):
+            self.holders_seen.touch()
+        labels = stored["metadata"].get("labels") or {}
         paused = labels.get(DEVICE_PLUGIN) == PAUSED
         if paused and not self.stopped:
             namespace, name = self.pod.split("/")
@@ -148,6 +160,8 @@ def main() -> None:
     parser.add_argument("--pod", action="append", default=[], help="NS/NAME=GPUS on the Node")
     parser.add_argument("--device-plugin-pod", required=True, help="NS/NAME of the plugin's pod")
     parser.add_argument("--plugin-pid-file", type=Path, required=True)
+    parser.add_argument("--holders-seen", type=Path, required=True,
+                        help="touched once the installer reports waiting for the holders")
     parser.add_argument("--kubeconfig", type=Path, required=True)
     parser.add_argument("--ready", type=Path, required=True)
     parser.add_argument("--dump", type=Path, required=True)
@@ -171,7 +185,7 @@ def main() -> None:
         bind_shipped_rbac(cp)
         token = cp.pod_token(args.node)
         plugin = DevicePluginDaemonSet(cp, args.node, args.device_plugin_pod,
-                                       args.plugin_pid_file)
+                                       args.plugin_pid_file, args.holders_seen)
         with ApiProxy(cp, Path(tempfile.mkdtemp(prefix="proxy-tls-"))) as proxy, \
                 NodeAgent(cp, {args.node}):
             proxy.kubeconfig(args.kubeconfig, token)

@@ -72,6 +72,7 @@ $py -m vm.guest_cluster --node {NODE} --label {PLUGIN_LABEL}=true \\
   --label cloud.google.com/gke-accelerator=nvidia-h100-80gb \\
   --pod ml/train-0=1 --pod kube-system/nvidia-device-plugin-x1=0 \\
   --device-plugin-pod kube-system/nvidia-device-plugin-x1 --plugin-pid-file /tmp/plugin.pid \\
+  --holders-seen /tmp/holders-seen \\
   --kubeconfig /tmp/cluster-kubeconfig --ready /tmp/cluster.ready \\
   --dump /tmp/cluster.json --dump-request /tmp/cluster.want >/tmp/guest-cluster.log 2>&1 &
 cluster_pid=$!
@@ -82,13 +83,20 @@ step install-a installer run
 echo "@@ driver-a"; cat /sys/module/nvidia/version || true; ls /dev/nvidia* || true
 test -e /dev/nvidia0 || {{ echo "driver A is not loaded: nothing to upgrade"; exit 1; }}
 
-# NVIDIA's device plugin: NVML open for its whole life; on SIGTERM it takes a few seconds to
-# shut down (so the installer is seen waiting for it). It writes its own pid ($! may name a
-# shell between us and it).
+# NVIDIA's device plugin: NVML open for its whole life; on SIGTERM it is slow to shut down:
+# it holds the driver until the installer has told the server it waits for it (a fixed sleep
+# raced a loaded guest: the installer came to look after the plugin had gone). It writes its own
+# pid ($! may name a shell between us and it).
 $py -c '
 import os, signal, time
+def stop(*_):
+    for _ in range(3000):  # at most 5 minutes
+        if os.path.exists("/tmp/holders-seen"):
+            break
+        time.sleep(0.1)
+    os._exit(0)
 open("/proc/self/comm", "w").write("nvidia-device-p")
-signal.signal(signal.SIGTERM, lambda *_: (time.sleep(8), os._exit(0)))
+signal.signal(signal.SIGTERM, stop)
 held = [open("/dev/nvidiactl", "rb"), open("/dev/nvidia0", "rb")]
 open("/tmp/plugin.pid.tmp", "w").write(str(os.getpid()))
 os.rename("/tmp/plugin.pid.tmp", "/tmp/plugin.pid")
